@@ -1,0 +1,44 @@
+# prefixrouter build and test entry points. `make test` is the project's test
+# command: on a fresh Debian machine (as root) it installs what it needs first.
+
+GO       ?= go
+BIN      := bin/prefixrouter
+PKGS     := ./...
+FUZZTIME ?= 10s
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X main.version=$(VERSION)
+
+.PHONY: all build test deps vet fmt-check unit fuzz bench clean
+
+all: build
+
+# deps installs the system libraries cgo needs (libzmq for pebbe/zmq4) when
+# they are missing. It is idempotent and quiet when everything is present.
+deps:
+	@./scripts/ensure-deps.sh
+
+build: deps
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/prefixrouter
+
+test: deps fmt-check vet unit fuzz
+
+fmt-check:
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+unit:
+	$(GO) test -count=1 -timeout 10m $(PKGS)
+
+# fuzz runs every decoder/parser fuzz target briefly; the seed corpus also
+# runs as part of `unit`.
+fuzz:
+	@./scripts/fuzz-all.sh $(FUZZTIME)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+clean:
+	rm -rf bin

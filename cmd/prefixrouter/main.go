@@ -1,0 +1,102 @@
+// Command prefixrouter is the binary: an OpenAI-compatible front door for a
+// fleet of vLLM pods, plus the tools an operator needs to wire and check it.
+// This package parses flags and calls into the library packages; it holds no
+// routing, hashing or decoding logic of its own.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v3"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes: 2 means the input or flags were wrong, 1 means the command
+// failed while doing its job.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes the CLI and returns the process exit code; tests call it
+// directly with their own streams.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	app := newApp(stdin, stdout, stderr)
+	err := app.Run(ctx, args)
+	if err == nil {
+		return 0
+	}
+	var coder cli.ExitCoder
+	code := exitFailure
+	if errors.As(err, &coder) {
+		code = coder.ExitCode()
+	}
+	msg := strings.TrimSpace(strings.ReplaceAll(err.Error(), "\n", " "))
+	if msg != "" {
+		fmt.Fprintf(stderr, "prefixrouter: %s\n", msg)
+	}
+	return code
+}
+
+func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:    "prefixrouter",
+		Usage:   "prefix-cache-aware router for vLLM fleets",
+		Version: version,
+		Reader:  stdin,
+		Writer:  stdout,
+		// Errors are printed once, by run, as a single line.
+		ErrWriter:      io.Discard,
+		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+		OnUsageError:   onUsageError,
+		Commands: []*cli.Command{
+			hashCommand(),
+			eventsCommand(),
+			versionCommand(),
+		},
+	}
+}
+
+// onUsageError turns flag-parsing failures into exit code 2 with the parser's
+// one-line explanation instead of a help dump.
+func onUsageError(_ context.Context, _ *cli.Command, err error, _ bool) error {
+	return usageError("%v", err)
+}
+
+// usageError reports bad input: one line, exit code 2.
+func usageError(format string, args ...any) error {
+	return cli.Exit(fmt.Sprintf(format, args...), exitUsage)
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "version",
+		Usage:        "print the version",
+		OnUsageError: onUsageError,
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			_, err := fmt.Fprintln(cmd.Root().Writer, version)
+			return err
+		},
+	}
+}
+
+// envVar names the environment variable equivalent of a flag.
+func envVar(flag string) cli.ValueSourceChain {
+	return cli.EnvVars("PREFIXROUTER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")))
+}

@@ -1,0 +1,439 @@
+package events
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// maxNesting bounds recursion into extra-key values so a hostile payload
+// cannot blow the stack.
+const maxNesting = 8
+
+var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
+
+// Decode parses one EventBatch payload. Events may be maps keyed by field
+// name (first key "type") or positional arrays whose first item is the type
+// tag; both may appear in one batch. Unknown keys and trailing positional
+// fields are ignored, missing optional fields are tolerated, and hashes may be
+// unsigned, signed or raw bytes. Any structural problem is an error: the
+// caller counts it and skips the batch.
+func Decode(payload []byte) (b Batch, err error) {
+	r := bytes.NewReader(payload)
+	d := decoderPool.Get().(*msgpack.Decoder)
+	d.Reset(r)
+	defer decoderPool.Put(d)
+
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return b, fmt.Errorf("batch: %w", err)
+	}
+	if n < 2 {
+		return b, fmt.Errorf("batch array of %d items (want 2 or 3)", n)
+	}
+	if b.TS, err = decodeFloat(d); err != nil {
+		return b, fmt.Errorf("batch timestamp: %w", err)
+	}
+	ne, err := d.DecodeArrayLen()
+	if err != nil {
+		return b, fmt.Errorf("batch events: %w", err)
+	}
+	if ne < 0 {
+		return b, errors.New("batch events is nil")
+	}
+	b.Events = make([]Event, 0, min(ne, r.Len()))
+	for i := 0; i < ne; i++ {
+		ev, err := decodeEvent(d)
+		if err != nil {
+			return b, fmt.Errorf("event %d: %w", i, err)
+		}
+		if ev.Kind == KindUnknown {
+			b.Unknown++
+			continue
+		}
+		b.Events = append(b.Events, ev)
+	}
+	if n >= 3 {
+		if isNil(d) {
+			_ = d.DecodeNil()
+		} else {
+			rank, err := decodeInt(d)
+			if err != nil {
+				return b, fmt.Errorf("batch data_parallel_rank: %w", err)
+			}
+			if rank < 0 || rank > math.MaxInt32 {
+				return b, fmt.Errorf("data_parallel_rank %d out of range", rank)
+			}
+			b.DPRank, b.HasDPRank = int(rank), true
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err := d.Skip(); err != nil {
+			return b, fmt.Errorf("batch trailing item: %w", err)
+		}
+	}
+	if r.Len() != 0 {
+		return b, fmt.Errorf("%d trailing bytes after batch", r.Len())
+	}
+	return b, nil
+}
+
+func isNil(d *msgpack.Decoder) bool {
+	c, err := d.PeekCode()
+	return err == nil && c == msgpcode.Nil
+}
+
+func decodeEvent(d *msgpack.Decoder) (Event, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return Event{}, err
+	}
+	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+		return decodeMapEvent(d)
+	}
+	return decodeArrayEvent(d)
+}
+
+func decodeMapEvent(d *msgpack.Decoder) (Event, error) {
+	var ev Event
+	n, err := d.DecodeMapLen()
+	if err != nil {
+		return ev, err
+	}
+	if n < 0 {
+		return ev, errors.New("event is nil")
+	}
+	haveType := false
+	for i := 0; i < n; i++ {
+		key, err := d.DecodeString()
+		if err != nil {
+			return ev, fmt.Errorf("field name: %w", err)
+		}
+		if key == "type" {
+			tag, err := d.DecodeString()
+			if err != nil {
+				return ev, fmt.Errorf("type: %w", err)
+			}
+			ev.Kind = kindFromTag(tag)
+			haveType = true
+			continue
+		}
+		if err := decodeField(d, &ev, key); err != nil {
+			return ev, fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	if !haveType {
+		return ev, errors.New(`event map without "type"`)
+	}
+	return ev, checkEvent(&ev)
+}
+
+// Positional field order of the array encoding, after the type tag.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+func decodeArrayEvent(d *msgpack.Decoder) (Event, error) {
+	var ev Event
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return ev, err
+	}
+	if n < 1 {
+		return ev, errors.New("empty event array")
+	}
+	tag, err := d.DecodeString()
+	if err != nil {
+		return ev, fmt.Errorf("type tag: %w", err)
+	}
+	ev.Kind = kindFromTag(tag)
+	var fields []string
+	switch ev.Kind {
+	case KindBlockStored:
+		fields = storedFields
+	case KindBlockRemoved:
+		fields = removedFields
+	}
+	for i := 1; i < n; i++ {
+		if i-1 < len(fields) {
+			if err := decodeField(d, &ev, fields[i-1]); err != nil {
+				return ev, fmt.Errorf("%s: %w", fields[i-1], err)
+			}
+			continue
+		}
+		if err := d.Skip(); err != nil {
+			return ev, err
+		}
+	}
+	if ev.Kind == KindUnknown {
+		return ev, nil
+	}
+	return ev, checkEvent(&ev)
+}
+
+// checkEvent enforces the fields without a default in vLLM's structs.
+func checkEvent(ev *Event) error {
+	switch ev.Kind {
+	case KindBlockStored:
+		if ev.BlockSize <= 0 && len(ev.BlockHashes) > 0 {
+			return fmt.Errorf("BlockStored with block_size %d", ev.BlockSize)
+		}
+		if ev.HasExtraKeys && len(ev.ExtraKeys) != len(ev.BlockHashes) {
+			return fmt.Errorf("BlockStored with %d extra_keys for %d blocks", len(ev.ExtraKeys), len(ev.BlockHashes))
+		}
+	}
+	return nil
+}
+
+func decodeField(d *msgpack.Decoder, ev *Event, key string) error {
+	var err error
+	switch key {
+	case "block_hashes":
+		ev.BlockHashes, err = decodeHashList(d)
+	case "parent_block_hash":
+		if isNil(d) {
+			return d.DecodeNil()
+		}
+		ev.ParentHash, err = decodeHash(d)
+		ev.HasParentHash = err == nil
+	case "token_ids":
+		ev.TokenIDs, err = decodeTokenList(d)
+	case "block_size":
+		var v int64
+		if v, err = decodeInt(d); err == nil {
+			if v < 0 || v > math.MaxInt32 {
+				return fmt.Errorf("%d out of range", v)
+			}
+			ev.BlockSize = int(v)
+		}
+	case "lora_id":
+		if isNil(d) {
+			return d.DecodeNil()
+		}
+		ev.LoRAID, err = decodeInt(d)
+		ev.HasLoRAID = err == nil
+	case "medium":
+		ev.Medium, err = decodeOptString(d)
+	case "lora_name":
+		ev.LoRAName, err = decodeOptString(d)
+	case "extra_keys":
+		if isNil(d) {
+			return d.DecodeNil()
+		}
+		ev.ExtraKeys, err = decodeExtraKeys(d)
+		ev.HasExtraKeys = err == nil
+	case "group_idx":
+		if isNil(d) {
+			return d.DecodeNil()
+		}
+		var v int64
+		if v, err = decodeInt(d); err == nil {
+			if v < 0 || v > math.MaxInt32 {
+				return fmt.Errorf("%d out of range", v)
+			}
+			ev.GroupIdx, ev.HasGroupIdx = int(v), true
+		}
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = decodeOptString(d)
+	case "kv_cache_spec_sliding_window":
+		if isNil(d) {
+			return d.DecodeNil()
+		}
+		ev.SlidingWindow, err = decodeInt(d)
+		ev.HasSlidingWindow = err == nil
+	default:
+		err = d.Skip()
+	}
+	return err
+}
+
+func decodeOptString(d *msgpack.Decoder) (string, error) {
+	if isNil(d) {
+		return "", d.DecodeNil()
+	}
+	return d.DecodeString()
+}
+
+func decodeFloat(d *msgpack.Decoder) (float64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Float || c == msgpcode.Double {
+		return d.DecodeFloat64()
+	}
+	v, err := decodeInt(d)
+	return float64(v), err
+}
+
+// decodeInt accepts any msgpack integer that fits int64.
+func decodeInt(d *msgpack.Decoder) (int64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Uint64 {
+		v, err := d.DecodeUint64()
+		if err != nil {
+			return 0, err
+		}
+		if v > math.MaxInt64 {
+			return 0, fmt.Errorf("integer %d overflows int64", v)
+		}
+		return int64(v), nil
+	}
+	if !isIntCode(c) {
+		return 0, fmt.Errorf("want integer, got msgpack code %#x", c)
+	}
+	return d.DecodeInt64()
+}
+
+func isIntCode(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Uint64) || (c >= msgpcode.Int8 && c <= msgpcode.Int64)
+}
+
+// decodeHash accepts an unsigned or signed integer (reinterpreted as its
+// uint64 bit pattern) or raw digest bytes (reduced to the last 8 bytes,
+// big-endian), the three forms vLLM releases have published.
+func decodeHash(d *msgpack.Decoder) (uint64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case msgpcode.IsBin(c) || msgpcode.IsString(c):
+		b, err := d.DecodeBytes()
+		if err != nil {
+			return 0, err
+		}
+		if len(b) == 0 {
+			return 0, errors.New("empty hash bytes")
+		}
+		return WireFromBytes(b), nil
+	case c == msgpcode.Uint64 || (c >= msgpcode.Uint8 && c <= msgpcode.Uint32) || msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh:
+		return d.DecodeUint64()
+	case isIntCode(c):
+		v, err := d.DecodeInt64()
+		return uint64(v), err
+	}
+	return 0, fmt.Errorf("want hash (integer or bytes), got msgpack code %#x", c)
+}
+
+// WireFromBytes reduces a raw digest, as published with
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, to its uint64 wire value: the last 8
+// bytes read big-endian.
+func WireFromBytes(b []byte) uint64 {
+	if len(b) > 8 {
+		b = b[len(b)-8:]
+	}
+	var v uint64
+	for _, c := range b {
+		v = v<<8 | uint64(c)
+	}
+	return v
+}
+
+func decodeHashList(d *msgpack.Decoder) ([]uint64, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil || n <= 0 {
+		return nil, err
+	}
+	out := make([]uint64, 0, min(n, 4096))
+	for i := 0; i < n; i++ {
+		h, err := decodeHash(d)
+		if err != nil {
+			return nil, fmt.Errorf("hash %d: %w", i, err)
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func decodeTokenList(d *msgpack.Decoder) ([]uint32, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil || n <= 0 {
+		return nil, err
+	}
+	out := make([]uint32, 0, min(n, 1<<16))
+	for i := 0; i < n; i++ {
+		v, err := decodeInt(d)
+		if err != nil {
+			return nil, fmt.Errorf("token %d: %w", i, err)
+		}
+		if v < 0 || v > math.MaxUint32 {
+			return nil, fmt.Errorf("token %d: id %d out of range", i, v)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
+}
+
+func decodeExtraKeys(d *msgpack.Decoder) ([][]any, error) {
+	n, err := d.DecodeArrayLen()
+	if err != nil || n <= 0 {
+		return nil, err
+	}
+	out := make([][]any, 0, min(n, 4096))
+	for i := 0; i < n; i++ {
+		if isNil(d) {
+			if err := d.DecodeNil(); err != nil {
+				return nil, err
+			}
+			out = append(out, nil)
+			continue
+		}
+		v, err := decodeExtraValue(d, 0)
+		if err != nil {
+			return nil, fmt.Errorf("block %d: %w", i, err)
+		}
+		tuple, ok := v.([]any)
+		if !ok {
+			return nil, fmt.Errorf("block %d: extra keys are %T, want a tuple", i, v)
+		}
+		out = append(out, tuple)
+	}
+	return out, nil
+}
+
+// decodeExtraValue reads one extra-key element into the value model the
+// block hasher serializes: string, int64, []byte, nil or []any.
+func decodeExtraValue(d *msgpack.Decoder, depth int) (any, error) {
+	if depth > maxNesting {
+		return nil, errors.New("extra keys nested too deep")
+	}
+	c, err := d.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c == msgpcode.Nil:
+		return nil, d.DecodeNil()
+	case msgpcode.IsString(c):
+		return d.DecodeString()
+	case msgpcode.IsBin(c):
+		return d.DecodeBytes()
+	case isIntCode(c):
+		return decodeInt(d)
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := d.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]any, 0, min(n, 64))
+		for i := 0; i < n; i++ {
+			v, err := decodeExtraValue(d, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("extra key of msgpack code %#x", c)
+}

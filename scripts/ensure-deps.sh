@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs when they are missing.
+# CI and new developer machines start from a bare Debian with Go and gcc.
+set -euo pipefail
+
+need=()
+if ! pkg-config --exists libzmq 2>/dev/null; then
+  need+=(libzmq3-dev pkg-config)
+fi
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${need[*]} (run as root or install them)" >&2
+  exit 1
+fi
+echo "installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}" >/dev/null
