@@ -1,6 +1,9 @@
 package kvindex
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // TargetID names one event source: a pod endpoint and data-parallel rank.
 // It is the unit the index, the subscriber and health agree on.
@@ -33,3 +36,7 @@ type SubscriberStatus struct {
 	// QueueDepth is the number of received batches not yet applied.
 	QueueDepth int
 }
+
+// String renders the target as "endpoint#rank", the form used in metric
+// labels and logs.
+func (t TargetID) String() string { return t.Endpoint + "#" + strconv.Itoa(t.Rank) }

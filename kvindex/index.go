@@ -1,0 +1,499 @@
+package kvindex
+
+import (
+	"math/bits"
+	"sync"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// Tier is where a placement lives. vLLM's offloading connectors publish the
+// medium of each stored block; a GPU hit saves the most prefill, a CPU or
+// storage hit saves less because the block must be loaded first.
+type Tier uint8
+
+// Tiers in order of preference.
+const (
+	TierGPU Tier = iota
+	TierCPU
+	TierStorage
+	numTiers
+)
+
+func (t Tier) String() string {
+	return [...]string{"GPU", "CPU", "STORAGE"}[t]
+}
+
+// TierOf maps an event's medium to a tier. A missing medium is GPU (plain
+// prefix caching); an unknown one is treated as the slowest tier rather than
+// dropped, so a new offloading backend still counts for something.
+func TierOf(medium string) Tier {
+	switch medium {
+	case "", events.MediumGPU:
+		return TierGPU
+	case events.MediumCPU:
+		return TierCPU
+	}
+	return TierStorage
+}
+
+// DefaultTierWeights value a CPU- or storage-resident block relative to a GPU
+// one when scoring a target's run.
+var DefaultTierWeights = [numTiers]float64{TierGPU: 1, TierCPU: 0.8, TierStorage: 0.5}
+
+// IndexConfig bounds and tunes the index.
+type IndexConfig struct {
+	// MaxPlacementsPerTarget caps the placements kept per target; past it
+	// the oldest are evicted and counted. 0 means DefaultMaxPlacementsPerTarget.
+	MaxPlacementsPerTarget int
+	// TierWeights scores a block by the best tier a target holds it in.
+	// Zero value means DefaultTierWeights.
+	TierWeights [numTiers]float64
+}
+
+// DefaultMaxPlacementsPerTarget leaves room for a large pod's GPU cache plus
+// CPU offloading (a TP2 H100 pod holds about 19k blocks of 16 tokens).
+const DefaultMaxPlacementsPerTarget = 1 << 20
+
+// Index is the confirmed placement index: which target holds which block
+// key, in which tier, with reference counts because vLLM may store the same
+// hash twice and remove either copy. Reads (Lookup) run concurrently with
+// each other; writes are applied one event batch at a time.
+//
+// Layout: targets get dense slots; slots are grouped 64 to a word so one map
+// lookup per key answers "which of these 64 targets hold it" as a bitmask.
+// Each tier has its own maps, so a GPU-only fleet pays for one.
+type Index struct {
+	mu      sync.RWMutex
+	cfg     IndexConfig
+	slots   map[TargetID]int
+	targets []*targetState // by slot; nil when free
+	// masks[tier][group] maps a key to the bitmask of the group's 64 slots
+	// that hold it in that tier.
+	masks [numTiers][]map[Key]uint64
+}
+
+type placementRef struct {
+	key  Key
+	tier Tier
+}
+
+type targetState struct {
+	id   TargetID
+	slot int
+	// count is the number of distinct (tier, key) placements.
+	count     int
+	tierCount [numTiers]int
+	// order remembers insertion order for cap eviction. Removed entries are
+	// dropped lazily; compaction keeps it within a constant factor of count.
+	order fifo
+	// extraRefs holds reference counts above one; almost every placement
+	// has exactly one reference, so this map stays tiny.
+	extraRefs map[placementRef]uint32
+	evicted   uint64
+	// unknownRemovals counts removals of placements the index never saw
+	// (joined after they were stored and before replay reached them).
+	unknownRemovals uint64
+}
+
+// NewIndex makes an empty index.
+func NewIndex(cfg IndexConfig) *Index {
+	if cfg.MaxPlacementsPerTarget <= 0 {
+		cfg.MaxPlacementsPerTarget = DefaultMaxPlacementsPerTarget
+	}
+	if cfg.TierWeights == ([numTiers]float64{}) {
+		cfg.TierWeights = DefaultTierWeights
+	}
+	return &Index{cfg: cfg, slots: make(map[TargetID]int)}
+}
+
+// AddTarget registers a target; placements for unknown targets are added
+// implicitly, so calling it is optional.
+func (ix *Index) AddTarget(id TargetID) {
+	ix.mu.Lock()
+	ix.slotFor(id)
+	ix.mu.Unlock()
+}
+
+func (ix *Index) slotFor(id TargetID) *targetState {
+	if s, ok := ix.slots[id]; ok {
+		return ix.targets[s]
+	}
+	slot := -1
+	for i, t := range ix.targets {
+		if t == nil {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		slot = len(ix.targets)
+		ix.targets = append(ix.targets, nil)
+	}
+	if g := slot / 64; g >= len(ix.masks[TierGPU]) {
+		for t := range ix.masks {
+			ix.masks[t] = append(ix.masks[t], make(map[Key]uint64))
+		}
+	}
+	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32)}
+	ix.targets[slot] = ts
+	ix.slots[id] = slot
+	return ts
+}
+
+// RemoveTarget drops a target and every placement it had.
+func (ix *Index) RemoveTarget(id TargetID) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s, ok := ix.slots[id]
+	if !ok {
+		return
+	}
+	ix.clearLocked(ix.targets[s])
+	ix.targets[s] = nil
+	delete(ix.slots, id)
+}
+
+// Store adds one reference per key in the given tier.
+func (ix *Index) Store(id TargetID, tier Tier, keys []Key) {
+	ix.mu.Lock()
+	ix.storeLocked(ix.slotFor(id), tier, keys)
+	ix.mu.Unlock()
+}
+
+// Remove drops one reference per key in the given tier.
+func (ix *Index) Remove(id TargetID, tier Tier, keys []Key) {
+	ix.mu.Lock()
+	ix.removeLocked(ix.slotFor(id), tier, keys)
+	ix.mu.Unlock()
+}
+
+// Clear drops every placement of the target (AllBlocksCleared, restart).
+func (ix *Index) Clear(id TargetID) {
+	ix.mu.Lock()
+	if s, ok := ix.slots[id]; ok {
+		ix.clearLocked(ix.targets[s])
+	}
+	ix.mu.Unlock()
+}
+
+// Update applies several operations for one target under a single write
+// lock, in order. Ingestion uses it to apply a whole event batch at once.
+func (ix *Index) Update(id TargetID, fn func(w *IndexWriter)) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	w := IndexWriter{ix: ix, ts: ix.slotFor(id)}
+	fn(&w)
+}
+
+// IndexWriter applies operations for one target inside Index.Update.
+type IndexWriter struct {
+	ix *Index
+	ts *targetState
+}
+
+// Store adds one reference per key.
+func (w *IndexWriter) Store(tier Tier, keys []Key) { w.ix.storeLocked(w.ts, tier, keys) }
+
+// Remove drops one reference per key.
+func (w *IndexWriter) Remove(tier Tier, keys []Key) { w.ix.removeLocked(w.ts, tier, keys) }
+
+// Clear drops every placement of the target.
+func (w *IndexWriter) Clear() { w.ix.clearLocked(w.ts) }
+
+func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
+	m := ix.masks[tier][ts.slot/64]
+	bit := uint64(1) << (ts.slot % 64)
+	for _, k := range keys {
+		old := m[k]
+		if old&bit != 0 {
+			ts.extraRefs[placementRef{k, tier}]++
+			continue
+		}
+		m[k] = old | bit
+		ts.count++
+		ts.tierCount[tier]++
+		ts.order.push(k, tier)
+	}
+	if ts.count > ix.cfg.MaxPlacementsPerTarget {
+		ix.evictLocked(ts)
+	}
+	if ts.order.len() > 2*ts.count+1024 {
+		ix.compactLocked(ts)
+	}
+}
+
+func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
+	m := ix.masks[tier][ts.slot/64]
+	bit := uint64(1) << (ts.slot % 64)
+	for _, k := range keys {
+		old, ok := m[k]
+		if !ok || old&bit == 0 {
+			ts.unknownRemovals++
+			continue
+		}
+		ref := placementRef{k, tier}
+		if n := ts.extraRefs[ref]; n > 0 {
+			if n == 1 {
+				delete(ts.extraRefs, ref)
+			} else {
+				ts.extraRefs[ref] = n - 1
+			}
+			continue
+		}
+		ix.dropLocked(ts, m, k, tier, old, bit)
+	}
+}
+
+// dropLocked removes a placement entirely (all references).
+func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
+	if rest := old &^ bit; rest == 0 {
+		delete(m, k)
+	} else {
+		m[k] = rest
+	}
+	ts.count--
+	ts.tierCount[tier]--
+}
+
+func (ix *Index) clearLocked(ts *targetState) {
+	bit := uint64(1) << (ts.slot % 64)
+	g := ts.slot / 64
+	ts.order.each(func(k Key, tier Tier) {
+		m := ix.masks[tier][g]
+		if old, ok := m[k]; ok && old&bit != 0 {
+			ix.dropLocked(ts, m, k, tier, old, bit)
+		}
+	})
+	ts.order.reset()
+	clear(ts.extraRefs)
+}
+
+// evictLocked drops the oldest placements until the target is within its cap.
+func (ix *Index) evictLocked(ts *targetState) {
+	bit := uint64(1) << (ts.slot % 64)
+	g := ts.slot / 64
+	for ts.count > ix.cfg.MaxPlacementsPerTarget {
+		k, tier, ok := ts.order.pop()
+		if !ok {
+			return
+		}
+		m := ix.masks[tier][g]
+		old, present := m[k]
+		if !present || old&bit == 0 {
+			continue // removed earlier; lazily dropped from the order
+		}
+		delete(ts.extraRefs, placementRef{k, tier})
+		ix.dropLocked(ts, m, k, tier, old, bit)
+		ts.evicted++
+	}
+}
+
+// compactLocked rewrites the insertion order without removed placements,
+// keeping each live placement's oldest position.
+func (ix *Index) compactLocked(ts *targetState) {
+	bit := uint64(1) << (ts.slot % 64)
+	g := ts.slot / 64
+	seen := make(map[placementRef]struct{}, ts.count)
+	var next fifo
+	next.grow(ts.count)
+	ts.order.each(func(k Key, tier Tier) {
+		if ix.masks[tier][g][k]&bit == 0 {
+			return
+		}
+		ref := placementRef{k, tier}
+		if _, dup := seen[ref]; dup {
+			return
+		}
+		seen[ref] = struct{}{}
+		next.push(k, tier)
+	})
+	ts.order = next
+}
+
+// Match is one target's confirmed prefix for a lookup.
+type Match struct {
+	Target TargetID
+	// Blocks is the length of the longest run of consecutive keys from
+	// block 0 that the target holds in any tier.
+	Blocks int
+	// Weighted is Blocks with each block weighted by the best tier the
+	// target holds it in (GPU 1.0 by default).
+	Weighted float64
+}
+
+// Lookup appends a Match for every target holding at least block 0 of keys.
+// It is the hot path: one map probe per key per tier in use per 64 targets,
+// and it stops as soon as no target continues the run.
+func (ix *Index) Lookup(dst []Match, keys []Key) []Match {
+	if len(keys) == 0 {
+		return dst
+	}
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var tiersInUse [numTiers]bool
+	for t := range ix.masks {
+		for _, m := range ix.masks[t] {
+			if len(m) > 0 {
+				tiersInUse[t] = true
+				break
+			}
+		}
+	}
+	for g := range ix.masks[TierGPU] {
+		dst = ix.lookupGroup(dst, g, keys, tiersInUse)
+	}
+	return dst
+}
+
+func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]bool) []Match {
+	var (
+		alive    = ^uint64(0)
+		slowRuns [64][numTiers]int32 // per slot: run blocks held only in CPU / storage
+		run      [64]int32
+		started  bool
+	)
+	gpu, cpu, sto := ix.masks[TierGPU][g], ix.masks[TierCPU][g], ix.masks[TierStorage][g]
+	i := 0
+	for ; i < len(keys); i++ {
+		k := keys[i]
+		var mg, mc, ms uint64
+		if inUse[TierGPU] {
+			mg = gpu[k]
+		}
+		if inUse[TierCPU] {
+			mc = cpu[k]
+		}
+		if inUse[TierStorage] {
+			ms = sto[k]
+		}
+		held := mg | mc | ms
+		if !started {
+			alive = held
+			started = true
+		}
+		dropped := alive &^ held
+		for dropped != 0 {
+			s := bits.TrailingZeros64(dropped)
+			run[s] = int32(i)
+			dropped &= dropped - 1
+		}
+		alive &= held
+		if alive == 0 {
+			break
+		}
+		// Blocks not on the GPU count at a lower weight.
+		for slow := alive &^ mg; slow != 0; slow &= slow - 1 {
+			s := bits.TrailingZeros64(slow)
+			if mc&(1<<s) != 0 {
+				slowRuns[s][TierCPU]++
+			} else {
+				slowRuns[s][TierStorage]++
+			}
+		}
+	}
+	for a := alive; a != 0; a &= a - 1 {
+		run[bits.TrailingZeros64(a)] = int32(i)
+	}
+	w := ix.cfg.TierWeights
+	for s := 0; s < 64; s++ {
+		if run[s] == 0 {
+			continue
+		}
+		slot := g*64 + s
+		if slot >= len(ix.targets) || ix.targets[slot] == nil {
+			continue
+		}
+		n := int(run[s])
+		cpuN, stoN := float64(slowRuns[s][TierCPU]), float64(slowRuns[s][TierStorage])
+		gpuN := float64(n) - cpuN - stoN
+		dst = append(dst, Match{
+			Target:   ix.targets[slot].id,
+			Blocks:   n,
+			Weighted: gpuN*w[TierGPU] + cpuN*w[TierCPU] + stoN*w[TierStorage],
+		})
+	}
+	return dst
+}
+
+// TargetStats is one target's index bookkeeping.
+type TargetStats struct {
+	Target          TargetID
+	Placements      int
+	ByTier          [numTiers]int
+	Evicted         uint64
+	UnknownRemovals uint64
+}
+
+// Stats reports every target's placement counts.
+func (ix *Index) Stats() []TargetStats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]TargetStats, 0, len(ix.slots))
+	for _, ts := range ix.targets {
+		if ts == nil {
+			continue
+		}
+		out = append(out, TargetStats{Target: ts.id, Placements: ts.count, ByTier: ts.tierCount, Evicted: ts.evicted, UnknownRemovals: ts.unknownRemovals})
+	}
+	return out
+}
+
+// Has reports whether the target holds key in any tier (tests and debugging).
+func (ix *Index) Has(id TargetID, key Key) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	s, ok := ix.slots[id]
+	if !ok {
+		return false
+	}
+	bit := uint64(1) << (s % 64)
+	for t := range ix.masks {
+		if ix.masks[t][s/64][key]&bit != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// fifo is a compact insertion-order queue of placements: keys and tiers in
+// parallel slices so each entry costs 9 bytes.
+type fifo struct {
+	keys  []Key
+	tiers []Tier
+	head  int
+}
+
+func (f *fifo) len() int { return len(f.keys) - f.head }
+
+func (f *fifo) grow(n int) {
+	f.keys = make([]Key, 0, n)
+	f.tiers = make([]Tier, 0, n)
+}
+
+func (f *fifo) push(k Key, t Tier) {
+	f.keys = append(f.keys, k)
+	f.tiers = append(f.tiers, t)
+}
+
+func (f *fifo) pop() (Key, Tier, bool) {
+	if f.head >= len(f.keys) {
+		return 0, 0, false
+	}
+	k, t := f.keys[f.head], f.tiers[f.head]
+	f.head++
+	if f.head > 4096 && f.head*2 > len(f.keys) {
+		n := copy(f.keys, f.keys[f.head:])
+		copy(f.tiers, f.tiers[f.head:])
+		f.keys, f.tiers, f.head = f.keys[:n], f.tiers[:n], 0
+	}
+	return k, t, true
+}
+
+func (f *fifo) each(fn func(Key, Tier)) {
+	for i := f.head; i < len(f.keys); i++ {
+		fn(f.keys[i], f.tiers[i])
+	}
+}
+
+func (f *fifo) reset() { *f = fifo{} }

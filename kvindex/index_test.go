@@ -1,0 +1,245 @@
+package kvindex
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+func tid(i int) TargetID { return TargetID{Endpoint: fmt.Sprintf("http://10.0.0.%d:8000", i)} }
+
+func keysN(base, n int) []Key {
+	out := make([]Key, n)
+	for i := range out {
+		out[i] = Key(base*1_000_000 + i + 1)
+	}
+	return out
+}
+
+func matchesByTarget(ms []Match) map[TargetID]Match {
+	out := map[TargetID]Match{}
+	for _, m := range ms {
+		out[m.Target] = m
+	}
+	return out
+}
+
+func TestLookupLongestRunFromBlockZero(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 8)
+	ix.Store(tid(1), TierGPU, k[:5])                     // run 5
+	ix.Store(tid(2), TierGPU, k[1:8])                    // misses block 0: no run
+	ix.Store(tid(3), TierGPU, append(k[:2:2], k[3:]...)) // hole at 2: run 2
+	ix.Store(tid(4), TierGPU, k)                         // full run
+	got := matchesByTarget(ix.Lookup(nil, k))
+	want := map[TargetID]int{tid(1): 5, tid(3): 2, tid(4): 8}
+	if len(got) != len(want) {
+		t.Fatalf("got %v", got)
+	}
+	for id, n := range want {
+		if got[id].Blocks != n || got[id].Weighted != float64(n) {
+			t.Errorf("%v: %+v, want %d blocks", id, got[id], n)
+		}
+	}
+}
+
+func TestRefcountsSurviveDoubleStore(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 1)
+	ix.Store(tid(1), TierGPU, k)
+	ix.Store(tid(1), TierGPU, k) // vLLM can store the same hash twice
+	ix.Remove(tid(1), TierGPU, k)
+	if !ix.Has(tid(1), k[0]) {
+		t.Fatal("placement gone after removing one of two references")
+	}
+	ix.Remove(tid(1), TierGPU, k)
+	if ix.Has(tid(1), k[0]) {
+		t.Fatal("placement still there after removing both references")
+	}
+	ix.Remove(tid(1), TierGPU, k)
+	st := ix.Stats()[0]
+	if st.Placements != 0 || st.UnknownRemovals != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestTierWeights(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 4)
+	ix.Store(tid(1), TierGPU, k[:2])
+	ix.Store(tid(1), TierCPU, k[1:3]) // block 1 in both tiers counts as GPU
+	ix.Store(tid(1), TierStorage, k[3:])
+	m := ix.Lookup(nil, k)
+	if len(m) != 1 || m[0].Blocks != 4 {
+		t.Fatalf("%+v", m)
+	}
+	want := 2*1.0 + 0.8 + 0.5
+	if m[0].Weighted != want {
+		t.Fatalf("weighted %v, want %v", m[0].Weighted, want)
+	}
+	// Removing the GPU copy of block 1 leaves the CPU copy.
+	ix.Remove(tid(1), TierGPU, k[1:2])
+	m = ix.Lookup(nil, k)
+	if m[0].Blocks != 4 || m[0].Weighted != 1+0.8+0.8+0.5 {
+		t.Fatalf("%+v", m)
+	}
+}
+
+func TestClearAndRemoveTarget(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 3)
+	ix.Store(tid(1), TierGPU, k)
+	ix.Store(tid(2), TierGPU, k)
+	ix.Clear(tid(1))
+	got := matchesByTarget(ix.Lookup(nil, k))
+	if _, ok := got[tid(1)]; ok || got[tid(2)].Blocks != 3 {
+		t.Fatalf("after clear: %v", got)
+	}
+	ix.RemoveTarget(tid(2))
+	if m := ix.Lookup(nil, k); len(m) != 0 {
+		t.Fatalf("after remove: %v", m)
+	}
+	// A freed slot is reused without inheriting placements.
+	ix.Store(tid(3), TierGPU, k[:1])
+	got = matchesByTarget(ix.Lookup(nil, k))
+	if len(got) != 1 || got[tid(3)].Blocks != 1 {
+		t.Fatalf("after reuse: %v", got)
+	}
+}
+
+func TestCapEvictsOldestFirst(t *testing.T) {
+	ix := NewIndex(IndexConfig{MaxPlacementsPerTarget: 4})
+	k := keysN(1, 6)
+	ix.Store(tid(1), TierGPU, k[:4])
+	ix.Remove(tid(1), TierGPU, k[1:2]) // leaves a stale entry in the order
+	ix.Store(tid(1), TierGPU, k[4:6])  // 5 placements: evict the oldest live one
+	if ix.Has(tid(1), k[0]) {
+		t.Error("oldest placement survived the cap")
+	}
+	for _, key := range []Key{k[2], k[3], k[4], k[5]} {
+		if !ix.Has(tid(1), key) {
+			t.Errorf("key %d evicted out of order", key)
+		}
+	}
+	st := ix.Stats()[0]
+	if st.Placements != 4 || st.Evicted != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestManyTargetsAcrossGroups(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 10)
+	for i := 0; i < 150; i++ {
+		ix.Store(tid(i), TierGPU, k[:i%10+1])
+	}
+	got := matchesByTarget(ix.Lookup(nil, k))
+	if len(got) != 150 {
+		t.Fatalf("%d matches", len(got))
+	}
+	for i := 0; i < 150; i++ {
+		if got[tid(i)].Blocks != i%10+1 {
+			t.Errorf("target %d: %d blocks", i, got[tid(i)].Blocks)
+		}
+	}
+}
+
+func TestConcurrentLookupsDuringUpdates(t *testing.T) {
+	ix := NewIndex(IndexConfig{MaxPlacementsPerTarget: 1000})
+	k := keysN(1, 64)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []Match
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				dst = ix.Lookup(dst[:0], k)
+				for _, m := range dst {
+					if m.Blocks < 0 || m.Blocks > len(k) {
+						t.Errorf("impossible match %+v", m)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 2000; i++ {
+		id := tid(i % 8)
+		ix.Store(id, TierGPU, k[:i%64+1])
+		ix.Remove(id, TierGPU, k[i%64:])
+		if i%500 == 0 {
+			ix.Clear(id)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// lookupFixture builds 64 targets each holding a different-length prefix of
+// a 512-block prompt plus unrelated placements, the shape of a busy fleet.
+func lookupFixture() (*Index, []Key) {
+	ix := NewIndex(IndexConfig{})
+	prompt := keysN(1, 512)
+	for i := 0; i < 64; i++ {
+		ix.Store(tid(i), TierGPU, prompt[:i*8+1])
+		ix.Store(tid(i), TierGPU, keysN(100+i, 2000))
+	}
+	return ix, prompt
+}
+
+func BenchmarkLookup512Keys64Targets(b *testing.B) {
+	ix, prompt := lookupFixture()
+	dst := make([]Match, 0, 64)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		dst = ix.Lookup(dst[:0], prompt)
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/lookup")
+}
+
+func BenchmarkApplyStoredEvents(b *testing.B) {
+	// Each iteration applies one event storing 16 blocks and, once the
+	// target is warm, removes 16 old ones: steady-state churn.
+	ix := NewIndex(IndexConfig{})
+	const perEvent = 16
+	keys := keysN(1, perEvent*b.N+perEvent)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		batch := keys[i*perEvent : (i+1)*perEvent]
+		ix.Update(tid(1), func(w *IndexWriter) {
+			w.Store(TierGPU, batch)
+			if i >= 1000 {
+				w.Remove(TierGPU, keys[(i-1000)*perEvent:(i-999)*perEvent])
+			}
+		})
+	}
+	events := float64(b.N) * perEvent * 2
+	b.ReportMetric(events/b.Elapsed().Seconds()/1e6, "M-block-events/s")
+}
+
+func BenchmarkMemoryPerPlacement(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		const n = 1 << 20
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		ix := NewIndex(IndexConfig{})
+		keys := keysN(1, n)
+		for j := 0; j < n; j += 4096 {
+			ix.Store(tid(1), TierGPU, keys[j:j+4096])
+		}
+		keys = nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/placement")
+		runtime.KeepAlive(ix)
+	}
+}

@@ -1,0 +1,419 @@
+package kvindex
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// KeyMode says how block keys relate to the hashes pods publish.
+type KeyMode uint8
+
+const (
+	// ModeExact: keys are vLLM's own block hashes; the router knows the
+	// pods' algorithm, PYTHONHASHSEED and block size.
+	ModeExact KeyMode = iota
+	// ModeTokenDerived: the seed is unknown, so keys are the router's own
+	// chained hash of each block's tokens, rebuilt from events' token_ids.
+	ModeTokenDerived
+)
+
+func (m KeyMode) String() string {
+	if m == ModeTokenDerived {
+		return "token-derived"
+	}
+	return "exact"
+}
+
+// IngestConfig configures how events become index updates.
+type IngestConfig struct {
+	Mode KeyMode
+	// Hasher is the fleet's configured hashing (exact mode). Stored blocks
+	// are recomputed from their token_ids with it, on a sample, to prove the
+	// configuration matches the pods. Nil disables the check.
+	Hasher *Hasher
+	// TokenKeyer derives keys in token-derived mode (required there).
+	TokenKeyer *TokenKeyer
+	// VerifyFirst stored events per target are all checked; after that one
+	// in VerifyEvery. Defaults 64 and 16.
+	VerifyFirst, VerifyEvery int
+	// MaxEngineKeys bounds the engine-hash map per target in token-derived
+	// mode, and the verified-digest cache in exact mode. Default 1<<20.
+	MaxEngineKeys int
+	Logger        *slog.Logger
+	Metrics       *Metrics
+}
+
+// Observer is told about every placement change after it reaches the index;
+// the speculative layer uses it to confirm or invalidate predictions. Any
+// field may be nil.
+type Observer struct {
+	Stored  func(target TargetID, tier Tier, keys []Key)
+	Removed func(target TargetID, tier Tier, keys []Key)
+	Cleared func(target TargetID)
+}
+
+// Ingestor turns decoded event batches into index updates for each target,
+// in order. Batches for different targets may be applied concurrently.
+type Ingestor struct {
+	ix  *Index
+	cfg IngestConfig
+	obs Observer
+	log *slog.Logger
+
+	mu      sync.Mutex
+	targets map[TargetID]*ingestState
+}
+
+// ingestState is one target's translation state. Only that target's
+// subscriber applies batches, but Reset may come from elsewhere, hence mu.
+type ingestState struct {
+	mu    sync.Mutex
+	label string
+	// fullGroup is the KV-cache group index of the full-attention group,
+	// learned from BlockStored events that name their spec kind.
+	fullGroup      int
+	fullGroupKnown bool
+	engine         *engineKeyMap // token-derived mode
+	digests        map[uint64]Digest
+	storedSeen     int
+	mismatches     uint64
+	checks         uint64
+	unchained      uint64
+	keys           []Key // scratch
+}
+
+// NewIngestor connects event ingestion to an index.
+func NewIngestor(ix *Index, cfg IngestConfig, obs Observer) (*Ingestor, error) {
+	if cfg.Mode == ModeTokenDerived && cfg.TokenKeyer == nil {
+		return nil, fmt.Errorf("token-derived mode needs a TokenKeyer")
+	}
+	if cfg.VerifyFirst <= 0 {
+		cfg.VerifyFirst = 64
+	}
+	if cfg.VerifyEvery <= 0 {
+		cfg.VerifyEvery = 16
+	}
+	if cfg.MaxEngineKeys <= 0 {
+		cfg.MaxEngineKeys = 1 << 20
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[TargetID]*ingestState)}, nil
+}
+
+func (in *Ingestor) state(t TargetID) *ingestState {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	st, ok := in.targets[t]
+	if !ok {
+		st = &ingestState{label: t.String(), engine: newEngineKeyMap(in.cfg.MaxEngineKeys), digests: make(map[uint64]Digest)}
+		in.targets[t] = st
+	}
+	return st
+}
+
+// Reset forgets everything about a target's placements: the pod restarted
+// (its new process holds nothing the old one announced) or it was removed.
+func (in *Ingestor) Reset(t TargetID) {
+	st := in.state(t)
+	st.mu.Lock()
+	st.engine.reset()
+	clear(st.digests)
+	st.mu.Unlock()
+	in.ix.Clear(t)
+	if in.obs.Cleared != nil {
+		in.obs.Cleared(t)
+	}
+}
+
+// Forget drops a removed target entirely, including its metric series.
+func (in *Ingestor) Forget(t TargetID) {
+	in.Reset(t)
+	in.ix.RemoveTarget(t)
+	in.mu.Lock()
+	delete(in.targets, t)
+	in.mu.Unlock()
+	in.cfg.Metrics.forgetTarget(t.String())
+}
+
+// HashHealth reports exact-mode verification counts for a target.
+func (in *Ingestor) HashHealth(t TargetID) (checks, mismatches uint64) {
+	st := in.state(t)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.checks, st.mismatches
+}
+
+// Apply applies one batch to the index, in event order.
+func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
+	st := in.state(t)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	m := in.cfg.Metrics
+	if m != nil {
+		m.batches.WithLabelValues(st.label).Inc()
+		if b.Unknown > 0 {
+			m.skipped.WithLabelValues(st.label, "unknown_type").Add(float64(b.Unknown))
+		}
+	}
+	type change struct {
+		kind Kind
+		tier Tier
+		keys []Key
+	}
+	var changes []change
+	in.ix.Update(t, func(w *IndexWriter) {
+		for i := range b.Events {
+			ev := &b.Events[i]
+			if m != nil {
+				m.events.WithLabelValues(st.label, ev.Kind.String()).Inc()
+			}
+			switch ev.Kind {
+			case events.KindBlockStored:
+				if !in.acceptStored(st, ev) {
+					continue
+				}
+				keys := in.storedKeys(st, ev)
+				if len(keys) == 0 {
+					continue
+				}
+				tier := TierOf(ev.Medium)
+				w.Store(tier, keys)
+				if in.obs.Stored != nil {
+					changes = append(changes, change{KindStored, tier, keys})
+				}
+			case events.KindBlockRemoved:
+				if !in.acceptRemoved(st, ev) {
+					continue
+				}
+				keys := in.removedKeys(st, ev)
+				tier := TierOf(ev.Medium)
+				w.Remove(tier, keys)
+				if in.obs.Removed != nil {
+					changes = append(changes, change{KindRemoved, tier, keys})
+				}
+			case events.KindAllBlocksCleared:
+				w.Clear()
+				if in.obs.Cleared != nil {
+					changes = append(changes, change{kind: KindCleared})
+				}
+			}
+		}
+	})
+	for _, c := range changes {
+		switch c.kind {
+		case KindStored:
+			in.obs.Stored(t, c.tier, c.keys)
+		case KindRemoved:
+			in.obs.Removed(t, c.tier, c.keys)
+		case KindCleared:
+			in.obs.Cleared(t)
+		}
+	}
+}
+
+// Kind names a placement change reported to an Observer.
+type Kind uint8
+
+// Placement changes.
+const (
+	KindStored Kind = iota
+	KindRemoved
+	KindCleared
+)
+
+// acceptStored keeps only the full-attention KV-cache group of hybrid models
+// and learns which group index that is, so removals can be filtered too.
+func (in *Ingestor) acceptStored(st *ingestState, ev *events.Event) bool {
+	if !ev.IsFullAttention() {
+		in.skip(st, "other_group")
+		return false
+	}
+	if ev.SpecKind == events.SpecFullAttention && ev.HasGroupIdx {
+		st.fullGroup, st.fullGroupKnown = ev.GroupIdx, true
+	}
+	if ev.HasGroupIdx && st.fullGroupKnown && ev.GroupIdx != st.fullGroup {
+		in.skip(st, "other_group")
+		return false
+	}
+	return true
+}
+
+// acceptRemoved filters removals by group. Hashes of the same tokens are
+// equal across groups, so a sliding-window eviction must not remove the
+// full-attention placement. Until the full-attention group is learned, only
+// group 0 (the only group of non-hybrid models) is trusted.
+func (in *Ingestor) acceptRemoved(st *ingestState, ev *events.Event) bool {
+	if !ev.HasGroupIdx {
+		return true
+	}
+	want := 0
+	if st.fullGroupKnown {
+		want = st.fullGroup
+	}
+	if ev.GroupIdx != want {
+		in.skip(st, "other_group")
+		return false
+	}
+	return true
+}
+
+func (in *Ingestor) skip(st *ingestState, reason string) {
+	if in.cfg.Metrics != nil {
+		in.cfg.Metrics.skipped.WithLabelValues(st.label, reason).Inc()
+	}
+}
+
+// storedKeys returns the index keys of a BlockStored event. The returned
+// slice is freshly allocated: observers may keep it.
+func (in *Ingestor) storedKeys(st *ingestState, ev *events.Event) []Key {
+	if in.cfg.Mode == ModeExact {
+		keys := make([]Key, len(ev.BlockHashes))
+		for i, h := range ev.BlockHashes {
+			keys[i] = Key(h)
+		}
+		in.maybeVerify(st, ev)
+		return keys
+	}
+	return in.deriveKeys(st, ev)
+}
+
+// deriveKeys rebuilds token-derived keys from the event's token_ids, chained
+// from the key its parent engine hash maps to. A block whose parent is
+// unknown cannot be chained; its engine hashes are remembered (so removals
+// resolve) and replay is left to fill the chain.
+func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
+	tk := in.cfg.TokenKeyer
+	bs := ev.BlockSize
+	parent, chained := tk.Root(), true
+	if ev.HasParentHash {
+		e, ok := st.engine.get(ev.ParentHash)
+		parent, chained = e.key, ok && e.chained
+	}
+	usable := chained && bs == tk.BlockSize() && len(ev.TokenIDs) == len(ev.BlockHashes)*bs
+	if chained && !usable {
+		in.mismatch(st, "block_size", fmt.Sprintf("event block_size %d with %d tokens for %d blocks, router block size %d",
+			bs, len(ev.TokenIDs), len(ev.BlockHashes), tk.BlockSize()))
+	}
+	if !usable {
+		for _, h := range ev.BlockHashes {
+			st.engine.put(h, engineKey{})
+		}
+		st.unchained += uint64(len(ev.BlockHashes))
+		if in.cfg.Metrics != nil {
+			in.cfg.Metrics.unchained.WithLabelValues(st.label).Add(float64(len(ev.BlockHashes)))
+		}
+		return nil
+	}
+	keys := make([]Key, 0, len(ev.BlockHashes))
+	var loraTuple [1]any
+	for i, h := range ev.BlockHashes {
+		extra := blockExtraFromEvent(ev, i, loraTuple[:0])
+		k, err := tk.KeyBlock(parent, ev.TokenIDs[i*bs:(i+1)*bs], extra)
+		if err != nil {
+			in.mismatch(st, "extra_keys", err.Error())
+			return keys
+		}
+		st.engine.put(h, engineKey{key: k, chained: true})
+		keys = append(keys, k)
+		parent = k
+	}
+	return keys
+}
+
+// blockExtraFromEvent is the extra-key tuple vLLM hashed for block i: the
+// published extra_keys when present, else the LoRA name (publishers that
+// predate extra_keys cannot convey cache_salt or multimodal keys).
+func blockExtraFromEvent(ev *events.Event, i int, scratch []any) []any {
+	if ev.HasExtraKeys {
+		return ev.ExtraKeys[i]
+	}
+	if ev.LoRAName != "" {
+		return append(scratch, ev.LoRAName)
+	}
+	return nil
+}
+
+func (in *Ingestor) removedKeys(st *ingestState, ev *events.Event) []Key {
+	keys := make([]Key, 0, len(ev.BlockHashes))
+	for _, h := range ev.BlockHashes {
+		if in.cfg.Mode == ModeExact {
+			keys = append(keys, Key(h))
+			continue
+		}
+		if e, ok := st.engine.get(h); ok && e.chained {
+			keys = append(keys, e.key)
+		}
+	}
+	return keys
+}
+
+// maybeVerify recomputes a sample of stored blocks from their token_ids with
+// the configured hasher. A block can only be recomputed when its parent's
+// full digest is known: block 0 of a chain (parent is the seed root) or a
+// block whose parent this verifier computed itself.
+func (in *Ingestor) maybeVerify(st *ingestState, ev *events.Event) {
+	h := in.cfg.Hasher
+	if h == nil {
+		return
+	}
+	st.storedSeen++
+	if st.storedSeen > in.cfg.VerifyFirst && st.storedSeen%in.cfg.VerifyEvery != 0 {
+		return
+	}
+	bs := ev.BlockSize
+	if bs != h.BlockSize() {
+		in.mismatch(st, "block_size", fmt.Sprintf("pod publishes block_size %d, router configured %d", bs, h.BlockSize()))
+		return
+	}
+	if len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		return // token_ids not published for every block: nothing to check
+	}
+	parent := h.Root()
+	if ev.HasParentHash {
+		d, ok := st.digests[ev.ParentHash]
+		if !ok {
+			return
+		}
+		parent = d
+	}
+	var loraTuple [1]any
+	for i, want := range ev.BlockHashes {
+		d, err := h.HashBlock(parent, ev.TokenIDs[i*bs:(i+1)*bs], blockExtraFromEvent(ev, i, loraTuple[:0]))
+		if err != nil {
+			in.mismatch(st, "extra_keys", err.Error())
+			return
+		}
+		st.checks++
+		if in.cfg.Metrics != nil {
+			in.cfg.Metrics.hashChecks.WithLabelValues(st.label).Inc()
+		}
+		if d.Wire() != want {
+			in.mismatch(st, "hash", fmt.Sprintf("recomputed %d, pod published %d: seed, algorithm or block size disagree with the pod", d.Wire(), want))
+			return
+		}
+		if len(st.digests) >= in.cfg.MaxEngineKeys {
+			clear(st.digests)
+		}
+		st.digests[want] = d
+		parent = d
+	}
+}
+
+// mismatch makes a configuration disagreement loud: a metric always, an error
+// log line for the first occurrence and then every 1000th.
+func (in *Ingestor) mismatch(st *ingestState, reason, detail string) {
+	st.mismatches++
+	if in.cfg.Metrics != nil {
+		in.cfg.Metrics.hashMismatches.WithLabelValues(st.label, reason).Inc()
+	}
+	if st.mismatches == 1 || st.mismatches%1000 == 0 {
+		in.log.Error("block keys disagree with the pod: routing on this target's cache will not work",
+			"target", st.label, "mode", in.cfg.Mode.String(), "reason", reason, "detail", detail, "count", st.mismatches)
+	}
+}

@@ -1,0 +1,256 @@
+package kvindex
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// storedEvent builds the BlockStored event a vLLM pod publishes for blocks
+// [from, to) of tokens, with hashes computed by h.
+func storedEvent(t testing.TB, h *Hasher, tokens []uint32, extras RequestExtras, from, to int) events.Event {
+	t.Helper()
+	digests, err := h.Digests(nil, tokens[:to*h.BlockSize()], extras)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := h.BlockSize()
+	ev := events.Event{Kind: events.KindBlockStored, BlockSize: bs, Medium: events.MediumGPU, LoRAName: extras.LoRAName,
+		TokenIDs: tokens[from*bs : to*bs], HasExtraKeys: true, HasGroupIdx: true, SpecKind: events.SpecFullAttention}
+	if from > 0 {
+		ev.ParentHash, ev.HasParentHash = digests[from-1].Wire(), true
+	}
+	var scratch []any
+	for i := from; i < to; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, digests[i].Wire())
+		x := extras.AppendBlockExtra(scratch[:0], i, i*bs, (i+1)*bs)
+		if x != nil {
+			x = append([]any(nil), x...)
+		}
+		ev.ExtraKeys = append(ev.ExtraKeys, x)
+	}
+	return ev
+}
+
+func seqTokens(n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32((i*40503+17)%152064) + 1
+	}
+	return out
+}
+
+func newTestIngestor(t *testing.T, mode KeyMode, h *Hasher, log *bytes.Buffer) (*Index, *Ingestor, *Metrics, *prometheus.Registry) {
+	t.Helper()
+	ix := NewIndex(IndexConfig{})
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	cfg := IngestConfig{Mode: mode, Hasher: h, Metrics: m}
+	if log != nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
+	}
+	if mode == ModeTokenDerived {
+		tk, err := NewTokenKeyer(h.BlockSize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.TokenKeyer = tk
+	}
+	in, err := NewIngestor(ix, cfg, Observer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix, in, m, reg
+}
+
+func TestIngestExactModeMatchesRequestKeys(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	ix, in, m, _ := newTestIngestor(t, ModeExact, h, nil)
+	tokens := seqTokens(16 * 10)
+	extras := RequestExtras{LoRAName: "sql-lora", CacheSalt: "tenant"}
+	// Two events, the second chained on the first, as vLLM emits them.
+	b := events.Batch{Events: []events.Event{storedEvent(t, h, tokens, extras, 0, 4), storedEvent(t, h, tokens, extras, 4, 10)}}
+	in.Apply(tid(1), &b)
+	keys, _ := h.Keys(nil, tokens, extras)
+	got := ix.Lookup(nil, keys)
+	if len(got) != 1 || got[0].Blocks != 10 {
+		t.Fatalf("lookup %+v", got)
+	}
+	checks, mismatches := in.HashHealth(tid(1))
+	if checks != 10 || mismatches != 0 {
+		t.Fatalf("checks %d mismatches %d", checks, mismatches)
+	}
+	if v := testutil.ToFloat64(m.hashChecks.WithLabelValues(tid(1).String())); v != 10 {
+		t.Fatalf("hash_checks metric %v", v)
+	}
+}
+
+func TestIngestExactModeDetectsWrongSeed(t *testing.T) {
+	pod, _ := NewHasher(AlgoSHA256, "42", 16)   // what the pods run
+	router, _ := NewHasher(AlgoSHA256, "0", 16) // what the router was told
+	var log bytes.Buffer
+	_, in, m, _ := newTestIngestor(t, ModeExact, router, &log)
+	tokens := seqTokens(64)
+	b := events.Batch{Events: []events.Event{storedEvent(t, pod, tokens, RequestExtras{}, 0, 4)}}
+	in.Apply(tid(1), &b)
+	if _, mm := in.HashHealth(tid(1)); mm != 1 {
+		t.Fatalf("mismatches %d", mm)
+	}
+	if v := testutil.ToFloat64(m.hashMismatches.WithLabelValues(tid(1).String(), "hash")); v != 1 {
+		t.Fatalf("metric %v", v)
+	}
+	if !strings.Contains(log.String(), "block keys disagree") {
+		t.Fatalf("no loud log line: %q", log.String())
+	}
+}
+
+func TestIngestExactModeDetectsBlockSize(t *testing.T) {
+	pod, _ := NewHasher(AlgoSHA256, "0", 32)
+	router, _ := NewHasher(AlgoSHA256, "0", 16)
+	_, in, m, _ := newTestIngestor(t, ModeExact, router, nil)
+	b := events.Batch{Events: []events.Event{storedEvent(t, pod, seqTokens(64), RequestExtras{}, 0, 2)}}
+	in.Apply(tid(1), &b)
+	if v := testutil.ToFloat64(m.hashMismatches.WithLabelValues(tid(1).String(), "block_size")); v != 1 {
+		t.Fatalf("metric %v", v)
+	}
+}
+
+func TestIngestTokenDerivedMode(t *testing.T) {
+	// The pods' seed is unknown (random): their hashes mean nothing to the
+	// router, yet the token-derived keys must match request-side keys.
+	pod, _ := NewHasher(AlgoSHA256, "random-per-process", 16)
+	routerSide, _ := NewHasher(AlgoSHA256, "0", 16) // only its block size matters
+	ix, in, m, _ := newTestIngestor(t, ModeTokenDerived, routerSide, nil)
+	tk, _ := NewTokenKeyer(16)
+	tokens := seqTokens(16 * 6)
+	extras := RequestExtras{LoRAName: "adapter-1", CacheSalt: "s"}
+	first, second := storedEvent(t, pod, tokens, extras, 0, 3), storedEvent(t, pod, tokens, extras, 3, 6)
+
+	// The second event arrives first: its parent is unknown.
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{second}})
+	if v := testutil.ToFloat64(m.unchained.WithLabelValues(tid(1).String())); v != 3 {
+		t.Fatalf("unchained %v", v)
+	}
+	// Replay delivers the chain in order.
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{first, second}})
+	keys, _ := tk.Keys(nil, tokens, extras)
+	got := ix.Lookup(nil, keys)
+	if len(got) != 1 || got[0].Blocks != 6 {
+		t.Fatalf("lookup %+v", got)
+	}
+	// Removal carries only engine hashes; the engine map resolves them.
+	rm := events.Event{Kind: events.KindBlockRemoved, BlockHashes: second.BlockHashes[1:], Medium: events.MediumGPU}
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{rm}})
+	got = ix.Lookup(nil, keys)
+	if len(got) != 1 || got[0].Blocks != 4 {
+		t.Fatalf("after removal %+v", got)
+	}
+	// A different salt gives different keys.
+	other, _ := tk.Keys(nil, tokens, RequestExtras{LoRAName: "adapter-1", CacheSalt: "t"})
+	if m := ix.Lookup(nil, other); len(m) != 0 {
+		t.Fatalf("salted keys collided: %+v", m)
+	}
+}
+
+func TestIngestHybridGroupsAndClear(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
+	ix, in, _, _ := newTestIngestor(t, ModeExact, h, nil)
+	tokens := seqTokens(64)
+	full := storedEvent(t, h, tokens, RequestExtras{}, 0, 4)
+	full.GroupIdx = 1
+	swa := full
+	swa.GroupIdx, swa.SpecKind = 0, "sliding_window"
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{swa, full}})
+	keys, _ := h.Keys(nil, tokens, RequestExtras{})
+	if got := ix.Lookup(nil, keys); len(got) != 1 || got[0].Blocks != 4 {
+		t.Fatalf("lookup %+v", got)
+	}
+	// The sliding-window group evicting the same hashes must not remove
+	// the full-attention placement.
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: full.BlockHashes, HasGroupIdx: true, GroupIdx: 0}}})
+	if got := ix.Lookup(nil, keys); len(got) != 1 || got[0].Blocks != 4 {
+		t.Fatalf("after other-group removal %+v", got)
+	}
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: full.BlockHashes[2:], HasGroupIdx: true, GroupIdx: 1}}})
+	if got := ix.Lookup(nil, keys); len(got) != 1 || got[0].Blocks != 2 {
+		t.Fatalf("after full-attention removal %+v", got)
+	}
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}})
+	if got := ix.Lookup(nil, keys); len(got) != 0 {
+		t.Fatalf("after clear %+v", got)
+	}
+}
+
+func TestIngestObserverAndTiers(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	ix := NewIndex(IndexConfig{})
+	var stored, removed []Key
+	cleared := 0
+	in, err := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{
+		Stored:  func(_ TargetID, tier Tier, k []Key) { stored = append(stored, k...) },
+		Removed: func(_ TargetID, tier Tier, k []Key) { removed = append(removed, k...) },
+		Cleared: func(TargetID) { cleared++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(32)
+	ev := storedEvent(t, h, tokens, RequestExtras{}, 0, 2)
+	ev.Medium = events.MediumCPU
+	in.Apply(tid(1), &events.Batch{Events: []events.Event{ev, {Kind: events.KindBlockRemoved, BlockHashes: ev.BlockHashes[1:], Medium: events.MediumCPU}, {Kind: events.KindAllBlocksCleared}}})
+	if len(stored) != 2 || len(removed) != 1 || cleared != 1 {
+		t.Fatalf("observer saw stored %v removed %v cleared %d", stored, removed, cleared)
+	}
+	if ix.Stats()[0].Placements != 0 {
+		t.Fatal("not cleared")
+	}
+}
+
+func BenchmarkIngestApply(b *testing.B) {
+	// One batch = 4 BlockStored events of 16 blocks plus matching evictions
+	// once warm: the steady state of a busy pod. Exact mode with the default
+	// verification sampling.
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	ix := NewIndex(IndexConfig{})
+	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h, Metrics: NewMetrics(nil)}, Observer{})
+	const perEvent, perBatch = 16, 4
+	mk := func(i int, kind events.Kind) events.Event {
+		hs := make([]uint64, perEvent)
+		for j := range hs {
+			hs[j] = uint64(i*perEvent + j + 1)
+		}
+		return events.Event{Kind: kind, BlockHashes: hs, BlockSize: 16, Medium: events.MediumGPU}
+	}
+	batches := make([]events.Batch, 4096)
+	for i := range batches {
+		for e := 0; e < perBatch; e++ {
+			n := i*perBatch + e
+			batches[i].Events = append(batches[i].Events, mk(n, events.KindBlockStored))
+			if n >= 2048 {
+				batches[i].Events = append(batches[i].Events, mk(n-2048, events.KindBlockRemoved))
+			}
+		}
+	}
+	target := tid(1)
+	blockEvents := 0
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		bt := &batches[i%len(batches)]
+		if i%len(batches) == 0 && i > 0 {
+			b.StopTimer()
+			ix.Clear(target)
+			b.StartTimer()
+		}
+		in.Apply(target, bt)
+		for _, e := range bt.Events {
+			blockEvents += len(e.BlockHashes)
+		}
+	}
+	b.ReportMetric(float64(blockEvents)/b.Elapsed().Seconds()/1e6, "M-block-events/s")
+}

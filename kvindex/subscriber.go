@@ -1,0 +1,436 @@
+package kvindex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// SubscriberConfig describes one target's event stream.
+type SubscriberConfig struct {
+	Target TargetID
+	// Endpoint is the pod's PUB socket, e.g. tcp://10.0.0.7:5557.
+	Endpoint string
+	// Replay is the pod's ROUTER replay socket; empty disables replay (gaps
+	// are then counted but not recovered).
+	Replay string
+	// Topic is the subscription prefix; empty receives every topic.
+	Topic string
+	// Handle is called for every decoded batch in sequence order, from the
+	// subscriber's goroutine. replayed says the batch came through replay.
+	Handle func(seq uint64, b *events.Batch, replayed bool)
+	// Restarted is called when the sequence goes backwards: the pod's
+	// process restarted and everything it held is gone. It runs before the
+	// new process's batches are handled.
+	Restarted func()
+	// DecodeFailed, if set, sees each payload that could not be decoded.
+	DecodeFailed func(seq uint64, err error)
+
+	// ReplayTimeout bounds one replay exchange (default 5 s).
+	ReplayTimeout time.Duration
+	// ReconnectMin/Max bound libzmq's reconnect backoff (defaults 100 ms, 5 s).
+	ReconnectMin, ReconnectMax time.Duration
+	// QueueSize is how many received batches may wait to be applied
+	// (default 4096); the receiver blocks beyond it and ZMQ buffers.
+	QueueSize int
+	Logger    *slog.Logger
+	Metrics   *Metrics
+}
+
+// Subscriber follows one target's KV-event stream: a SUB socket with a topic
+// filter, sequence tracking, replay through a DEALER on gaps, first connect
+// and restarts, and reconnection with backoff.
+type Subscriber struct {
+	cfg   SubscriberConfig
+	log   *slog.Logger
+	label string
+
+	mu     sync.Mutex
+	status SubscriberStatus
+
+	queue chan rawMessage
+}
+
+type rawMessage struct {
+	seq     uint64
+	payload []byte
+	err     error // malformed framing
+}
+
+// NewSubscriber validates the configuration; Run does the work.
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
+	if cfg.Endpoint == "" {
+		return nil, errors.New("subscriber: events endpoint is empty")
+	}
+	if cfg.Handle == nil {
+		return nil, errors.New("subscriber: no batch handler")
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = 5 * time.Second
+	}
+	if cfg.ReconnectMin <= 0 {
+		cfg.ReconnectMin = 100 * time.Millisecond
+	}
+	if cfg.ReconnectMax < cfg.ReconnectMin {
+		cfg.ReconnectMax = 5 * time.Second
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 4096
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	label := cfg.Target.String()
+	return &Subscriber{
+		cfg:    cfg,
+		label:  label,
+		log:    log.With("target", label, "events", cfg.Endpoint),
+		status: SubscriberStatus{Target: cfg.Target},
+		queue:  make(chan rawMessage, cfg.QueueSize),
+	}, nil
+}
+
+// Status returns a snapshot of the stream's state and counters.
+func (s *Subscriber) Status() SubscriberStatus {
+	s.mu.Lock()
+	st := s.status
+	s.mu.Unlock()
+	st.QueueDepth = len(s.queue)
+	return st
+}
+
+func (s *Subscriber) update(fn func(*SubscriberStatus)) {
+	s.mu.Lock()
+	fn(&s.status)
+	s.mu.Unlock()
+}
+
+// Run receives and applies batches until ctx ends. It returns nil on
+// cancellation and an error only when the socket cannot be set up at all
+// (for example a malformed endpoint).
+func (s *Subscriber) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- s.receive(ctx) }()
+	s.apply(ctx)
+	cancel()
+	err := <-recvErr
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+// receive owns the SUB and monitor sockets. It only frames and queues
+// messages so that a slow replay never makes ZMQ drop live batches.
+func (s *Subscriber) receive(ctx context.Context) error {
+	defer close(s.queue)
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+	}
+	defer sub.Close()
+	_ = sub.SetLinger(0)
+	_ = sub.SetRcvhwm(100000)
+	_ = sub.SetReconnectIvl(s.cfg.ReconnectMin)
+	_ = sub.SetReconnectIvlMax(s.cfg.ReconnectMax)
+	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
+		return fmt.Errorf("subscribe %s topic %q: %w", s.cfg.Endpoint, s.cfg.Topic, err)
+	}
+	monAddr := fmt.Sprintf("inproc://kvmon-%p", s)
+	if err := sub.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED); err != nil {
+		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
+	}
+	mon, err := zmq.NewSocket(zmq.PAIR)
+	if err != nil {
+		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
+	}
+	defer mon.Close()
+	_ = mon.SetLinger(0)
+	if err := mon.Connect(monAddr); err != nil {
+		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
+	}
+	if err := sub.Connect(s.cfg.Endpoint); err != nil {
+		return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+	}
+	poller := zmq.NewPoller()
+	poller.Add(sub, zmq.POLLIN)
+	poller.Add(mon, zmq.POLLIN)
+	connectedOnce := false
+	for ctx.Err() == nil {
+		polled, err := poller.Poll(100 * time.Millisecond)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(4) { // EINTR
+				continue
+			}
+			return fmt.Errorf("poll %s: %w", s.cfg.Endpoint, err)
+		}
+		for _, p := range polled {
+			switch p.Socket {
+			case mon:
+				ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+				if err != nil {
+					continue
+				}
+				switch ev {
+				case zmq.EVENT_CONNECTED:
+					if connectedOnce {
+						s.update(func(st *SubscriberStatus) { st.Reconnects++ })
+						if s.cfg.Metrics != nil {
+							s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
+						}
+						s.log.Info("event stream reconnected")
+					}
+					connectedOnce = true
+					s.update(func(st *SubscriberStatus) { st.Connected = true })
+				case zmq.EVENT_DISCONNECTED:
+					s.update(func(st *SubscriberStatus) { st.Connected = false })
+					s.log.Warn("event stream disconnected")
+				}
+			case sub:
+				frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					continue
+				}
+				msg := frameMessage(frames)
+				select {
+				case s.queue <- msg:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+// frameMessage checks the three-frame layout: topic, sequence, payload.
+func frameMessage(frames [][]byte) rawMessage {
+	if len(frames) != 3 {
+		return rawMessage{err: fmt.Errorf("message of %d frames (want topic, seq, payload)", len(frames))}
+	}
+	seq, err := events.ParseSeq(frames[1])
+	if err != nil {
+		return rawMessage{err: err}
+	}
+	return rawMessage{seq: seq, payload: frames[2]}
+}
+
+// apply owns sequence tracking and replay. On the first message it replays
+// from 0 so that a router joining late learns what the pod's replay buffer
+// still holds; on a gap it replays the missing range; when the sequence goes
+// backwards the pod restarted, so placements are cleared and replay starts
+// over from 0.
+func (s *Subscriber) apply(ctx context.Context) {
+	var (
+		haveSeq bool
+		next    uint64 // next expected sequence
+	)
+	for {
+		var msg rawMessage
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-s.queue:
+			if !ok {
+				return
+			}
+			msg = m
+		}
+		if msg.err != nil {
+			s.decodeFailed(0, msg.err)
+			continue
+		}
+		switch {
+		case !haveSeq:
+			if s.cfg.Replay != "" && msg.seq > 0 {
+				next = s.replay(ctx, 0, msg.seq)
+			}
+		case msg.seq < next && next-msg.seq > 1:
+			// Went backwards by more than a duplicate: a new process.
+			s.log.Warn("event sequence went backwards: pod restarted, clearing its placements", "seq", msg.seq, "expected", next)
+			s.update(func(st *SubscriberStatus) { st.Restarts++; st.HaveSeq = false })
+			if s.cfg.Metrics != nil {
+				s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()
+			}
+			if s.cfg.Restarted != nil {
+				s.cfg.Restarted()
+			}
+			next = 0
+			if s.cfg.Replay != "" && msg.seq > 0 {
+				next = s.replay(ctx, 0, msg.seq)
+			}
+		case msg.seq < next:
+			continue // duplicate of an applied batch (live copy of a replayed one)
+		case msg.seq > next:
+			missing := msg.seq - next
+			s.update(func(st *SubscriberStatus) { st.Gaps++ })
+			if s.cfg.Metrics != nil {
+				s.cfg.Metrics.gaps.WithLabelValues(s.label).Inc()
+			}
+			s.log.Warn("event sequence gap", "expected", next, "got", msg.seq, "missing", missing)
+			if s.cfg.Replay != "" {
+				next = s.replay(ctx, next, msg.seq)
+			}
+		}
+		if haveSeq && msg.seq < next {
+			continue // the replay already delivered it
+		}
+		haveSeq = true
+		s.deliver(msg.seq, msg.payload, false)
+		next = msg.seq + 1
+	}
+}
+
+// deliver decodes and hands one batch to the handler.
+func (s *Subscriber) deliver(seq uint64, payload []byte, replayed bool) {
+	b, err := events.Decode(payload)
+	if err != nil {
+		s.decodeFailed(seq, err)
+	} else {
+		s.cfg.Handle(seq, &b, replayed)
+	}
+	now := time.Now()
+	s.update(func(st *SubscriberStatus) {
+		st.LastSeq, st.HaveSeq, st.LastEvent = seq, true, now
+		if err == nil {
+			st.Batches++
+			st.Events += uint64(len(b.Events))
+		}
+		if replayed {
+			st.Replayed++
+		}
+	})
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.lastEvent.WithLabelValues(s.label).Set(float64(now.UnixNano()) / 1e9)
+		if replayed {
+			s.cfg.Metrics.replayedBatches.WithLabelValues(s.label).Inc()
+		}
+	}
+}
+
+func (s *Subscriber) decodeFailed(seq uint64, err error) {
+	s.update(func(st *SubscriberStatus) { st.DecodeErrors++ })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.decodeErrors.WithLabelValues(s.label).Inc()
+	}
+	s.log.Warn("skipping undecodable event batch", "seq", seq, "err", err)
+	if s.cfg.DecodeFailed != nil {
+		s.cfg.DecodeFailed(seq, err)
+	}
+}
+
+// replay asks the pod's replay socket for batches from start and delivers
+// those before stop (the live batch that revealed the gap is delivered by the
+// caller). It returns the next sequence expected after what it delivered.
+// Failures are logged and counted; the stream then continues with the gap.
+func (s *Subscriber) replay(ctx context.Context, start, stop uint64) uint64 {
+	s.update(func(st *SubscriberStatus) { st.Replaying = true; st.Replays++ })
+	defer s.update(func(st *SubscriberStatus) { st.Replaying = false })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.replays.WithLabelValues(s.label).Inc()
+	}
+	next := start
+	err := ReplayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, func(seq uint64, payload []byte) bool {
+		if seq >= stop {
+			return false
+		}
+		if seq < next {
+			return true
+		}
+		if seq > next {
+			s.log.Warn("replay buffer no longer holds the requested batches", "from", next, "oldest_available", seq)
+		}
+		s.deliver(seq, payload, true)
+		next = seq + 1
+		return true
+	})
+	if err != nil {
+		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
+	}
+	if next < stop && err == nil {
+		s.log.Warn("replay ended before the live stream resumed", "from", start, "next", next, "live", stop)
+	}
+	return next
+}
+
+// ReplayRange requests every batch from start from a vLLM replay socket and
+// calls fn for each, in order, until the end marker, fn returning false, the
+// timeout or ctx ending. It accepts both reply layouts: [“”, topic, seq,
+// payload] (current vLLM) and [“”, seq, payload] (older).
+func ReplayRange(ctx context.Context, endpoint string, start uint64, timeout time.Duration, fn func(seq uint64, payload []byte) bool) error {
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return fmt.Errorf("replay %s: %w", endpoint, err)
+	}
+	defer d.Close()
+	_ = d.SetLinger(0)
+	if err := d.Connect(endpoint); err != nil {
+		return fmt.Errorf("replay %s: %w", endpoint, err)
+	}
+	if _, err := d.SendMessage([]byte{}, events.SeqFrame(start)); err != nil {
+		return fmt.Errorf("replay %s: send request: %w", endpoint, err)
+	}
+	deadline := time.Now().Add(timeout)
+	poller := zmq.NewPoller()
+	poller.Add(d, zmq.POLLIN)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("replay %s: no end marker within %s", endpoint, timeout)
+		}
+		polled, err := poller.Poll(min(left, 100*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("replay %s: poll: %w", endpoint, err)
+		}
+		if len(polled) == 0 {
+			continue
+		}
+		frames, err := d.RecvMessageBytes(0)
+		if err != nil {
+			return fmt.Errorf("replay %s: receive: %w", endpoint, err)
+		}
+		seq, payload, err := parseReplayReply(frames)
+		if err != nil {
+			return fmt.Errorf("replay %s: %w", endpoint, err)
+		}
+		if seq == events.EndOfReplay {
+			return nil
+		}
+		// A reply arriving means the pod is alive: extend the deadline so a
+		// long buffer is not cut off midway.
+		deadline = time.Now().Add(timeout)
+		if !fn(seq, payload) {
+			return nil
+		}
+	}
+}
+
+func parseReplayReply(frames [][]byte) (uint64, []byte, error) {
+	// The leading empty delimiter frame is what a DEALER sees of the ROUTER
+	// envelope; tolerate its absence.
+	if len(frames) > 0 && len(frames[0]) == 0 && (len(frames) == 4 || len(frames) == 3) {
+		frames = frames[1:]
+	}
+	switch len(frames) {
+	case 3: // topic, seq, payload
+		seq, err := events.ParseSeq(frames[1])
+		return seq, frames[2], err
+	case 2: // seq, payload
+		seq, err := events.ParseSeq(frames[0])
+		return seq, frames[1], err
+	}
+	return 0, nil, fmt.Errorf("replay reply of %d frames", len(frames))
+}

@@ -1,0 +1,250 @@
+package kvindex
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+)
+
+// goldenPayloads returns the msgpack payloads of testdata/vllm/kv_events.json
+// by vector id.
+func goldenPayloads(t *testing.T) map[string][]byte {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "vllm", "kv_events.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Vectors []struct {
+			ID        string   `json:"id"`
+			FramesHex []string `json:"frames_hex"`
+		} `json:"vectors"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, v := range g.Vectors {
+		b, err := hex.DecodeString(v.FramesHex[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[v.ID] = b
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func emptyBatch(t *testing.T) []byte {
+	b, err := events.Encode(&events.Batch{TS: 1}, events.EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSubscriberGoldenGapAndRestart drives a real ZMQ PUB and ROUTER with the
+// golden payloads: a late join (first batch only reachable through replay), a
+// forced gap, and a pod restart, then checks the index.
+func TestSubscriberGoldenGapAndRestart(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		name := "current-replay"
+		if legacy {
+			name = "legacy-replay"
+		}
+		t.Run(name, func(t *testing.T) { runGoldenScenario(t, legacy) })
+	}
+}
+
+func runGoldenScenario(t *testing.T, legacy bool) {
+	payloads := goldenPayloads(t)
+	g := loadGoldenHashes(t)
+	pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*",
+		Topic: "kv@10.0.0.7@my-model", LegacyReplay: legacy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+
+	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
+	ix := NewIndex(IndexConfig{})
+	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{})
+	target := TargetID{Endpoint: "http://10.0.0.7:8000"}
+	var mu sync.Mutex
+	var seen []uint64
+	sub, err := NewSubscriber(SubscriberConfig{
+		Target: target, Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Topic: "kv@",
+		Handle: func(seq uint64, b *events.Batch, replayed bool) {
+			in.Apply(target, b)
+			mu.Lock()
+			seen = append(seen, seq)
+			mu.Unlock()
+		},
+		Restarted: func() { in.Reset(target) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// seq 0 is published before anyone listens: only replay can bring it.
+	if _, err := pub.PublishRaw(payloads["stored_2blocks_map"], true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	// Filler batches until the subscription is live (ZMQ's slow joiner).
+	waitFor(t, "first live batch", func() bool {
+		if sub.Status().HaveSeq {
+			return true
+		}
+		_, _ = pub.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	baseKeys, _ := h.Keys(nil, g.BaseTokens[:32], RequestExtras{})
+	waitFor(t, "replayed seq 0 in the index", func() bool {
+		m := ix.Lookup(nil, baseKeys)
+		return len(m) == 1 && m[0].Blocks == 2
+	})
+
+	// Forced gap: block 1 stored again (refcount 2) in a batch that never
+	// reaches the subscriber live, followed by a live batch.
+	gapSeq, _ := pub.PublishRaw(payloads["stored_minimal_dp3_array"], false)
+	live, _ := pub.PublishRaw(emptyBatch(t), true)
+	waitFor(t, "gap replayed", func() bool { return sub.Status().LastSeq == live })
+	st := sub.Status()
+	if st.Gaps < 1 || st.Replayed < 2 {
+		t.Fatalf("status after gap %+v", st)
+	}
+	mu.Lock()
+	gotGap := false
+	for _, s := range seen {
+		gotGap = gotGap || s == gapSeq
+	}
+	mu.Unlock()
+	if !gotGap {
+		t.Fatalf("gap batch %d never handled", gapSeq)
+	}
+	// One removal of block 1 leaves the second reference.
+	if _, err := pub.PublishRaw(mustEncode(t, events.Batch{TS: 2, Events: []events.Event{{Kind: events.KindBlockRemoved,
+		BlockHashes: []uint64{uint64(baseKeys[1])}, Medium: events.MediumGPU}}}), true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "removal applied", func() bool { return sub.Status().LastSeq == live+1 })
+	if m := ix.Lookup(nil, baseKeys); len(m) != 1 || m[0].Blocks != 2 {
+		t.Fatalf("after one removal of a doubly stored block: %+v", m)
+	}
+
+	// Restart: the sequence starts over; the old process's blocks are gone.
+	pub.Restart()
+	if _, err := pub.PublishRaw(payloads["stored_lora_salt_map"], true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "restart detected", func() bool { return sub.Status().Restarts == 1 && sub.Status().LastSeq == 0 })
+	if m := ix.Lookup(nil, baseKeys); len(m) != 0 {
+		t.Fatalf("placements of the old process survived the restart: %+v", m)
+	}
+	loraKeys, _ := h.Keys(nil, g.BaseTokens[:16], RequestExtras{LoRAName: "sql-lora", CacheSalt: "salt-1"})
+	if m := ix.Lookup(nil, loraKeys); len(m) != 1 || m[0].Blocks != 1 {
+		t.Fatalf("new process's block missing: %+v", m)
+	}
+	if checks, mm := in.HashHealth(target); mm != 0 || checks == 0 {
+		t.Fatalf("golden events failed verification: checks %d mismatches %d", checks, mm)
+	}
+	if st := sub.Status(); !st.Connected || st.DecodeErrors != 0 {
+		t.Fatalf("final status %+v", st)
+	}
+}
+
+func mustEncode(t *testing.T, b events.Batch) []byte {
+	t.Helper()
+	p, err := events.Encode(&b, events.EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestSubscriberCountsUndecodablePayloads(t *testing.T) {
+	pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	handled := make(chan uint64, 100)
+	sub, _ := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Handle: func(seq uint64, _ *events.Batch, _ bool) { handled <- seq }})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = sub.Run(ctx) }()
+	waitFor(t, "subscription live", func() bool {
+		_, _ = pub.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		return sub.Status().HaveSeq
+	})
+	bad, _ := pub.PublishRaw([]byte{0x93, 0xc1}, true)
+	good, _ := pub.PublishRaw(emptyBatch(t), true)
+	waitFor(t, "good batch after bad", func() bool { return sub.Status().LastSeq == good })
+	st := sub.Status()
+	if st.DecodeErrors != 1 || st.Gaps != 0 {
+		t.Fatalf("status %+v (bad seq %d)", st, bad)
+	}
+}
+
+func TestReplayRangeTimesOutOnSilentPeer(t *testing.T) {
+	// Nothing listens at this address: the request is queued by ZMQ and the
+	// exchange must end by timeout, not hang.
+	err := ReplayRange(context.Background(), "tcp://127.0.0.1:1", 0, 200*time.Millisecond, func(uint64, []byte) bool { return true })
+	if err == nil {
+		t.Fatal("replay against a silent peer succeeded")
+	}
+}
+
+func TestParseReplayReply(t *testing.T) {
+	seq := events.SeqFrame(5)
+	end := events.SeqFrame(events.EndOfReplay)
+	cases := []struct {
+		name   string
+		frames [][]byte
+		seq    uint64
+		ok     bool
+	}{
+		{"current", [][]byte{{}, []byte("topic"), seq, []byte("p")}, 5, true},
+		{"current empty topic", [][]byte{{}, {}, seq, []byte("p")}, 5, true},
+		{"current end", [][]byte{{}, {}, end, {}}, events.EndOfReplay, true},
+		{"legacy", [][]byte{{}, seq, []byte("p")}, 5, true},
+		{"legacy end", [][]byte{{}, end, {}}, events.EndOfReplay, true},
+		{"short", [][]byte{{}}, 0, false},
+		{"bad seq", [][]byte{{}, []byte("t"), []byte{1}, []byte("p")}, 0, false},
+	}
+	for _, c := range cases {
+		got, _, err := parseReplayReply(c.frames)
+		if (err == nil) != c.ok || (c.ok && got != c.seq) {
+			t.Errorf("%s: seq %d err %v", c.name, got, err)
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package kvindex
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// TokenKeyer derives block keys from token ids alone, for fleets whose
+// PYTHONHASHSEED is unknown (vLLM then seeds its hashes with random bytes per
+// process, so its hashes cannot be reproduced). Keys chain like vLLM's:
+// key(i) = XXH3-64(tokens(i) ‖ extra(i)) seeded with key(i-1), so a key still
+// identifies the whole prefix up to and including its block. Events are
+// translated into these keys by the Ingestor from their token_ids.
+type TokenKeyer struct {
+	blockSize int
+}
+
+// tokenKeyRoot seeds block 0's chain; any fixed value works, this one spells
+// "prefixrt" so it is recognisable in dumps.
+const tokenKeyRoot Key = 0x7072656669787274
+
+// NewTokenKeyer makes a keyer for the given block size.
+func NewTokenKeyer(blockSize int) (*TokenKeyer, error) {
+	if blockSize <= 0 || blockSize > MaxBlockSize {
+		return nil, fmt.Errorf("block size %d out of range 1..%d", blockSize, MaxBlockSize)
+	}
+	return &TokenKeyer{blockSize: blockSize}, nil
+}
+
+// BlockSize returns tokens per block.
+func (t *TokenKeyer) BlockSize() int { return t.blockSize }
+
+// Root is the parent key of block 0.
+func (t *TokenKeyer) Root() Key { return tokenKeyRoot }
+
+// KeyBlock chains one block on parent. extra is the block's extra-key tuple
+// (nil for None), serialized canonically so that request-side extras and the
+// extra_keys published in events produce the same key.
+func (t *TokenKeyer) KeyBlock(parent Key, tokens []uint32, extra []any) (Key, error) {
+	buf := getBuf()
+	defer putBuf(buf)
+	b := (*buf)[:0]
+	for _, tok := range tokens {
+		b = binary.LittleEndian.AppendUint32(b, tok)
+	}
+	if extra != nil {
+		var err error
+		if b, err = appendCBORValue(b, extra); err != nil {
+			*buf = b
+			return 0, err
+		}
+	}
+	*buf = b
+	return Key(xxh3.HashSeed(b, uint64(parent))), nil
+}
+
+// Keys implements Keyer.
+func (t *TokenKeyer) Keys(dst []Key, tokens []uint32, extras RequestExtras) ([]Key, error) {
+	parent := tokenKeyRoot
+	var extraBuf [4]any
+	n := len(tokens) / t.blockSize
+	for i := 0; i < n; i++ {
+		start := i * t.blockSize
+		k, err := t.KeyBlock(parent, tokens[start:start+t.blockSize], extras.AppendBlockExtra(extraBuf[:0], i, start, start+t.blockSize))
+		if err != nil {
+			return dst, fmt.Errorf("block %d: %w", i, err)
+		}
+		dst = append(dst, k)
+		parent = k
+	}
+	return dst, nil
+}
+
+// engineKeyMap remembers, for one target, which router key each engine hash
+// stands for, so BlockRemoved (which carries only engine hashes) and later
+// BlockStored events (whose parent is an engine hash) resolve. It is bounded
+// by two generations: when the young one fills, the old one is dropped.
+type engineKeyMap struct {
+	mu         sync.Mutex
+	young, old map[uint64]engineKey
+	limit      int // entries per generation
+}
+
+type engineKey struct {
+	key Key
+	// chained is false when the block's parent was unknown: the engine hash
+	// is remembered so its removal resolves, but no key could be derived.
+	chained bool
+}
+
+func newEngineKeyMap(limit int) *engineKeyMap {
+	if limit < 2 {
+		limit = 2
+	}
+	return &engineKeyMap{young: make(map[uint64]engineKey), limit: limit / 2}
+}
+
+func (m *engineKeyMap) get(h uint64) (engineKey, bool) {
+	if e, ok := m.young[h]; ok {
+		return e, true
+	}
+	if e, ok := m.old[h]; ok {
+		m.put(h, e) // promote what is still in use
+		return e, true
+	}
+	return engineKey{}, false
+}
+
+func (m *engineKeyMap) put(h uint64, e engineKey) {
+	if len(m.young) >= m.limit {
+		m.old, m.young = m.young, make(map[uint64]engineKey, m.limit)
+	}
+	m.young[h] = e
+}
+
+func (m *engineKeyMap) len() int { return len(m.young) + len(m.old) }
+
+func (m *engineKeyMap) reset() {
+	m.young, m.old = make(map[uint64]engineKey), nil
+}
