@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // The serializers below write exactly the bytes Python produces for the
@@ -148,10 +149,30 @@ func pickleTupleClose(dst []byte, n int) []byte {
 
 func appendPickleTokenTuple(dst []byte, tokens []uint32) []byte {
 	dst = pickleTupleOpen(dst, len(tokens))
+	// Hot path: grow once and emit each int opcode with one 8-byte
+	// little-endian store (opcode in the low byte, the value above it),
+	// advancing by the opcode's real length; the slack absorbs the overlap.
+	n := len(dst)
+	dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
 	for _, t := range tokens {
-		dst = appendPickleInt(dst, int64(t))
+		v := uint64(t)
+		switch {
+		case v < 1<<8:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt1)
+			n += 2
+		case v < 1<<16:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt2)
+			n += 3
+		case v <= math.MaxInt32:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt)
+			n += 5
+		default:
+			dst = appendPickleInt(dst[:n], int64(t))
+			n = len(dst)
+			dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
+		}
 	}
-	return pickleTupleClose(dst, len(tokens))
+	return pickleTupleClose(dst[:n], len(tokens))
 }
 
 func appendPickleTuple(dst []byte, items []any) ([]byte, error) {
@@ -225,9 +246,26 @@ func appendCBORBlock(dst []byte, parent []byte, tokens []uint32, extra []any) ([
 	dst = appendCBORHead(dst, cborBytes, uint64(len(parent)))
 	dst = append(dst, parent...)
 	dst = appendCBORHead(dst, cborArray, uint64(len(tokens)))
+	n := len(dst)
+	dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
 	for _, t := range tokens {
-		dst = appendCBORHead(dst, cborUint, uint64(t))
+		v := uint64(t)
+		switch {
+		case v < 24:
+			dst[n] = byte(v)
+			n++
+		case v < 1<<8:
+			dst[n], dst[n+1] = 24, byte(v)
+			n += 2
+		case v < 1<<16:
+			binary.BigEndian.PutUint32(dst[n:], 25<<24|uint32(v)<<8)
+			n += 3
+		default:
+			binary.BigEndian.PutUint64(dst[n:], 26<<56|v<<24)
+			n += 5
+		}
 	}
+	dst = dst[:n]
 	if extra == nil {
 		return append(dst, cborNull), nil
 	}

@@ -120,3 +120,24 @@ func TestHashCommandContract(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseTokenList(f *testing.F) {
+	for _, s := range []string{"", "1,2,3", " 4 , 5", "1,,2", "-1", "4294967296", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ids, err := parseTokenList(s)
+		if err != nil {
+			return
+		}
+		// Whatever parses must print back to an equivalent list.
+		parts := make([]string, len(ids))
+		for i, id := range ids {
+			parts[i] = itoa(int(id))
+		}
+		again, err := parseTokenList(strings.Join(parts, ","))
+		if err != nil || len(again) != len(ids) {
+			t.Fatalf("round trip of %q: %v %v", s, again, err)
+		}
+	})
+}
