@@ -25,9 +25,10 @@ var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
 // caller counts it and skips the batch.
 func Decode(payload []byte) (b Batch, err error) {
 	r := bytes.NewReader(payload)
-	d := decoderPool.Get().(*msgpack.Decoder)
-	d.Reset(r)
-	defer decoderPool.Put(d)
+	md := decoderPool.Get().(*msgpack.Decoder)
+	md.Reset(r)
+	defer decoderPool.Put(md)
+	d := &decoder{Decoder: md, r: r, payload: payload}
 
 	n, err := d.DecodeArrayLen()
 	if err != nil {
@@ -73,7 +74,7 @@ func Decode(payload []byte) (b Batch, err error) {
 		}
 	}
 	for i := 3; i < n; i++ {
-		if err := d.Skip(); err != nil {
+		if err := skipValue(d, 0); err != nil {
 			return b, fmt.Errorf("batch trailing item: %w", err)
 		}
 	}
@@ -83,12 +84,78 @@ func Decode(payload []byte) (b Batch, err error) {
 	return b, nil
 }
 
-func isNil(d *msgpack.Decoder) bool {
+// decoder wraps the msgpack decoder with the payload it reads, so that
+// declared string and binary lengths can be checked against the bytes that
+// remain before the library allocates for them (it trusts a declared length,
+// and a hostile 4 GiB header must not cost 4 GiB).
+type decoder struct {
+	*msgpack.Decoder
+	r       *bytes.Reader
+	payload []byte
+}
+
+// blob reads a str or bin value after checking that its declared length fits.
+func (d *decoder) blob() ([]byte, error) {
+	pos := len(d.payload) - d.r.Len()
+	if pos >= len(d.payload) {
+		return nil, errors.New("unexpected end of payload")
+	}
+	c, rest := d.payload[pos], d.payload[pos+1:]
+	var n, hdr int
+	switch {
+	case msgpcode.IsFixedString(c):
+		n = int(c & msgpcode.FixedStrMask)
+	case c == msgpcode.Str8 || c == msgpcode.Bin8:
+		hdr = 1
+	case c == msgpcode.Str16 || c == msgpcode.Bin16:
+		hdr = 2
+	case c == msgpcode.Str32 || c == msgpcode.Bin32:
+		hdr = 4
+	default:
+		return nil, fmt.Errorf("want string or bytes, got msgpack code %#x", c)
+	}
+	if len(rest) < hdr {
+		return nil, errors.New("truncated length")
+	}
+	for i := 0; i < hdr; i++ {
+		n = n<<8 | int(rest[i])
+	}
+	if n > len(rest)-hdr {
+		return nil, fmt.Errorf("declared length %d exceeds the %d bytes left", n, len(rest)-hdr)
+	}
+	return d.DecodeBytes()
+}
+
+// extFits checks an ext value's declared length against the bytes left.
+func (d *decoder) extFits(c byte) error {
+	pos := len(d.payload) - d.r.Len()
+	hdr := map[byte]int{msgpcode.Ext8: 1, msgpcode.Ext16: 2, msgpcode.Ext32: 4}[c]
+	rest := d.payload[pos+1:]
+	if len(rest) < hdr {
+		return errors.New("truncated length")
+	}
+	n := 0
+	for i := 0; i < hdr; i++ {
+		n = n<<8 | int(rest[i])
+	}
+	if n+1 > len(rest)-hdr { // +1: the ext type byte
+		return fmt.Errorf("declared ext length %d exceeds the %d bytes left", n, len(rest)-hdr)
+	}
+	return nil
+}
+
+// str reads a string with the same length check.
+func (d *decoder) str() (string, error) {
+	b, err := d.blob()
+	return string(b), err
+}
+
+func isNil(d *decoder) bool {
 	c, err := d.PeekCode()
 	return err == nil && c == msgpcode.Nil
 }
 
-func decodeEvent(d *msgpack.Decoder) (Event, error) {
+func decodeEvent(d *decoder) (Event, error) {
 	c, err := d.PeekCode()
 	if err != nil {
 		return Event{}, err
@@ -99,7 +166,7 @@ func decodeEvent(d *msgpack.Decoder) (Event, error) {
 	return decodeArrayEvent(d)
 }
 
-func decodeMapEvent(d *msgpack.Decoder) (Event, error) {
+func decodeMapEvent(d *decoder) (Event, error) {
 	var ev Event
 	n, err := d.DecodeMapLen()
 	if err != nil {
@@ -110,12 +177,12 @@ func decodeMapEvent(d *msgpack.Decoder) (Event, error) {
 	}
 	haveType := false
 	for i := 0; i < n; i++ {
-		key, err := d.DecodeString()
+		key, err := d.str()
 		if err != nil {
 			return ev, fmt.Errorf("field name: %w", err)
 		}
 		if key == "type" {
-			tag, err := d.DecodeString()
+			tag, err := d.str()
 			if err != nil {
 				return ev, fmt.Errorf("type: %w", err)
 			}
@@ -139,7 +206,7 @@ var (
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
-func decodeArrayEvent(d *msgpack.Decoder) (Event, error) {
+func decodeArrayEvent(d *decoder) (Event, error) {
 	var ev Event
 	n, err := d.DecodeArrayLen()
 	if err != nil {
@@ -148,7 +215,7 @@ func decodeArrayEvent(d *msgpack.Decoder) (Event, error) {
 	if n < 1 {
 		return ev, errors.New("empty event array")
 	}
-	tag, err := d.DecodeString()
+	tag, err := d.str()
 	if err != nil {
 		return ev, fmt.Errorf("type tag: %w", err)
 	}
@@ -167,7 +234,7 @@ func decodeArrayEvent(d *msgpack.Decoder) (Event, error) {
 			}
 			continue
 		}
-		if err := d.Skip(); err != nil {
+		if err := skipValue(d, 0); err != nil {
 			return ev, err
 		}
 	}
@@ -191,7 +258,7 @@ func checkEvent(ev *Event) error {
 	return nil
 }
 
-func decodeField(d *msgpack.Decoder, ev *Event, key string) error {
+func decodeField(d *decoder, ev *Event, key string) error {
 	var err error
 	switch key {
 	case "block_hashes":
@@ -248,19 +315,19 @@ func decodeField(d *msgpack.Decoder, ev *Event, key string) error {
 		ev.SlidingWindow, err = decodeInt(d)
 		ev.HasSlidingWindow = err == nil
 	default:
-		err = d.Skip()
+		err = skipValue(d, 0)
 	}
 	return err
 }
 
-func decodeOptString(d *msgpack.Decoder) (string, error) {
+func decodeOptString(d *decoder) (string, error) {
 	if isNil(d) {
 		return "", d.DecodeNil()
 	}
-	return d.DecodeString()
+	return d.str()
 }
 
-func decodeFloat(d *msgpack.Decoder) (float64, error) {
+func decodeFloat(d *decoder) (float64, error) {
 	c, err := d.PeekCode()
 	if err != nil {
 		return 0, err
@@ -273,7 +340,7 @@ func decodeFloat(d *msgpack.Decoder) (float64, error) {
 }
 
 // decodeInt accepts any msgpack integer that fits int64.
-func decodeInt(d *msgpack.Decoder) (int64, error) {
+func decodeInt(d *decoder) (int64, error) {
 	c, err := d.PeekCode()
 	if err != nil {
 		return 0, err
@@ -301,14 +368,14 @@ func isIntCode(c byte) bool {
 // decodeHash accepts an unsigned or signed integer (reinterpreted as its
 // uint64 bit pattern) or raw digest bytes (reduced to the last 8 bytes,
 // big-endian), the three forms vLLM releases have published.
-func decodeHash(d *msgpack.Decoder) (uint64, error) {
+func decodeHash(d *decoder) (uint64, error) {
 	c, err := d.PeekCode()
 	if err != nil {
 		return 0, err
 	}
 	switch {
 	case msgpcode.IsBin(c) || msgpcode.IsString(c):
-		b, err := d.DecodeBytes()
+		b, err := d.blob()
 		if err != nil {
 			return 0, err
 		}
@@ -339,7 +406,7 @@ func WireFromBytes(b []byte) uint64 {
 	return v
 }
 
-func decodeHashList(d *msgpack.Decoder) ([]uint64, error) {
+func decodeHashList(d *decoder) ([]uint64, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil || n <= 0 {
 		return nil, err
@@ -355,7 +422,7 @@ func decodeHashList(d *msgpack.Decoder) ([]uint64, error) {
 	return out, nil
 }
 
-func decodeTokenList(d *msgpack.Decoder) ([]uint32, error) {
+func decodeTokenList(d *decoder) ([]uint32, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil || n <= 0 {
 		return nil, err
@@ -374,7 +441,7 @@ func decodeTokenList(d *msgpack.Decoder) ([]uint32, error) {
 	return out, nil
 }
 
-func decodeExtraKeys(d *msgpack.Decoder) ([][]any, error) {
+func decodeExtraKeys(d *decoder) ([][]any, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil || n <= 0 {
 		return nil, err
@@ -403,7 +470,7 @@ func decodeExtraKeys(d *msgpack.Decoder) ([][]any, error) {
 
 // decodeExtraValue reads one extra-key element into the value model the
 // block hasher serializes: string, int64, []byte, nil or []any.
-func decodeExtraValue(d *msgpack.Decoder, depth int) (any, error) {
+func decodeExtraValue(d *decoder, depth int) (any, error) {
 	if depth > maxNesting {
 		return nil, errors.New("extra keys nested too deep")
 	}
@@ -415,9 +482,9 @@ func decodeExtraValue(d *msgpack.Decoder, depth int) (any, error) {
 	case c == msgpcode.Nil:
 		return nil, d.DecodeNil()
 	case msgpcode.IsString(c):
-		return d.DecodeString()
+		return d.str()
 	case msgpcode.IsBin(c):
-		return d.DecodeBytes()
+		return d.blob()
 	case isIntCode(c):
 		return decodeInt(d)
 	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
@@ -436,4 +503,52 @@ func decodeExtraValue(d *msgpack.Decoder, depth int) (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("extra key of msgpack code %#x", c)
+}
+
+// maxSkipNesting bounds how deep an ignored value may nest. The library's
+// Skip recurses without limit, so a payload of nested one-element arrays
+// could otherwise exhaust the stack.
+const maxSkipNesting = 32
+
+// skipValue skips one value of any type, iterating containers itself.
+func skipValue(d *decoder, depth int) error {
+	if depth > maxSkipNesting {
+		return errors.New("ignored value nested too deep")
+	}
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := d.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			if err := skipValue(d, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := d.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 2*n; i++ {
+			if err := skipValue(d, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		_, err := d.blob()
+		return err
+	case c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32:
+		if err := d.extFits(c); err != nil {
+			return err
+		}
+	}
+	return d.Skip()
 }

@@ -313,3 +313,20 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestDecodeHostileLengths(t *testing.T) {
+	nested := append([]byte{0x93, 0x01, 0x91, 0x93, 0xa1, 'X'}, bytes.Repeat([]byte{0x91}, 200000)...)
+	cases := map[string][]byte{
+		// A hash declared as a 3.4 GB string inside a stored event.
+		"huge string": {0x93, 0x01, 0x91, 0x93, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 0xdb, 0xcf, 0x9c, 0x91, 0x94, 0x00},
+		// An unknown map key whose value is an ext declaring 3.4 GB.
+		"huge ext": {0x93, 0x01, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0xa1, 'x', 0xc9, 0xce, 0x00, 0x01, 0x7b, 0x01},
+		// An ignored trailing field nested 200,000 arrays deep.
+		"deep nesting": nested,
+	}
+	for name, p := range cases {
+		if _, err := Decode(p); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
