@@ -439,6 +439,18 @@ func (ix *Index) Stats() []TargetStats {
 	return out
 }
 
+// StatsFor reports one target's placement counts.
+func (ix *Index) StatsFor(id TargetID) (TargetStats, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	s, ok := ix.slots[id]
+	if !ok {
+		return TargetStats{Target: id}, false
+	}
+	ts := ix.targets[s]
+	return TargetStats{Target: ts.id, Placements: ts.count, ByTier: ts.tierCount, Evicted: ts.evicted, UnknownRemovals: ts.unknownRemovals}, true
+}
+
 // Has reports whether the target holds key in any tier (tests and debugging).
 func (ix *Index) Has(id TargetID, key Key) bool {
 	ix.mu.RLock()

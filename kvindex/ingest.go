@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 )
 
@@ -82,7 +84,34 @@ type ingestState struct {
 	mismatches     uint64
 	checks         uint64
 	unchained      uint64
-	keys           []Key // scratch
+	evictedSeen    uint64
+	metrics        *targetMetrics
+}
+
+// targetMetrics caches one target's metric children so the per-event path
+// does not hash label values.
+type targetMetrics struct {
+	batches                  prometheus.Counter
+	stored, removed, cleared prometheus.Counter
+	placements               [numTiers]prometheus.Gauge
+	evictions                prometheus.Counter
+}
+
+func (m *Metrics) forTarget(label string) *targetMetrics {
+	if m == nil {
+		return nil
+	}
+	tm := &targetMetrics{
+		batches:   m.batches.WithLabelValues(label),
+		stored:    m.events.WithLabelValues(label, events.KindBlockStored.String()),
+		removed:   m.events.WithLabelValues(label, events.KindBlockRemoved.String()),
+		cleared:   m.events.WithLabelValues(label, events.KindAllBlocksCleared.String()),
+		evictions: m.evictions.WithLabelValues(label),
+	}
+	for t := range tm.placements {
+		tm.placements[t] = m.placements.WithLabelValues(label, Tier(t).String())
+	}
+	return tm
 }
 
 // NewIngestor connects event ingestion to an index.
@@ -111,7 +140,8 @@ func (in *Ingestor) state(t TargetID) *ingestState {
 	defer in.mu.Unlock()
 	st, ok := in.targets[t]
 	if !ok {
-		st = &ingestState{label: t.String(), engine: newEngineKeyMap(in.cfg.MaxEngineKeys), digests: make(map[uint64]Digest)}
+		st = &ingestState{label: t.String(), engine: newEngineKeyMap(in.cfg.MaxEngineKeys), digests: make(map[uint64]Digest),
+			metrics: in.cfg.Metrics.forTarget(t.String())}
 		in.targets[t] = st
 	}
 	return st
@@ -124,8 +154,9 @@ func (in *Ingestor) Reset(t TargetID) {
 	st.mu.Lock()
 	st.engine.reset()
 	clear(st.digests)
-	st.mu.Unlock()
 	in.ix.Clear(t)
+	in.updateIndexGauges(t, st)
+	st.mu.Unlock()
 	if in.obs.Cleared != nil {
 		in.obs.Cleared(t)
 	}
@@ -154,11 +185,11 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	m := in.cfg.Metrics
-	if m != nil {
-		m.batches.WithLabelValues(st.label).Inc()
+	tm := st.metrics
+	if tm != nil {
+		tm.batches.Inc()
 		if b.Unknown > 0 {
-			m.skipped.WithLabelValues(st.label, "unknown_type").Add(float64(b.Unknown))
+			in.cfg.Metrics.skipped.WithLabelValues(st.label, "unknown_type").Add(float64(b.Unknown))
 		}
 	}
 	type change struct {
@@ -170,11 +201,11 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 	in.ix.Update(t, func(w *IndexWriter) {
 		for i := range b.Events {
 			ev := &b.Events[i]
-			if m != nil {
-				m.events.WithLabelValues(st.label, ev.Kind.String()).Inc()
-			}
 			switch ev.Kind {
 			case events.KindBlockStored:
+				if tm != nil {
+					tm.stored.Inc()
+				}
 				if !in.acceptStored(st, ev) {
 					continue
 				}
@@ -188,6 +219,9 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 					changes = append(changes, change{KindStored, tier, keys})
 				}
 			case events.KindBlockRemoved:
+				if tm != nil {
+					tm.removed.Inc()
+				}
 				if !in.acceptRemoved(st, ev) {
 					continue
 				}
@@ -198,6 +232,9 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 					changes = append(changes, change{KindRemoved, tier, keys})
 				}
 			case events.KindAllBlocksCleared:
+				if tm != nil {
+					tm.cleared.Inc()
+				}
 				w.Clear()
 				if in.obs.Cleared != nil {
 					changes = append(changes, change{kind: KindCleared})
@@ -205,6 +242,7 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 			}
 		}
 	})
+	in.updateIndexGauges(t, st)
 	for _, c := range changes {
 		switch c.kind {
 		case KindStored:
@@ -214,6 +252,23 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 		case KindCleared:
 			in.obs.Cleared(t)
 		}
+	}
+}
+
+func (in *Ingestor) updateIndexGauges(t TargetID, st *ingestState) {
+	if st.metrics == nil {
+		return
+	}
+	stats, ok := in.ix.StatsFor(t)
+	if !ok {
+		return
+	}
+	for tier, n := range stats.ByTier {
+		st.metrics.placements[tier].Set(float64(n))
+	}
+	if stats.Evicted > st.evictedSeen {
+		st.metrics.evictions.Add(float64(stats.Evicted - st.evictedSeen))
+		st.evictedSeen = stats.Evicted
 	}
 }
 

@@ -89,6 +89,13 @@ func TestIngestExactModeMatchesRequestKeys(t *testing.T) {
 	if v := testutil.ToFloat64(m.hashChecks.WithLabelValues(tid(1).String())); v != 10 {
 		t.Fatalf("hash_checks metric %v", v)
 	}
+	if v := testutil.ToFloat64(m.placements.WithLabelValues(tid(1).String(), "GPU")); v != 10 {
+		t.Fatalf("placements gauge %v", v)
+	}
+	in.Reset(tid(1))
+	if v := testutil.ToFloat64(m.placements.WithLabelValues(tid(1).String(), "GPU")); v != 0 {
+		t.Fatalf("placements gauge after reset %v", v)
+	}
 }
 
 func TestIngestExactModeDetectsWrongSeed(t *testing.T) {

@@ -62,6 +62,9 @@ type rawMessage struct {
 	seq     uint64
 	payload []byte
 	err     error // malformed framing
+	// afterReconnect marks the first message after the connection dropped
+	// and came back: whatever happened meanwhile is unknown.
+	afterReconnect bool
 }
 
 // NewSubscriber validates the configuration; Run does the work.
@@ -165,7 +168,7 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	poller := zmq.NewPoller()
 	poller.Add(sub, zmq.POLLIN)
 	poller.Add(mon, zmq.POLLIN)
-	connectedOnce := false
+	connectedOnce, reconnected := false, false
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(100 * time.Millisecond)
 		if err != nil {
@@ -189,6 +192,7 @@ func (s *Subscriber) receive(ctx context.Context) error {
 							s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
 						}
 						s.log.Info("event stream reconnected")
+						reconnected = true
 					}
 					connectedOnce = true
 					s.update(func(st *SubscriberStatus) { st.Connected = true })
@@ -202,6 +206,7 @@ func (s *Subscriber) receive(ctx context.Context) error {
 					continue
 				}
 				msg := frameMessage(frames)
+				msg.afterReconnect, reconnected = reconnected, false
 				select {
 				case s.queue <- msg:
 				case <-ctx.Done():
@@ -255,9 +260,12 @@ func (s *Subscriber) apply(ctx context.Context) {
 			if s.cfg.Replay != "" && msg.seq > 0 {
 				next = s.replay(ctx, 0, msg.seq)
 			}
-		case msg.seq < next && next-msg.seq > 1:
-			// Went backwards by more than a duplicate: a new process.
-			s.log.Warn("event sequence went backwards: pod restarted, clearing its placements", "seq", msg.seq, "expected", next)
+		case (msg.seq < next && next-msg.seq > 1) || (msg.afterReconnect && msg.seq != next):
+			// Went backwards by more than a duplicate: a new process. After
+			// a reconnect any jump is treated the same way: a restarted pod
+			// may already have published past the old sequence, and
+			// rebuilding from its replay buffer is safe either way.
+			s.log.Warn("event sequence discontinuous: pod restarted, clearing its placements", "seq", msg.seq, "expected", next, "after_reconnect", msg.afterReconnect)
 			s.update(func(st *SubscriberStatus) { st.Restarts++; st.HaveSeq = false })
 			if s.cfg.Metrics != nil {
 				s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()

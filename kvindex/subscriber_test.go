@@ -248,3 +248,93 @@ func TestParseReplayReply(t *testing.T) {
 		}
 	}
 }
+
+// TestSubscriberReconnectsAfterPodRestart closes the publisher and binds a
+// new one on the same port, as a restarted vLLM process would: the
+// subscriber must reconnect on its own, count it, and treat the sequence
+// reset as a restart.
+func TestSubscriberReconnectsAfterPodRestart(t *testing.T) {
+	first, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := first.Endpoint()
+	restarted := make(chan struct{}, 1)
+	sub, _ := NewSubscriber(SubscriberConfig{Endpoint: endpoint, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
+		Handle:    func(uint64, *events.Batch, bool) {},
+		Restarted: func() { restarted <- struct{}{} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = sub.Run(ctx) }()
+	waitFor(t, "first process's batches", func() bool {
+		_, _ = first.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		return sub.Status().LastSeq >= 3
+	})
+	first.Close()
+	waitFor(t, "disconnect noticed", func() bool { return !sub.Status().Connected })
+	second, err := publish.New(publish.Config{Bind: endpoint})
+	if err != nil {
+		t.Fatalf("rebind %s: %v", endpoint, err)
+	}
+	defer second.Close()
+	waitFor(t, "reconnect and restart detection", func() bool {
+		_, _ = second.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-restarted:
+			return true
+		default:
+			return false
+		}
+	})
+	if st := sub.Status(); st.Reconnects < 1 || st.Restarts != 1 || !st.Connected {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestSubscriberRestartAheadOfOldSequence: the pod restarts and publishes
+// past the old sequence before the subscriber reconnects. Only the
+// reconnect reveals it; the old placements must still be dropped.
+func TestSubscriberRestartAheadOfOldSequence(t *testing.T) {
+	first, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := first.Endpoint()
+	restarted := make(chan struct{}, 1)
+	sub, _ := NewSubscriber(SubscriberConfig{Endpoint: endpoint, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
+		Handle:    func(uint64, *events.Batch, bool) {},
+		Restarted: func() { restarted <- struct{}{} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = sub.Run(ctx) }()
+	waitFor(t, "first process's batches", func() bool {
+		_, _ = first.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		return sub.Status().HaveSeq
+	})
+	old := sub.Status().LastSeq
+	first.Close()
+	waitFor(t, "disconnect noticed", func() bool { return !sub.Status().Connected })
+	second, err := publish.New(publish.Config{Bind: endpoint})
+	if err != nil {
+		t.Fatalf("rebind %s: %v", endpoint, err)
+	}
+	defer second.Close()
+	for i := uint64(0); i < old+50; i++ { // unseen: nobody is connected yet
+		_, _ = second.PublishRaw(emptyBatch(t), false)
+	}
+	waitFor(t, "restart detected after reconnect", func() bool {
+		_, _ = second.PublishRaw(emptyBatch(t), true)
+		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-restarted:
+			return true
+		default:
+			return false
+		}
+	})
+}
