@@ -1,0 +1,226 @@
+package health
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Outcome classifies how a proxied request ended, for the circuit breaker.
+type Outcome uint8
+
+// Outcomes. Only OutcomeUpstreamError counts against the target.
+const (
+	// OutcomeSuccess: the target answered (any 2xx, or a streamed response
+	// that completed).
+	OutcomeSuccess Outcome = iota
+	// OutcomeUpstreamError: connect failure, reset, timeout, or a 5xx from
+	// the target.
+	OutcomeUpstreamError
+	// OutcomeClientError: the target rejected the request (4xx); says
+	// nothing about the target's health.
+	OutcomeClientError
+	// OutcomeCanceled: the client went away; says nothing about the target.
+	OutcomeCanceled
+)
+
+// Breaker states, stored in live.breaker.
+const (
+	breakerClosed uint32 = iota
+	breakerOpen
+	breakerHalfOpen
+)
+
+// shared is what every target's live counters need from the monitor.
+type shared struct {
+	now         func() time.Time
+	failures    int64         // consecutive upstream failures that open the breaker
+	cooldown    time.Duration // first open period
+	maxCooldown time.Duration
+	kick        chan struct{} // non-blocking: ask the monitor to rebuild
+}
+
+func (s *shared) notify() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// live holds a target's hot-path counters. Everything is atomic: the
+// router updates them on every request without locks.
+type live struct {
+	sh *shared
+
+	inflight       atomic.Int64
+	prefilling     atomic.Int64
+	queuedPrompt   atomic.Int64
+	queuedUncached atomic.Int64
+
+	dispatched atomic.Uint64
+	answered   atomic.Uint64 // first bytes
+	upstream   atomic.Uint64 // upstream failures
+	lastRoute  atomic.Int64  // unix nanos of the last dispatch
+
+	// Event expectation: the first first-byte not yet followed by an event,
+	// and the uncached tokens answered since.
+	awaitingSince      atomic.Int64
+	uncachedSinceEvent atomic.Int64
+
+	consecFail    atomic.Int64
+	breaker       atomic.Uint32
+	breakerUntil  atomic.Int64 // unix nanos when an open breaker may half-open
+	breakerOpens  atomic.Uint64
+	openStreak    atomic.Int64 // consecutive opens without a success, for backoff
+	trialInFlight atomic.Bool
+
+	probeFailures  atomic.Uint64
+	scrapeFailures atomic.Uint64
+	transitions    atomic.Uint64
+}
+
+// Flight is one dispatched request's accounting. It is a small value: keep
+// it with the request (do not copy it once used) and call FirstByte
+// (optional) then Finish exactly once, from one goroutine at a time; repeated
+// calls are ignored. The zero Flight is a no-op.
+type Flight struct {
+	l        *live
+	prompt   int64
+	uncached int64
+	trial    bool
+	answered bool
+	done     bool
+}
+
+func (l *live) dispatch(prompt, uncached int) Flight {
+	prompt = max(prompt, 0)
+	uncached = min(max(uncached, 0), prompt)
+	f := Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
+	if l.breaker.Load() == breakerHalfOpen && l.trialInFlight.CompareAndSwap(false, true) {
+		f.trial = true
+	}
+	l.inflight.Add(1)
+	l.prefilling.Add(1)
+	l.queuedPrompt.Add(f.prompt)
+	l.queuedUncached.Add(f.uncached)
+	l.dispatched.Add(1)
+	l.lastRoute.Store(l.sh.now().UnixNano())
+	return f
+}
+
+// FirstByte records that the target's first response byte arrived: its
+// prefill is done, so its prompt tokens leave the queue, and a KV event for
+// the computed blocks is now expected.
+func (f *Flight) FirstByte() {
+	if f.l == nil || f.answered || f.done {
+		return
+	}
+	f.answered = true
+	l := f.l
+	l.prefilling.Add(-1)
+	l.queuedPrompt.Add(-f.prompt)
+	l.queuedUncached.Add(-f.uncached)
+	l.answered.Add(1)
+	if f.uncached > 0 {
+		l.uncachedSinceEvent.Add(f.uncached)
+		if l.awaitingSince.Load() == 0 {
+			l.awaitingSince.CompareAndSwap(0, l.sh.now().UnixNano())
+		}
+	}
+}
+
+// Finish records the end of the request and its outcome.
+func (f *Flight) Finish(o Outcome) {
+	if f.l == nil || f.done {
+		return
+	}
+	f.done = true
+	l := f.l
+	if !f.answered {
+		l.prefilling.Add(-1)
+		l.queuedPrompt.Add(-f.prompt)
+		l.queuedUncached.Add(-f.uncached)
+	}
+	l.inflight.Add(-1)
+	switch o {
+	case OutcomeSuccess:
+		l.succeeded()
+	case OutcomeUpstreamError:
+		l.upstream.Add(1)
+		l.failed()
+	}
+	if f.trial {
+		l.trialInFlight.Store(false)
+	}
+}
+
+func (l *live) succeeded() {
+	l.consecFail.Store(0)
+	l.openStreak.Store(0)
+	if l.breaker.CompareAndSwap(breakerHalfOpen, breakerClosed) {
+		l.sh.notify()
+	}
+}
+
+func (l *live) failed() {
+	n := l.consecFail.Add(1)
+	switch l.breaker.Load() {
+	case breakerHalfOpen:
+		l.open()
+	case breakerClosed:
+		if n >= l.sh.failures {
+			l.open()
+		}
+	}
+}
+
+// open moves the breaker to open with exponential backoff.
+func (l *live) open() {
+	st := l.breaker.Load()
+	if st == breakerOpen || !l.breaker.CompareAndSwap(st, breakerOpen) {
+		return
+	}
+	streak := l.openStreak.Add(1)
+	d := l.sh.cooldown
+	for i := int64(1); i < streak && d < l.sh.maxCooldown; i++ {
+		d *= 2
+	}
+	d = min(d, l.sh.maxCooldown)
+	l.breakerUntil.Store(l.sh.now().Add(d).UnixNano())
+	l.breakerOpens.Add(1)
+	l.sh.notify()
+}
+
+// breakerAllows reports whether the breaker lets a new request through,
+// moving an open breaker whose cooldown passed to half-open. In half-open
+// one trial request at a time is let through.
+func (l *live) breakerAllows() bool {
+	switch l.breaker.Load() {
+	case breakerClosed:
+		return true
+	case breakerOpen:
+		if l.sh.now().UnixNano() < l.breakerUntil.Load() {
+			return false
+		}
+		if l.breaker.CompareAndSwap(breakerOpen, breakerHalfOpen) {
+			l.sh.notify()
+		}
+		return !l.trialInFlight.Load()
+	default:
+		return !l.trialInFlight.Load()
+	}
+}
+
+// breakerState names the breaker state for the debug view.
+func (l *live) breakerState() string {
+	switch l.breaker.Load() {
+	case breakerOpen:
+		if l.sh.now().UnixNano() >= l.breakerUntil.Load() {
+			return "half_open"
+		}
+		return "open"
+	case breakerHalfOpen:
+		return "half_open"
+	default:
+		return "closed"
+	}
+}

@@ -1,0 +1,159 @@
+package health
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+	}{
+		{name: "bad endpoint", cfg: Config{Endpoints: []string{"10.0.0.1:8000"}}, wantErr: "missing scheme"},
+		{name: "duplicate endpoint", cfg: Config{Endpoints: []string{"http://a:1", "http://A:1/"}}, wantErr: "given twice"},
+		{name: "bad dns", cfg: Config{DiscoverDNS: []string{"vllm"}}, wantErr: "NAME:PORT"},
+		{name: "negative duration", cfg: Config{ProbeInterval: -time.Second}, wantErr: "negative"},
+		{name: "timeout above interval", cfg: Config{ProbeInterval: time.Second, ProbeTimeout: 2 * time.Second}, wantErr: "exceeds"},
+		{name: "stale bound below scrape interval", cfg: Config{ScrapeInterval: time.Second, ScrapeTimeout: time.Second, LoadStaleAfter: 500 * time.Millisecond}, wantErr: "shorter"},
+		{name: "negative threshold", cfg: Config{FailureThreshold: -1}, wantErr: "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg, Deps{})
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err %v, want containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestMetricsRegistration: metrics go to the given registerer only, with the
+// prefix, and a second monitor on the same registerer is refused.
+func TestMetricsRegistration(t *testing.T) {
+	pod := newFakePod(t, "m")
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
+	env.tick()
+	fams, err := env.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fams) < 10 {
+		t.Fatalf("only %d families", len(fams))
+	}
+	allowed := map[string]bool{"target": true, "model": true, "state": true, "reason": true, "verdict": true, "source": true}
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "prefixrouter_health_") {
+			t.Errorf("metric %s lacks the prefix", f.GetName())
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if !allowed[l.GetName()] {
+					t.Errorf("metric %s has unbounded label %s", f.GetName(), l.GetName())
+				}
+			}
+		}
+	}
+	if v, ok := env.gauge(t, "prefixrouter_health_target_state", map[string]string{"target": pod.srv.URL, "state": "routable", "reason": "ok"}); !ok || v != 1 {
+		t.Fatal("target_state routable/ok missing")
+	}
+	if v, _ := env.gauge(t, "prefixrouter_health_targets", map[string]string{"state": "routable"}); v != 1 {
+		t.Fatalf("targets{routable} = %v", v)
+	}
+	if _, err := New(Config{}, Deps{Registerer: env.reg}); err == nil {
+		t.Fatal("second registration accepted")
+	}
+	// Nil registerer: nothing registered, nothing breaks.
+	if _, err := New(Config{Endpoints: []string{pod.spec("")}}, Deps{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prometheus.DefaultGatherer.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if fams, _ := prometheus.DefaultGatherer.Gather(); hasPrefix(fams, "prefixrouter_health_") {
+		t.Fatal("metrics leaked into the default registry")
+	}
+}
+
+func hasPrefix(fams []*dto.MetricFamily, p string) bool {
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDrainTimeout: a removed target whose requests never finish is dropped
+// after the drain timeout.
+func TestDrainTimeout(t *testing.T) {
+	pod := newFakePod(t, "m")
+	res := &fakeResolver{addrs: map[string][]string{}}
+	res.set("vllm", "127.0.0.1")
+	env := newTestMonitor(t, Config{DiscoverDNS: []string{"vllm:" + strings.Split(pod.srv.URL, ":")[2]}, DrainTimeout: time.Minute}, Deps{Resolver: res})
+	env.m.resolveAll(env.ctx)
+	env.tick()
+	tg := env.target(t, pod.id(0))
+	if !tg.CanRoute() {
+		t.Fatalf("%s/%s %s", tg.State, tg.Reason, tg.Detail)
+	}
+	_ = tg.Dispatch(1, 1) // never finished
+	res.set("vllm")
+	env.m.resolveAll(env.ctx)
+	env.clock.Advance(59 * time.Second)
+	env.m.evaluate()
+	if tg := env.target(t, pod.id(0)); tg.State != StateDraining || !strings.Contains(tg.Detail, "1 requests in flight") {
+		t.Fatalf("%s %q", tg.State, tg.Detail)
+	}
+	env.clock.Advance(time.Second)
+	env.m.evaluate()
+	if _, ok := env.m.Snapshot().Target(pod.id(0)); ok {
+		t.Fatal("still listed after the drain timeout")
+	}
+}
+
+// TestModelsRefreshAndSubscriberSeesSnapshot: the model list is re-read
+// after ModelsInterval; subscribers run after the snapshot has the change.
+func TestModelsRefreshAndSubscriberSeesSnapshot(t *testing.T) {
+	pod := newFakePod(t, "old")
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, ModelsInterval: 30 * time.Second}, Deps{})
+	env.tick()
+	pod.mu.Lock()
+	pod.models = []string{"new"}
+	pod.mu.Unlock()
+	env.clock.Advance(10 * time.Second)
+	env.tick()
+	if got := env.target(t, pod.id(0)).Models; len(got) != 1 || got[0] != "old" {
+		t.Fatalf("refreshed too early: %v", got)
+	}
+	env.clock.Advance(20 * time.Second)
+	env.tick()
+	if got := env.target(t, pod.id(0)).Models; len(got) != 1 || got[0] != "new" {
+		t.Fatalf("not refreshed: %v", got)
+	}
+
+	seen := false
+	env.m.Subscribe(func(c Change) {
+		if c.Kind == Added && c.Target.ID.Rank == 1 {
+			_, seen = env.m.Snapshot().Target(c.Target.ID)
+		}
+	})
+	env.m.setSource(SourceFlag, map[string]Spec{pod.srv.URL: mustSpec(t, pod.spec("dp=2"))})
+	if !seen {
+		t.Fatal("subscriber ran before the snapshot had the new target")
+	}
+}
+
+func mustSpec(t *testing.T, s string) Spec {
+	t.Helper()
+	spec, err := ParseSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}

@@ -1,0 +1,246 @@
+package health
+
+import (
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// State says whether a target can take new work.
+type State string
+
+// States. Routable and Degraded targets can take work (a router should
+// prefer Routable ones); Down and Draining cannot. Event freshness is not
+// part of the state (a pod with a stale event stream serves requests fine):
+// read Target.Events for it.
+const (
+	StateRoutable State = "routable"
+	StateDegraded State = "degraded"
+	StateDown     State = "down"
+	StateDraining State = "draining"
+)
+
+// Reason is the bounded code explaining a State; details go to the debug
+// view, never to metric labels.
+type Reason string
+
+// Reasons.
+const (
+	ReasonOK             Reason = "ok"
+	ReasonAwaitingProbe  Reason = "awaiting_probe"
+	ReasonProbeFailed    Reason = "probe_failed"
+	ReasonCircuitOpen    Reason = "circuit_open"
+	ReasonModelsUnknown  Reason = "models_unknown"
+	ReasonRemoved        Reason = "removed"
+	ReasonCircuitHalf    Reason = "circuit_half_open"
+	ReasonMetricsStale   Reason = "metrics_stale"
+	ReasonConfigConflict Reason = "cache_config_conflict"
+)
+
+// Verdict is the freshness of a target's KV-event stream. Only Fresh means
+// the index (and predictions confirmed by it) can be trusted for the target.
+type Verdict string
+
+// Verdicts.
+const (
+	VerdictFresh        Verdict = "fresh"
+	VerdictStale        Verdict = "stale"
+	VerdictDisconnected Verdict = "disconnected"
+	VerdictReplaying    Verdict = "replaying"
+)
+
+// Load is what the last scrape of a target's /metrics said.
+type Load struct {
+	Running int     // vllm:num_requests_running
+	Waiting int     // vllm:num_requests_waiting
+	KVUsage float64 // vllm:kv_cache_usage_perc, a fraction in [0, 1]
+	// At is when the values were scraped (zero: never).
+	At time.Time
+	// Stale is set when the values are older than the staleness bound or
+	// were never scraped; a router should then lean on its own counters.
+	Stale bool
+	// PodWide is set when the pod did not label its gauges per engine and
+	// the endpoint has several ranks: the values cover the whole pod.
+	PodWide bool
+}
+
+// Freshness is the verdict on a target's event stream with its evidence.
+type Freshness struct {
+	Verdict Verdict
+	// Detail explains the verdict in words (debug view only).
+	Detail string
+	// LastEvent is when the subscriber last received a batch (zero: never).
+	LastEvent  time.Time
+	LastSeq    uint64
+	HaveSeq    bool
+	Connected  bool
+	Replaying  bool
+	QueueDepth int
+	Gaps       uint64
+	Restarts   uint64
+	// RoutedInWindow is the number of requests the router dispatched to the
+	// target over the routing window.
+	RoutedInWindow uint64
+	// AwaitingSince is the first answered request (first byte) not yet
+	// followed by an event; zero when nothing is awaited.
+	AwaitingSince time.Time
+	// UncachedSinceEvent is the uncached prompt tokens answered since then.
+	UncachedSinceEvent int64
+}
+
+// Trusted reports whether predictions and confirmed placements on the
+// target can be trusted.
+func (f Freshness) Trusted() bool { return f.Verdict == VerdictFresh }
+
+// CacheConfig is what vllm:cache_config_info says about a target.
+type CacheConfig struct {
+	Known         bool   `json:"known"`
+	BlockSize     int    `json:"block_size,omitempty"`
+	NumGPUBlocks  int    `json:"num_gpu_blocks,omitempty"`
+	HashAlgo      string `json:"prefix_caching_hash_algo,omitempty"`
+	PrefixCaching string `json:"enable_prefix_caching,omitempty"`
+}
+
+// ModelConfig is the agreed cache configuration of one model's targets.
+type ModelConfig struct {
+	Model     string   `json:"model"`
+	BlockSize int      `json:"block_size,omitempty"` // 0: unknown
+	HashAlgo  string   `json:"prefix_caching_hash_algo,omitempty"`
+	Agreed    bool     `json:"agreed"`              // no conflicts among known configs
+	Conflicts []string `json:"conflicts,omitempty"` // human-readable
+	Targets   int      `json:"targets"`
+}
+
+// Target is one target in a Snapshot. Its fields are immutable; Load and
+// the in-flight accounting read live atomics.
+type Target struct {
+	ID     kvindex.TargetID
+	Spec   TargetSpec
+	Name   string // TargetName(ID)
+	Source string // "flag", "file" or "dns"
+	State  State
+	Reason Reason
+	Detail string
+	Since  time.Time // when State last changed
+	// Models served: the configured ones, else those GET /v1/models lists.
+	Models []string
+	// Scraped is the last scraped load.
+	Scraped Load
+	// Events is the event-stream verdict.
+	Events Freshness
+	// Cache is the target's discovered cache configuration; ConfigConflict
+	// is non-empty when it disagrees with its peers or the flags.
+	Cache          CacheConfig
+	ConfigConflict string
+
+	conflictModels []string
+	live           *live
+}
+
+// CanRoute reports whether new work may go to the target now. It reads the
+// live circuit breaker, so a breaker that opened since the snapshot was
+// built is honoured at once.
+func (t *Target) CanRoute() bool {
+	if t == nil || (t.State != StateRoutable && t.State != StateDegraded) {
+		return false
+	}
+	return t.live.breakerAllows()
+}
+
+// Busy is the combined load of a target: the last scrape plus the router's
+// own in-flight accounting, which is exact for this router and immediate.
+type Busy struct {
+	Load
+	// InFlight are requests dispatched by this router and not finished.
+	InFlight int64
+	// Prefilling are in-flight requests without a first byte yet.
+	Prefilling int64
+	// QueuedPromptTokens and QueuedUncachedTokens are the prompt tokens (all
+	// and uncached) of the prefilling requests.
+	QueuedPromptTokens   int64
+	QueuedUncachedTokens int64
+}
+
+// Busy returns the target's combined load. Lock-free.
+func (t *Target) Busy() Busy {
+	if t == nil {
+		return Busy{}
+	}
+	return Busy{
+		Load:                 t.Scraped,
+		InFlight:             t.live.inflight.Load(),
+		Prefilling:           t.live.prefilling.Load(),
+		QueuedPromptTokens:   t.live.queuedPrompt.Load(),
+		QueuedUncachedTokens: t.live.queuedUncached.Load(),
+	}
+}
+
+// Dispatch records that the router sent a request to the target with
+// promptTokens tokens, uncachedTokens of which it expects the pod to compute
+// (pass promptTokens when unknown). The returned Flight must be finished.
+func (t *Target) Dispatch(promptTokens, uncachedTokens int) Flight {
+	if t == nil {
+		return Flight{}
+	}
+	return t.live.dispatch(promptTokens, uncachedTokens)
+}
+
+// Snapshot is an immutable view of all targets, rebuilt on every change and
+// published atomically. Never modify it.
+type Snapshot struct {
+	// Version increases with every rebuild.
+	Version uint64
+	Built   time.Time
+	// Targets sorted by endpoint and rank, draining ones included.
+	Targets []*Target
+	// Models maps each served model to its cache configuration.
+	Models map[string]ModelConfig
+
+	byID    map[kvindex.TargetID]*Target
+	byModel map[string][]*Target
+}
+
+// Target returns the target with the given id.
+func (s *Snapshot) Target(id kvindex.TargetID) (*Target, bool) {
+	if s == nil {
+		return nil, false
+	}
+	t, ok := s.byID[id]
+	return t, ok
+}
+
+// ForModel returns the targets serving model, routable or not (filter with
+// CanRoute and Spec.Role). The slice is shared: do not modify it.
+func (s *Snapshot) ForModel(model string) []*Target {
+	if s == nil {
+		return nil
+	}
+	return s.byModel[model]
+}
+
+// ModelNames returns the served models, sorted.
+func (s *Snapshot) ModelNames() []string {
+	if s == nil {
+		return nil
+	}
+	out := make([]string, 0, len(s.byModel))
+	for m := range s.byModel {
+		out = append(out, m)
+	}
+	sortStrings(out)
+	return out
+}
+
+// Routable reports whether at least one target can take work (the router's
+// /ready).
+func (s *Snapshot) Routable() bool {
+	if s == nil {
+		return false
+	}
+	for _, t := range s.Targets {
+		if t.CanRoute() {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,364 @@
+package health
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Role says which phase of a disaggregated fleet a target serves.
+type Role string
+
+// Roles. RoleBoth is the default: the pod serves prefill and decode.
+const (
+	RoleBoth    Role = "both"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// DefaultEventsPort is the port vLLM's KV-event publisher binds by default
+// (tcp://*:5557).
+const DefaultEventsPort = 5557
+
+// MaxDataParallel bounds the dp option; larger values are rejected as typos.
+const MaxDataParallel = 256
+
+// maxSpecLen bounds the length of one endpoint spec.
+const maxSpecLen = 4096
+
+// Spec is one parsed endpoint spec: an HTTP endpoint serving one vLLM
+// server, which may run several data-parallel ranks.
+//
+// The text form is a URL whose query carries options:
+//
+//	http://10.0.0.7:8000?events=tcp://10.0.0.7:5557&replay=tcp://10.0.0.7:5558&dp=2&model=NAME&role=prefill
+//
+//	events  ZMQ address of rank 0's KV-event publisher (default tcp://HOST:5557)
+//	replay  ZMQ address of rank 0's replay socket (default: none)
+//	dp      number of data-parallel ranks (default 1); rank r publishes on the
+//	        events port + r and replays on the replay port + r
+//	model   served model name; repeatable (LoRA adapters); default: learned
+//	        from GET /v1/models
+//	role    prefill, decode or both (default both)
+type Spec struct {
+	// Endpoint is the normalized base URL without query (scheme and host in
+	// lower case, no trailing slash). It is the Endpoint of every TargetID
+	// the spec yields.
+	Endpoint string
+	// Events is rank 0's KV-event publisher address.
+	Events string
+	// Replay is rank 0's replay address, empty when the pod has none.
+	Replay string
+	// DP is the number of data-parallel ranks, at least 1.
+	DP int
+	// Models are the configured model names; empty means learn them.
+	Models []string
+	// Role is the disaggregation role.
+	Role Role
+}
+
+// TargetSpec is one event source and routing destination: one rank of a Spec.
+type TargetSpec struct {
+	ID     kvindex.TargetID
+	Events string // this rank's publisher address
+	Replay string // this rank's replay address, empty when none
+	DP     int    // ranks of the endpoint, for the X-data-parallel-rank header
+	Models []string
+	Role   Role
+}
+
+// ParseSpec parses one endpoint spec. Errors name the offending part.
+func ParseSpec(s string) (Spec, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Spec{}, errors.New("empty endpoint spec")
+	}
+	if len(s) > maxSpecLen {
+		return Spec{}, fmt.Errorf("endpoint spec longer than %d bytes", maxSpecLen)
+	}
+	if !strings.Contains(s, "://") {
+		return Spec{}, fmt.Errorf("endpoint %q: missing scheme (want http://HOST:PORT)", s)
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	if scheme != "http" && scheme != "https" {
+		return Spec{}, fmt.Errorf("endpoint %q: scheme %q not supported (want http or https)", s, u.Scheme)
+	}
+	if u.Opaque != "" {
+		return Spec{}, fmt.Errorf("endpoint %q: malformed URL", s)
+	}
+	if u.User != nil {
+		return Spec{}, fmt.Errorf("endpoint %q: credentials in the URL are not supported", s)
+	}
+	if u.Fragment != "" || strings.Contains(s, "#") {
+		return Spec{}, fmt.Errorf("endpoint %q: fragments are not allowed", s)
+	}
+	host := u.Hostname()
+	if host == "" {
+		return Spec{}, fmt.Errorf("endpoint %q: missing host", s)
+	}
+	if !validHost(host) {
+		return Spec{}, fmt.Errorf("endpoint %q: invalid host %q", s, host)
+	}
+	port := u.Port()
+	if port != "" {
+		if _, err := parsePort(port); err != nil {
+			return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return Spec{}, fmt.Errorf("endpoint %q: empty port", s)
+	}
+	path := strings.TrimRight(u.EscapedPath(), "/")
+	if strings.HasSuffix(path, "/v1") {
+		return Spec{}, fmt.Errorf("endpoint %q: give the server's root URL, not the OpenAI /v1 base", s)
+	}
+	hostport := strings.ToLower(host)
+	if port != "" {
+		hostport = net.JoinHostPort(hostport, port)
+	} else if strings.Contains(hostport, ":") {
+		hostport = "[" + hostport + "]"
+	}
+	spec := Spec{
+		Endpoint: scheme + "://" + hostport + path,
+		DP:       1,
+		Role:     RoleBoth,
+	}
+
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return Spec{}, fmt.Errorf("endpoint %q: query: %w", s, err)
+	}
+	keys := slices.Sorted(maps.Keys(q))
+	for _, key := range keys {
+		vals := q[key]
+		if key != "model" && len(vals) > 1 {
+			return Spec{}, fmt.Errorf("endpoint %q: option %q given %d times", s, key, len(vals))
+		}
+		v := vals[0]
+		switch key {
+		case "events":
+			if spec.Events, err = parseZMQAddr(v); err != nil {
+				return Spec{}, fmt.Errorf("endpoint %q: events: %w", s, err)
+			}
+		case "replay":
+			if spec.Replay, err = parseZMQAddr(v); err != nil {
+				return Spec{}, fmt.Errorf("endpoint %q: replay: %w", s, err)
+			}
+		case "dp":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > MaxDataParallel {
+				return Spec{}, fmt.Errorf("endpoint %q: dp=%q: want an integer in 1..%d", s, v, MaxDataParallel)
+			}
+			spec.DP = n
+		case "model":
+			for _, m := range vals {
+				if err := checkModelName(m); err != nil {
+					return Spec{}, fmt.Errorf("endpoint %q: model: %w", s, err)
+				}
+				if !slices.Contains(spec.Models, m) {
+					spec.Models = append(spec.Models, m)
+				}
+			}
+		case "role":
+			switch Role(strings.ToLower(v)) {
+			case RoleBoth, RolePrefill, RoleDecode:
+				spec.Role = Role(strings.ToLower(v))
+			default:
+				return Spec{}, fmt.Errorf("endpoint %q: role=%q: want prefill, decode or both", s, v)
+			}
+		default:
+			return Spec{}, fmt.Errorf("endpoint %q: unknown option %q (known: events, replay, dp, model, role)", s, key)
+		}
+	}
+	if spec.Events == "" {
+		spec.Events = "tcp://" + net.JoinHostPort(strings.ToLower(host), strconv.Itoa(DefaultEventsPort))
+	}
+	if spec.DP > 1 {
+		for name, addr := range map[string]string{"events": spec.Events, "replay": spec.Replay} {
+			if addr == "" {
+				continue
+			}
+			if _, err := rankAddr(addr, spec.DP-1); err != nil {
+				return Spec{}, fmt.Errorf("endpoint %q: %s with dp=%d: %w", s, name, spec.DP, err)
+			}
+		}
+	}
+	return spec, nil
+}
+
+// String renders the spec in its canonical text form; ParseSpec of the
+// result yields an equal Spec.
+func (s Spec) String() string {
+	q := url.Values{}
+	q.Set("events", s.Events)
+	if s.Replay != "" {
+		q.Set("replay", s.Replay)
+	}
+	if s.DP > 1 {
+		q.Set("dp", strconv.Itoa(s.DP))
+	}
+	for _, m := range s.Models {
+		q.Add("model", m)
+	}
+	if s.Role != "" && s.Role != RoleBoth {
+		q.Set("role", string(s.Role))
+	}
+	return s.Endpoint + "?" + q.Encode()
+}
+
+// Equal reports whether two specs describe the same targets with the same
+// options.
+func (s Spec) Equal(o Spec) bool {
+	return s.Endpoint == o.Endpoint && s.Events == o.Events && s.Replay == o.Replay &&
+		s.DP == o.DP && s.Role == o.Role && slices.Equal(s.Models, o.Models)
+}
+
+// Targets expands the spec into one TargetSpec per data-parallel rank.
+// Addresses were validated by ParseSpec; a Spec built by hand with an address
+// that cannot be offset yields an error.
+func (s Spec) Targets() ([]TargetSpec, error) {
+	dp := max(s.DP, 1)
+	out := make([]TargetSpec, 0, dp)
+	for r := range dp {
+		ev, err := rankAddr(s.Events, r)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %s rank %d events: %w", s.Endpoint, r, err)
+		}
+		var rp string
+		if s.Replay != "" {
+			if rp, err = rankAddr(s.Replay, r); err != nil {
+				return nil, fmt.Errorf("endpoint %s rank %d replay: %w", s.Endpoint, r, err)
+			}
+		}
+		role := s.Role
+		if role == "" {
+			role = RoleBoth
+		}
+		out = append(out, TargetSpec{
+			ID:     kvindex.TargetID{Endpoint: s.Endpoint, Rank: r},
+			Events: ev,
+			Replay: rp,
+			DP:     dp,
+			Models: slices.Clone(s.Models),
+			Role:   role,
+		})
+	}
+	return out, nil
+}
+
+// TargetName renders a TargetID as the bounded label used in metrics and
+// the debug view: the endpoint, with "#rank" appended for rank > 0.
+func TargetName(id kvindex.TargetID) string {
+	if id.Rank == 0 {
+		return id.Endpoint
+	}
+	return id.Endpoint + "#" + strconv.Itoa(id.Rank)
+}
+
+// parseZMQAddr validates a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH.
+func parseZMQAddr(v string) (string, error) {
+	v = strings.TrimSpace(v)
+	switch {
+	case strings.HasPrefix(v, "tcp://"):
+		hp := strings.TrimPrefix(v, "tcp://")
+		host, port, err := net.SplitHostPort(hp)
+		if err != nil {
+			return "", fmt.Errorf("%q: want tcp://HOST:PORT: %w", v, err)
+		}
+		if host == "" || host == "*" {
+			return "", fmt.Errorf("%q: a subscriber needs a concrete host", v)
+		}
+		if !validHost(host) {
+			return "", fmt.Errorf("%q: invalid host", v)
+		}
+		if _, err := parsePort(port); err != nil {
+			return "", fmt.Errorf("%q: %w", v, err)
+		}
+		return "tcp://" + net.JoinHostPort(strings.ToLower(host), port), nil
+	case strings.HasPrefix(v, "ipc://"):
+		if len(v) == len("ipc://") || strings.ContainsAny(v, "\x00\r\n") {
+			return "", fmt.Errorf("%q: want ipc://PATH", v)
+		}
+		return v, nil
+	default:
+		return "", fmt.Errorf("%q: want tcp://HOST:PORT or ipc://PATH", v)
+	}
+}
+
+// rankAddr offsets a tcp address's port by rank; rank 0 returns addr.
+func rankAddr(addr string, rank int) (string, error) {
+	if rank == 0 {
+		return addr, nil
+	}
+	if !strings.HasPrefix(addr, "tcp://") {
+		return "", fmt.Errorf("%q: data-parallel ranks need a tcp address (port + rank)", addr)
+	}
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(addr, "tcp://"))
+	if err != nil {
+		return "", fmt.Errorf("%q: %w", addr, err)
+	}
+	p, err := parsePort(port)
+	if err != nil {
+		return "", fmt.Errorf("%q: %w", addr, err)
+	}
+	if p+rank > 65535 {
+		return "", fmt.Errorf("%q: port %d + rank %d exceeds 65535", addr, p, rank)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+rank)), nil
+}
+
+// validHost accepts an IP address or a DNS name (letters, digits, '-', '_'
+// and '.', at most 253 bytes).
+func validHost(h string) bool {
+	if net.ParseIP(h) != nil {
+		return true
+	}
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, r := range h {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func parsePort(p string) (int, error) {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != p {
+		return 0, fmt.Errorf("port %q: want 1..65535", p)
+	}
+	return n, nil
+}
+
+func checkModelName(m string) error {
+	if strings.TrimSpace(m) == "" {
+		return errors.New("empty model name")
+	}
+	if len(m) > 512 {
+		return errors.New("model name longer than 512 bytes")
+	}
+	if !utf8.ValidString(m) {
+		return errors.New("model name is not valid UTF-8")
+	}
+	for _, r := range m {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("model name %q contains a control character", m)
+		}
+	}
+	return nil
+}
