@@ -220,3 +220,36 @@ func TestNewHasherRejects(t *testing.T) {
 		t.Error("md5 accepted")
 	}
 }
+
+// TestTokenFastPathsMatchGenericEncoders checks the table-driven token
+// serializers against the straightforward per-value encoders at every width
+// boundary.
+func TestTokenFastPathsMatchGenericEncoders(t *testing.T) {
+	var vals []uint32
+	for v := uint32(0); v < 300; v++ {
+		vals = append(vals, v)
+	}
+	for _, base := range []uint32{1 << 16, 1 << 24, 1 << 31, 1<<32 - 1} {
+		for d := uint32(0); d < 3; d++ {
+			vals = append(vals, base-d, base+d)
+		}
+	}
+	for _, v := range vals {
+		gotP := appendPickleTokenTuple(nil, []uint32{v, v, v, v})
+		var wantP []byte
+		wantP = pickleTupleOpen(wantP, 4)
+		for i := 0; i < 4; i++ {
+			wantP = appendPickleInt(wantP, int64(v))
+		}
+		wantP = pickleTupleClose(wantP, 4)
+		if hex.EncodeToString(gotP) != hex.EncodeToString(wantP) {
+			t.Fatalf("pickle %d: %x, want %x", v, gotP, wantP)
+		}
+		gotC, _ := appendCBORBlock(nil, nil, []uint32{v}, nil)
+		wantC := appendCBORHead([]byte{0x83, 0x40, 0x81}, cborUint, uint64(v))
+		wantC = append(wantC, cborNull)
+		if hex.EncodeToString(gotC) != hex.EncodeToString(wantC) {
+			t.Fatalf("cbor %d: %x, want %x", v, gotC, wantC)
+		}
+	}
+}
