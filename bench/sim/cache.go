@@ -1,0 +1,216 @@
+package sim
+
+import (
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// blockPool mirrors vLLM v1's BlockPool for one KV-cache group: a fixed set
+// of blocks with reference counts, a free queue ordered for eviction (head is
+// evicted first), and a map from block hash to the cached blocks holding it.
+// vLLM may cache the same hash in two blocks (two requests filling the same
+// block concurrently); both are kept and each eviction reports its own copy.
+//
+// A freed block keeps its hash and stays a cache hit until it is reallocated.
+// Requests free their blocks tail first, so the end of a prompt is evicted
+// before its beginning, as in vLLM. The pool is owned by one engine goroutine.
+type blockPool struct {
+	blocks     []block
+	head, tail int32 // free queue; -1 when empty
+	numFree    int
+	cached     map[kvindex.Digest][]int32
+	// pending collects the events of the current step.
+	pending []events.Event
+}
+
+type block struct {
+	ref        int32
+	prev, next int32
+	inFree     bool
+	hashed     bool
+	hash       kvindex.Digest
+}
+
+const noBlock = -1
+
+func newBlockPool(n int) *blockPool {
+	p := &blockPool{blocks: make([]block, n), cached: make(map[kvindex.Digest][]int32)}
+	p.head, p.tail = noBlock, noBlock
+	for i := range p.blocks {
+		p.pushTail(int32(i))
+	}
+	return p
+}
+
+// numBlocks is the capacity in blocks.
+func (p *blockPool) numBlocks() int { return len(p.blocks) }
+
+// usage is vLLM's kv_cache_usage_perc: the fraction of blocks in use.
+func (p *blockPool) usage() float64 {
+	if len(p.blocks) == 0 {
+		return 0
+	}
+	return 1 - float64(p.numFree)/float64(len(p.blocks))
+}
+
+func (p *blockPool) pushTail(id int32) {
+	b := &p.blocks[id]
+	b.prev, b.next, b.inFree = p.tail, noBlock, true
+	if p.tail != noBlock {
+		p.blocks[p.tail].next = id
+	} else {
+		p.head = id
+	}
+	p.tail = id
+	p.numFree++
+}
+
+func (p *blockPool) unlink(id int32) {
+	b := &p.blocks[id]
+	if b.prev != noBlock {
+		p.blocks[b.prev].next = b.next
+	} else {
+		p.head = b.next
+	}
+	if b.next != noBlock {
+		p.blocks[b.next].prev = b.prev
+	} else {
+		p.tail = b.prev
+	}
+	b.prev, b.next, b.inFree = noBlock, noBlock, false
+	p.numFree--
+}
+
+// lookup returns the cached blocks of the longest run of hashes from block 0,
+// at most maxBlocks long.
+func (p *blockPool) lookup(dst []int32, hashes []kvindex.Digest, maxBlocks int) []int32 {
+	for i := 0; i < len(hashes) && i < maxBlocks; i++ {
+		ids := p.cached[hashes[i]]
+		if len(ids) == 0 {
+			break
+		}
+		dst = append(dst, ids[0])
+	}
+	return dst
+}
+
+// evictable counts the blocks among ids that sit in the free queue: touching
+// them takes them out of it.
+func (p *blockPool) evictable(ids []int32) int {
+	n := 0
+	for _, id := range ids {
+		if p.blocks[id].ref == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// touch takes a reference on cache-hit blocks.
+func (p *blockPool) touch(ids []int32) {
+	for _, id := range ids {
+		b := &p.blocks[id]
+		if b.ref == 0 && b.inFree {
+			p.unlink(id)
+		}
+		b.ref++
+	}
+}
+
+// allocate pops n blocks from the head of the free queue, evicting the
+// cached hash each one still holds. The caller checks numFree first.
+func (p *blockPool) allocate(dst []int32, n int) []int32 {
+	for ; n > 0 && p.head != noBlock; n-- {
+		id := p.head
+		p.unlink(id)
+		p.evict(id)
+		p.blocks[id].ref = 1
+		dst = append(dst, id)
+	}
+	return dst
+}
+
+func (p *blockPool) evict(id int32) {
+	b := &p.blocks[id]
+	if !b.hashed {
+		return
+	}
+	ids := p.cached[b.hash]
+	for i, x := range ids {
+		if x == id {
+			ids = append(ids[:i], ids[i+1:]...)
+			break
+		}
+	}
+	if len(ids) == 0 {
+		delete(p.cached, b.hash)
+	} else {
+		p.cached[b.hash] = ids
+	}
+	p.pending = append(p.pending, events.Event{
+		Kind:        events.KindBlockRemoved,
+		BlockHashes: []uint64{b.hash.Wire()},
+		Medium:      events.MediumGPU,
+		GroupIdx:    0, HasGroupIdx: true,
+	})
+	b.hashed, b.hash = false, kvindex.Digest{}
+}
+
+// free drops one reference on each block, in the order given; blocks whose
+// count reaches zero join the tail of the free queue. Callers pass a
+// request's blocks in reverse so its tail is evicted first.
+func (p *blockPool) free(ids []int32) {
+	for _, id := range ids {
+		b := &p.blocks[id]
+		if b.ref <= 0 {
+			continue
+		}
+		b.ref--
+		if b.ref == 0 {
+			p.pushTail(id)
+		}
+	}
+}
+
+// cache records that block id now holds the full block with hash h.
+func (p *blockPool) cache(id int32, h kvindex.Digest) {
+	b := &p.blocks[id]
+	if b.hashed {
+		return
+	}
+	b.hashed, b.hash = true, h
+	p.cached[h] = append(p.cached[h], id)
+}
+
+// reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds
+// only when no block is in use, and then reports AllBlocksCleared.
+func (p *blockPool) reset() bool {
+	if p.numFree != len(p.blocks) {
+		return false
+	}
+	p.clear()
+	p.pending = append(p.pending, events.Event{Kind: events.KindAllBlocksCleared})
+	return true
+}
+
+// clear forgets everything without an event: a restarted process starts
+// with an empty cache and tells nobody.
+func (p *blockPool) clear() {
+	p.head, p.tail, p.numFree = noBlock, noBlock, 0
+	for i := range p.blocks {
+		p.blocks[i] = block{}
+		p.pushTail(int32(i))
+	}
+	clear(p.cached)
+	p.pending = p.pending[:0]
+}
+
+// takeEvents returns and clears the events of the current step.
+func (p *blockPool) takeEvents() []events.Event {
+	if len(p.pending) == 0 {
+		return nil
+	}
+	ev := p.pending
+	p.pending = nil
+	return ev
+}

@@ -1,0 +1,194 @@
+package sim
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+func digestOf(t *testing.T, b byte) kvindex.Digest {
+	t.Helper()
+	raw := make([]byte, 32)
+	raw[31] = b
+	d, err := kvindex.DigestFromBytes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func removedHashes(evs []events.Event) []uint64 {
+	var out []uint64
+	for _, e := range evs {
+		if e.Kind == events.KindBlockRemoved {
+			out = append(out, e.BlockHashes...)
+		}
+	}
+	return out
+}
+
+func TestBlockPoolEvictionOrder(t *testing.T) {
+	tests := []struct {
+		name      string
+		freeOrder func(a, b []int32) [][]int32 // blocks of request a then b, in the order freed
+		allocate  int
+		want      []uint64 // BlockRemoved hashes, in order
+	}{
+		{
+			name: "request tail evicted before its head",
+			freeOrder: func(a, _ []int32) [][]int32 {
+				r := slices.Clone(a)
+				slices.Reverse(r)
+				return [][]int32{r}
+			},
+			allocate: 2,
+			want:     []uint64{3, 2},
+		},
+		{
+			name: "least recently freed request first",
+			freeOrder: func(a, b []int32) [][]int32 {
+				ra, rb := slices.Clone(a), slices.Clone(b)
+				slices.Reverse(ra)
+				slices.Reverse(rb)
+				return [][]int32{rb, ra}
+			},
+			allocate: 4,
+			want:     []uint64{6, 5, 4, 3},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newBlockPool(6)
+			a := p.allocate(nil, 3)
+			b := p.allocate(nil, 3)
+			for i, id := range a {
+				p.cache(id, digestOf(t, byte(1+i)))
+			}
+			for i, id := range b {
+				p.cache(id, digestOf(t, byte(4+i)))
+			}
+			if p.numFree != 0 || p.usage() != 1 {
+				t.Fatalf("free %d usage %v, want 0 and 1", p.numFree, p.usage())
+			}
+			for _, ids := range tc.freeOrder(a, b) {
+				p.free(ids)
+			}
+			p.takeEvents()
+			p.allocate(nil, tc.allocate)
+			if got := removedHashes(p.takeEvents()); !slices.Equal(got, tc.want) {
+				t.Fatalf("evicted %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBlockPoolRefcounts(t *testing.T) {
+	p := newBlockPool(4)
+	ids := p.allocate(nil, 2)
+	h0, h1 := digestOf(t, 10), digestOf(t, 11)
+	p.cache(ids[0], h0)
+	p.cache(ids[1], h1)
+
+	// A second request hits both blocks: two references each.
+	hits := p.lookup(nil, []kvindex.Digest{h0, h1}, 8)
+	if !slices.Equal(hits, ids) {
+		t.Fatalf("lookup %v, want %v", hits, ids)
+	}
+	if n := p.evictable(hits); n != 0 {
+		t.Fatalf("evictable %d, want 0 while referenced", n)
+	}
+	p.touch(hits)
+	p.free([]int32{ids[1], ids[0]})
+	if p.numFree != 2 {
+		t.Fatalf("after first free: %d free, want 2 (blocks still referenced)", p.numFree)
+	}
+	// Allocating everything free must not evict referenced blocks.
+	p.allocate(nil, 2)
+	if ev := removedHashes(p.takeEvents()); len(ev) != 0 {
+		t.Fatalf("evicted referenced blocks: %v", ev)
+	}
+	p.free(hits)
+	if p.numFree != 2 || p.evictable(hits) != 2 {
+		t.Fatalf("after last free: %d free, evictable %d", p.numFree, p.evictable(hits))
+	}
+	// Freed but cached: still a hit, touching takes it out of the free queue.
+	if got := p.lookup(nil, []kvindex.Digest{h0, h1}, 8); len(got) != 2 {
+		t.Fatalf("freed blocks no longer hit: %v", got)
+	}
+	p.touch(hits[:1])
+	if p.numFree != 1 {
+		t.Fatalf("touch left %d free, want 1", p.numFree)
+	}
+}
+
+func TestBlockPoolLookupConsecutiveFromZero(t *testing.T) {
+	p := newBlockPool(8)
+	ids := p.allocate(nil, 3)
+	hs := []kvindex.Digest{digestOf(t, 1), digestOf(t, 2), digestOf(t, 3)}
+	for i, id := range ids {
+		p.cache(id, hs[i])
+	}
+	tests := []struct {
+		name    string
+		query   []kvindex.Digest
+		max     int
+		wantLen int
+	}{
+		{"full run", hs, 8, 3},
+		{"capped", hs, 2, 2},
+		{"miss at block 0 stops everything", []kvindex.Digest{digestOf(t, 9), hs[1], hs[2]}, 8, 0},
+		{"gap stops the run", []kvindex.Digest{hs[0], digestOf(t, 9), hs[2]}, 8, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.lookup(nil, tc.query, tc.max); len(got) != tc.wantLen {
+				t.Fatalf("hit %d blocks, want %d", len(got), tc.wantLen)
+			}
+		})
+	}
+}
+
+func TestBlockPoolDuplicateHash(t *testing.T) {
+	p := newBlockPool(2)
+	ids := p.allocate(nil, 2)
+	h := digestOf(t, 7)
+	p.cache(ids[0], h)
+	p.cache(ids[1], h) // two requests filled the same block concurrently
+	p.free([]int32{ids[0], ids[1]})
+	p.allocate(nil, 1)
+	if got := removedHashes(p.takeEvents()); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("first eviction %v, want [7]", got)
+	}
+	if len(p.lookup(nil, []kvindex.Digest{h}, 1)) != 1 {
+		t.Fatal("the other copy must still hit")
+	}
+	p.allocate(nil, 1)
+	if got := removedHashes(p.takeEvents()); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("second eviction %v, want [7]", got)
+	}
+	if len(p.lookup(nil, []kvindex.Digest{h}, 1)) != 0 {
+		t.Fatal("hash still cached after both copies were evicted")
+	}
+}
+
+func TestBlockPoolReset(t *testing.T) {
+	p := newBlockPool(2)
+	ids := p.allocate(nil, 1)
+	p.cache(ids[0], digestOf(t, 1))
+	if p.reset() {
+		t.Fatal("reset succeeded with a block in use")
+	}
+	p.free(ids)
+	if !p.reset() {
+		t.Fatal("reset failed with every block free")
+	}
+	evs := p.takeEvents()
+	if len(evs) != 1 || evs[0].Kind != events.KindAllBlocksCleared {
+		t.Fatalf("events %+v, want one AllBlocksCleared", evs)
+	}
+	if len(p.lookup(nil, []kvindex.Digest{digestOf(t, 1)}, 1)) != 0 {
+		t.Fatal("cache not cleared")
+	}
+}

@@ -1,0 +1,169 @@
+package sim
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+)
+
+// Config describes a fleet of identical simulated pods.
+type Config struct {
+	// Pods is the number of pods (default 1).
+	Pods int
+	// Profile is the hardware/model profile; the zero value means
+	// DefaultProfile.
+	Profile Profile
+	// Model overrides the served model name (default Profile.Model).
+	Model string
+	// LoRAs are adapter names served as models besides the base model; the
+	// adapter's lora_id is its position + 1, as vLLM numbers loaded adapters.
+	LoRAs []string
+	// Tokenizer is "bytes" (default: the built-in bytes model) or a model
+	// directory / tokenizer.json path understood by the tokenize package.
+	Tokenizer string
+	// TokenizerImpl, when set, is used instead of loading Tokenizer.
+	TokenizerImpl Tokenizer
+
+	// HashAlgo and HashSeed are vLLM's --prefix-caching-hash-algo and the
+	// pods' PYTHONHASHSEED (defaults sha256 and "0").
+	HashAlgo kvindex.HashAlgo
+	HashSeed string
+
+	// DP is the number of data-parallel ranks per pod (default 1).
+	DP int
+
+	// Host is the address everything binds to (default 127.0.0.1).
+	Host string
+	// HTTPPort is the first pod's HTTP port; pod i listens on HTTPPort+i.
+	// 0 lets the OS choose a port per pod.
+	HTTPPort int
+	// EventsPort is the first pod's event port. Pod i, rank r publishes on
+	// EventsPort + 2·DP·i + r and answers replay on EventsPort + 2·DP·i + DP + r.
+	// 0 lets the OS choose (each pod still gets consecutive ports per rank).
+	EventsPort int
+	// Topic is the PUB topic frame (vLLM's default is empty).
+	Topic string
+	// EventEncoding is map (vLLM ≥ 0.26, default) or array (older vLLM).
+	EventEncoding events.Encoding
+	// LegacyReplay answers replay without the topic frame (before vLLM PR
+	// #45177).
+	LegacyReplay bool
+	// ReplayBuffer is the number of batches kept for replay (default 10,000).
+	ReplayBuffer int
+
+	// TimeScale runs model time this many times faster than the wall clock
+	// (default 1). Reported in /metrics (prefixrouter_sim_time_scale) and in
+	// the X-Sim-Time-Scale header.
+	TimeScale float64
+
+	// Faults is the initial fault state of every pod.
+	Faults Faults
+	// RestartDowntime is how long (model time) a restarting pod answers 503.
+	RestartDowntime time.Duration
+
+	// DisablePromptTokensDetails leaves usage.prompt_tokens_details null, as
+	// vLLM without --enable-prompt-tokens-details.
+	DisablePromptTokensDetails bool
+	// DefaultMaxTokens applies when a request gives no max_tokens (default
+	// 16; vLLM would use the rest of the context for chat).
+	DefaultMaxTokens int
+	// MaxBodyBytes bounds request bodies (default 32 MiB).
+	MaxBodyBytes int64
+
+	// Seed makes random faults reproducible.
+	Seed uint64
+	// Logger receives the pods' logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if out.Pods == 0 {
+		out.Pods = 1
+	}
+	if out.Profile.Name == "" && out.Profile.NumGPUBlocks == 0 {
+		p, err := LookupProfile(DefaultProfile)
+		if err != nil {
+			return out, err
+		}
+		out.Profile = p
+	}
+	if out.Model == "" {
+		out.Model = out.Profile.Model
+	}
+	out.Profile.Model = out.Model
+	if out.HashAlgo == 0 {
+		out.HashAlgo = kvindex.AlgoSHA256
+	}
+	if out.HashSeed == "" {
+		out.HashSeed = "0"
+	}
+	if out.DP == 0 {
+		out.DP = 1
+	}
+	if out.Host == "" {
+		out.Host = "127.0.0.1"
+	}
+	if out.ReplayBuffer == 0 {
+		out.ReplayBuffer = 10000
+	}
+	if out.TimeScale == 0 {
+		out.TimeScale = 1
+	}
+	if out.DefaultMaxTokens == 0 {
+		out.DefaultMaxTokens = 16
+	}
+	if out.MaxBodyBytes == 0 {
+		out.MaxBodyBytes = 32 << 20
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	switch {
+	case out.Pods < 0 || out.Pods > 1024:
+		return out, fmt.Errorf("pods %d out of range 1..1024", out.Pods)
+	case out.DP < 1 || out.DP > 64:
+		return out, fmt.Errorf("data-parallel size %d out of range 1..64", out.DP)
+	case out.TimeScale < 0 || out.TimeScale > 1e6:
+		return out, fmt.Errorf("time scale %v out of range (0, 1e6]", out.TimeScale)
+	case out.ReplayBuffer < 0:
+		return out, fmt.Errorf("replay buffer %d must be positive", out.ReplayBuffer)
+	case out.HTTPPort < 0 || out.HTTPPort+out.Pods > 65536:
+		return out, fmt.Errorf("HTTP ports %d..%d out of range", out.HTTPPort, out.HTTPPort+out.Pods-1)
+	case out.EventsPort < 0 || out.EventsPort+2*out.DP*out.Pods > 65536:
+		return out, fmt.Errorf("event ports %d..%d out of range", out.EventsPort, out.EventsPort+2*out.DP*out.Pods-1)
+	case out.DefaultMaxTokens < 1:
+		return out, fmt.Errorf("default max tokens %d must be positive", out.DefaultMaxTokens)
+	}
+	if out.EventsPort != 0 && out.HTTPPort != 0 {
+		hLo, hHi := out.HTTPPort, out.HTTPPort+out.Pods
+		eLo, eHi := out.EventsPort, out.EventsPort+2*out.DP*out.Pods
+		if hLo < eHi && eLo < hHi {
+			return out, fmt.Errorf("HTTP ports %d..%d overlap event ports %d..%d", hLo, hHi-1, eLo, eHi-1)
+		}
+	}
+	seen := map[string]bool{out.Model: true}
+	for _, l := range out.LoRAs {
+		if l == "" || seen[l] {
+			return out, fmt.Errorf("LoRA adapter name %q empty or repeated", l)
+		}
+		seen[l] = true
+	}
+	if err := out.Profile.Validate(); err != nil {
+		return out, err
+	}
+	if err := out.Faults.Validate(); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+// CheckConfig reports a configuration StartFleet would reject, without
+// starting anything.
+func CheckConfig(c Config) error {
+	_, err := c.withDefaults()
+	return err
+}

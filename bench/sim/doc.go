@@ -1,0 +1,36 @@
+// Package sim owns the simulated vLLM pod: a process-local stand-in for a
+// vLLM server that behaves like vLLM wherever the router can observe it.
+//
+// A pod serves vLLM's OpenAI-compatible HTTP surface on loopback
+// (/v1/completions and /v1/chat/completions with SSE streaming, /tokenize,
+// /detokenize, the render endpoints, /v1/models, /health and /metrics under
+// vLLM's metric names) and publishes KV-cache events on a real ZeroMQ PUB
+// socket in vLLM's exact wire format, with a ROUTER replay socket, one pair
+// per data-parallel rank.
+//
+// Inside, each data-parallel rank is an engine that mirrors vLLM v1's
+// scheduler and block pool: continuous batching with a per-step token budget
+// (chunked prefill), FCFS admission that waits when the KV cache is full,
+// preemption of the newest running request when a running one cannot grow, a
+// paged prefix cache keyed by kvindex block hashes (reference counts, a free
+// queue evicted least-recently-used first, hits only on a consecutive run
+// from block 0, never the whole prompt), BlockStored when blocks fill and
+// BlockRemoved on eviction. Step time is a linear model,
+//
+//	step = fixed + prefill cost × uncached tokens scheduled + decode cost × decoding sequences,
+//
+// with parameters grouped in named hardware profiles (see profile.go and
+// README.md for the derivation). The whole model runs on a virtual clock that
+// advances TimeScale times faster than the wall clock, so a benchmark can
+// cover hours of model time in minutes; the scale is reported in /metrics and
+// in the X-Sim-Time-Scale response header.
+//
+// Faults are injected on demand (Config.Faults, Pod.SetFaults, or
+// POST /sim/faults): event delay and jitter, dropped event batches, failing
+// prefills, restarts, slow and dead pods. Client disconnects abort requests
+// and free their blocks, as in vLLM.
+//
+// The package may import kvindex, kvindex/events and tokenize; the fleet is
+// started in process with StartFleet or from the command line with
+// `prefixrouter sim`.
+package sim

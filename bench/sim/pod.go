@@ -1,0 +1,320 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Pod is one simulated vLLM server: an HTTP listener, one engine and one
+// event publisher per data-parallel rank.
+type Pod struct {
+	index   int
+	cfg     Config
+	prof    Profile
+	tok     Tokenizer
+	hasher  *kvindex.Hasher
+	loraIDs map[string]int64
+	faults  *faultBox
+	log     *slog.Logger
+	started atomic.Int64 // unix seconds of the current process generation
+
+	engines []*engine
+	pubs    []*publisher
+
+	ln         net.Listener
+	srv        *http.Server
+	eventsPort int
+	replayPort int
+
+	down     atomic.Bool // restarting: 503 everywhere
+	ctlMu    sync.Mutex  // serialises restarts and fault changes
+	reqSeq   atomic.Uint64
+	cancel   context.CancelFunc
+	engineWG sync.WaitGroup
+	httpDone chan struct{}
+}
+
+// startPod binds and starts pod index of cfg (already defaulted).
+func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod, err error) {
+	hasher, err := kvindex.NewHasher(cfg.HashAlgo, cfg.HashSeed, cfg.Profile.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("pod %d: %w", index, err)
+	}
+	p := &Pod{
+		index: index, cfg: cfg, prof: cfg.Profile, tok: tok, hasher: hasher,
+		loraIDs:  make(map[string]int64, len(cfg.LoRAs)),
+		faults:   newFaultBox(cfg.Faults),
+		log:      cfg.Logger.With("pod", index),
+		httpDone: make(chan struct{}),
+	}
+	p.started.Store(time.Now().Unix())
+	for i, l := range cfg.LoRAs {
+		p.loraIDs[l] = int64(i + 1)
+	}
+	defer func() {
+		if err != nil {
+			p.closeSockets()
+		}
+	}()
+
+	httpPort := 0
+	if cfg.HTTPPort != 0 {
+		httpPort = cfg.HTTPPort + index
+	}
+	p.ln, err = net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(httpPort)))
+	if err != nil {
+		return nil, fmt.Errorf("pod %d: listen: %w", index, err)
+	}
+	evBase, rpBase := 0, 0
+	if cfg.EventsPort != 0 {
+		evBase = cfg.EventsPort + 2*cfg.DP*index
+		rpBase = evBase + cfg.DP
+	}
+	pubSocks, evPort, err := bindRun(zmq.PUB, cfg.Host, evBase, cfg.DP)
+	if err != nil {
+		return nil, fmt.Errorf("pod %d: event sockets: %w", index, err)
+	}
+	routerSocks, rpPort, err := bindRun(zmq.ROUTER, cfg.Host, rpBase, cfg.DP)
+	if err != nil {
+		for _, s := range pubSocks {
+			s.Close()
+		}
+		return nil, fmt.Errorf("pod %d: replay sockets: %w", index, err)
+	}
+	p.eventsPort, p.replayPort = evPort, rpPort
+
+	output := outputTokens(tok)
+	ectx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	for r := 0; r < cfg.DP; r++ {
+		seed := cfg.Seed*1000003 + uint64(index)
+		pub := newPublisher(pubSocks[r], routerSocks[r], publisherOptions{
+			topic: cfg.Topic, encoding: cfg.EventEncoding, legacy: cfg.LegacyReplay, rank: r,
+			scale: cfg.TimeScale, bufferSteps: cfg.ReplayBuffer, faults: p.faults, log: p.log, seed: seed,
+		})
+		p.pubs = append(p.pubs, pub)
+		e := newEngine(cfg.Profile, r, hasher, cfg.TimeScale, output, pub, p.faults, seed)
+		if cfg.Faults.Dead {
+			e.dead = true
+		}
+		p.engines = append(p.engines, e)
+		p.engineWG.Add(1)
+		go func() {
+			defer p.engineWG.Done()
+			e.run(ectx)
+		}()
+	}
+	p.srv = &http.Server{
+		Handler:           p.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		defer close(p.httpDone)
+		if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			p.log.Error("http server", "err", err)
+		}
+	}()
+	return p, nil
+}
+
+func (p *Pod) closeSockets() {
+	if p.ln != nil {
+		p.ln.Close()
+	}
+}
+
+// Close stops the pod: in-flight requests end, the listener and sockets
+// close, every goroutine exits.
+func (p *Pod) Close() error {
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	p.cancel() // engines fail what is in flight
+	p.engineWG.Wait()
+	err := p.srv.Shutdown(shutdownCtx)
+	if err != nil {
+		err = p.srv.Close()
+	}
+	<-p.httpDone
+	for _, pub := range p.pubs {
+		pub.close()
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("pod %d: close: %w", p.index, err)
+	}
+	return nil
+}
+
+// Index is the pod's position in its fleet.
+func (p *Pod) Index() int { return p.index }
+
+// Model is the served base model name.
+func (p *Pod) Model() string { return p.cfg.Model }
+
+// URL is the pod's HTTP base URL, e.g. http://127.0.0.1:18000.
+func (p *Pod) URL() string { return "http://" + p.ln.Addr().String() }
+
+// EventsPort is rank 0's PUB port; rank r publishes on EventsPort()+r.
+func (p *Pod) EventsPort() int { return p.eventsPort }
+
+// ReplayPort is rank 0's replay (ROUTER) port; rank r answers on ReplayPort()+r.
+func (p *Pod) ReplayPort() int { return p.replayPort }
+
+// EventsAddr is the ZMQ address rank r publishes on.
+func (p *Pod) EventsAddr(rank int) string {
+	return "tcp://" + net.JoinHostPort(p.cfg.Host, strconv.Itoa(p.eventsPort+rank))
+}
+
+// ReplayAddr is the ZMQ address rank r answers replay on.
+func (p *Pod) ReplayAddr(rank int) string {
+	return "tcp://" + net.JoinHostPort(p.cfg.Host, strconv.Itoa(p.replayPort+rank))
+}
+
+// Endpoint is the pod as `prefixrouter serve --endpoint` takes it:
+// http://HOST:PORT?events=tcp://HOST:EV&replay=tcp://HOST:RP&dp=N&model=NAME.
+func (p *Pod) Endpoint() string {
+	q := "events=" + p.EventsAddr(0) + "&replay=" + p.ReplayAddr(0) +
+		"&dp=" + strconv.Itoa(p.cfg.DP) + "&model=" + url.QueryEscape(p.cfg.Model)
+	return p.URL() + "?" + q
+}
+
+// Faults returns the pod's current faults.
+func (p *Pod) Faults() Faults { return p.faults.get() }
+
+// SetFaults replaces the pod's faults. Setting Dead fails every in-flight
+// request and stops events; clearing it brings the pod back as a fresh
+// process (sequence 0, empty cache).
+func (p *Pod) SetFaults(ctx context.Context, f Faults) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	was := p.faults.get().Dead
+	p.faults.set(f)
+	switch {
+	case f.Dead && !was:
+		for _, e := range p.engines {
+			if _, err := e.control(ctx, msgDie); err != nil {
+				return fmt.Errorf("pod %d: kill: %w", p.index, err)
+			}
+		}
+	case !f.Dead && was:
+		return p.restartLocked(ctx)
+	}
+	return nil
+}
+
+// Restart simulates a process restart: in-flight requests fail (their
+// connections drop), the prefix cache is lost without any event, event
+// sequence numbers start again at 0 and the replay buffer is empty. The pod
+// answers 503 for Config.RestartDowntime (model time).
+func (p *Pod) Restart(ctx context.Context) error {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	f := p.faults.get()
+	f.Dead = false
+	p.faults.set(f)
+	return p.restartLocked(ctx)
+}
+
+func (p *Pod) restartLocked(ctx context.Context) error {
+	p.down.Store(true)
+	defer p.down.Store(false)
+	for _, e := range p.engines {
+		if _, err := e.control(ctx, msgRestart); err != nil {
+			return fmt.Errorf("pod %d: restart: %w", p.index, err)
+		}
+	}
+	if d := p.cfg.RestartDowntime; d > 0 {
+		t := time.NewTimer(time.Duration(float64(d) / p.cfg.TimeScale))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.started.Store(time.Now().Unix())
+	return nil
+}
+
+// ResetPrefixCache is vLLM's /reset_prefix_cache: it succeeds (and publishes
+// AllBlocksCleared) on every rank whose cache holds no block in use.
+func (p *Pod) ResetPrefixCache(ctx context.Context) (bool, error) {
+	all := true
+	for _, e := range p.engines {
+		ok, err := e.control(ctx, msgReset)
+		if err != nil {
+			return false, fmt.Errorf("pod %d: reset prefix cache: %w", p.index, err)
+		}
+		all = all && ok
+	}
+	return all, nil
+}
+
+// RankStats is a snapshot of one rank's gauges and counters.
+type RankStats struct {
+	Running, Waiting     int
+	KVUsage              float64
+	PrefixQueries        int64 // prompt tokens looked up
+	PrefixHits           int64 // prompt tokens served from cache
+	Preemptions          int64
+	Steps                int64
+	Lag                  time.Duration // wall-clock lag of the model clock
+	EventBatchesSent     uint64
+	EventBatchesDropped  uint64
+	ReplayRequestsServed uint64
+}
+
+// Stats returns one snapshot per rank.
+func (p *Pod) Stats() []RankStats {
+	out := make([]RankStats, len(p.engines))
+	for i, e := range p.engines {
+		s := &e.stats
+		out[i] = RankStats{
+			Running: int(s.running.Load()), Waiting: int(s.waiting.Load()), KVUsage: s.usage(),
+			PrefixQueries: s.queries.Load(), PrefixHits: s.hits.Load(), Preemptions: s.preemptions.Load(),
+			Steps: s.steps.Load(), Lag: time.Duration(s.lagNanos.Load()),
+		}
+		ps := p.pubs[i].stats
+		ps.mu.Lock()
+		out[i].EventBatchesSent, out[i].EventBatchesDropped, out[i].ReplayRequestsServed = ps.sent, ps.dropped, ps.replay
+		ps.mu.Unlock()
+	}
+	return out
+}
+
+// pickRank chooses a rank for a request: the header's, or the least loaded
+// (vLLM's internal balancer scores waiting × 4 + running).
+func (p *Pod) pickRank(header string) (int, error) {
+	if header != "" {
+		r, err := strconv.Atoi(header)
+		if err != nil || r < 0 || r >= len(p.engines) {
+			return 0, badRequest("X-data-parallel-rank %q: want a rank in 0..%d", header, len(p.engines)-1)
+		}
+		return r, nil
+	}
+	best, bestLoad := 0, int64(-1)
+	for i, e := range p.engines {
+		if l := e.load(); bestLoad < 0 || l < bestLoad {
+			best, bestLoad = i, l
+		}
+	}
+	return best, nil
+}

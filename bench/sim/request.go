@@ -1,0 +1,91 @@
+package sim
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Errors a request can end with.
+var (
+	errPrefillFailed = errors.New("simulated failure during prefill")
+	errRestarted     = errors.New("engine restarted")
+	errEngineDead    = errors.New("EngineCore encountered an issue: the engine is dead")
+	errAborted       = errors.New("request aborted")
+	errClosed        = errors.New("engine closed")
+)
+
+// seq is one request inside an engine: vLLM's Request. Everything but out
+// belongs to the engine goroutine once the request is submitted.
+type seq struct {
+	id        string
+	tokens    []uint32 // prompt, then generated tokens
+	promptLen int
+	maxTokens int
+	extras    kvindex.RequestExtras
+	loraID    int64
+	hashes    []kvindex.Digest // one per full block of tokens
+
+	blocks          []int32
+	numComputed     int
+	numCachedBlocks int // leading blocks already registered in the cache
+	looked          bool
+	failPrefill     bool
+	state           seqState
+	arrival         time.Duration // model time
+
+	out *output
+}
+
+type seqState uint8
+
+const (
+	stateNew seqState = iota
+	stateWaiting
+	stateRunning
+	stateDone
+)
+
+func (s *seq) numTokens() int { return len(s.tokens) }
+
+// output is what the HTTP side sees of a running request. The engine
+// updates it after each step and pokes notify; the reader takes whatever
+// has accumulated, so later tokens coalesce into fewer chunks.
+type output struct {
+	mu        sync.Mutex
+	generated int
+	cached    int           // prompt tokens served from the prefix cache
+	ttft      time.Duration // model time from arrival to first token
+	done      bool
+	finish    string
+	err       error
+	notify    chan struct{}
+}
+
+func newOutput() *output { return &output{notify: make(chan struct{}, 1)} }
+
+func (o *output) poke() {
+	select {
+	case o.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Snapshot is a point-in-time copy of a request's progress.
+type Snapshot struct {
+	Generated    int
+	CachedTokens int
+	// TTFT is the model time from arrival to the first token (zero before it).
+	TTFT   time.Duration
+	Done   bool
+	Finish string
+	Err    error
+}
+
+func (o *output) snapshot() Snapshot {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return Snapshot{Generated: o.generated, CachedTokens: o.cached, TTFT: o.ttft, Done: o.done, Finish: o.finish, Err: o.err}
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/prefixrouter/prefixrouter/tokenize"
+)
+
+func tokenizeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "tokenize",
+		Usage: "encode JSON Lines from stdin with a model's tokenizer, as vLLM would",
+		Description: "Each stdin line is a JSON string; each output line is the JSON array of its token ids.\n" +
+			"With --chat each line is {\"messages\": [...], \"add_generation_prompt\": true, \"tools\": [...],\n" +
+			"\"chat_template_kwargs\": {...}} (only messages required; add_generation_prompt defaults to true)\n" +
+			"and each output line is {\"prompt\": ..., \"token_ids\": [...]} or {\"error\": ...} when the template raises.\n" +
+			"--tokenizer is a model directory, a tokenizer.json file, or \"bytes\" for the built-in byte model.",
+		OnUsageError: onUsageError,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "tokenizer", Usage: "model directory, tokenizer.json file, or \"bytes\" (required)", Sources: envVar("tokenizer")},
+			&cli.BoolFlag{Name: "add-special-tokens", Usage: "add the post-processor's special tokens (BOS/EOS) to plain strings"},
+			&cli.BoolFlag{Name: "chat", Usage: "lines are chat requests rendered with the model's chat template"},
+		},
+		Action: runTokenize,
+	}
+}
+
+func runTokenize(_ context.Context, cmd *cli.Command) error {
+	path := cmd.String("tokenizer")
+	if path == "" {
+		return usageError("--tokenizer is required")
+	}
+	if cmd.Bool("chat") && cmd.IsSet("add-special-tokens") {
+		return usageError("--add-special-tokens does not apply to --chat (chat prompts encode without them, as vLLM does)")
+	}
+	reg := tokenize.NewRegistry(tokenize.Options{})
+	defer reg.Close()
+	m, err := reg.Add("cli", path, tokenize.ModeLocal)
+	if err != nil {
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	w := bufio.NewWriter(cmd.Root().Writer)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	err = tokenizeLines(cmd.Root().Reader, func(lineNo int, line []byte) error {
+		if cmd.Bool("chat") {
+			return tokenizeChatLine(m, enc, lineNo, line)
+		}
+		var text string
+		if err := json.Unmarshal(line, &text); err != nil {
+			return usageError("stdin line %d: want a JSON string: %v", lineNo, err)
+		}
+		ids, err := m.Encode(text, cmd.Bool("add-special-tokens"))
+		if err != nil {
+			return fmt.Errorf("line %d: %w", lineNo, err)
+		}
+		return enc.Encode(nonNil(ids))
+	})
+	if ferr := w.Flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// tokenizeLines calls fn for every stdin line (1-based numbers); lines may
+// be long (whole documents).
+func tokenizeLines(r io.Reader, fn func(int, []byte) error) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	for lineNo := 1; ; lineNo++ {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			if ferr := fn(lineNo, bytes.TrimRight(line, "\r\n")); ferr != nil {
+				return ferr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read stdin: %w", err)
+		}
+	}
+}
+
+type chatLine struct {
+	Messages            json.RawMessage `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	Tools               json.RawMessage `json:"tools"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
+	ContinueFinal       bool            `json:"continue_final_message"`
+}
+
+func tokenizeChatLine(m *tokenize.Model, enc *json.Encoder, lineNo int, line []byte) error {
+	var cl chatLine
+	if err := json.Unmarshal(line, &cl); err != nil {
+		return usageError("stdin line %d: want a JSON object: %v", lineNo, err)
+	}
+	if len(cl.Messages) == 0 || string(cl.Messages) == "null" {
+		return usageError("stdin line %d: \"messages\" is required", lineNo)
+	}
+	req := tokenize.ChatRequest{
+		Messages:             cl.Messages,
+		Tools:                cl.Tools,
+		ChatTemplateKwargs:   cl.ChatTemplateKwargs,
+		AddGenerationPrompt:  cl.AddGenerationPrompt == nil || *cl.AddGenerationPrompt,
+		ContinueFinalMessage: cl.ContinueFinal,
+	}
+	if req.ContinueFinalMessage && cl.AddGenerationPrompt == nil {
+		req.AddGenerationPrompt = false
+	}
+	prompt, ids, err := m.EncodeChat(req)
+	var te *tokenize.TemplateError
+	switch {
+	case errors.As(err, &te):
+		return enc.Encode(map[string]string{"error": te.Err.Error()})
+	case errors.Is(err, tokenize.ErrNoTemplate):
+		return fmt.Errorf("line %d: %w", lineNo, err)
+	case err != nil:
+		return usageError("stdin line %d: %v", lineNo, err)
+	}
+	return enc.Encode(struct {
+		Prompt   string   `json:"prompt"`
+		TokenIDs []uint32 `json:"token_ids"`
+	}{prompt, nonNil(ids)})
+}
+
+func nonNil(ids []uint32) []uint32 {
+	if ids == nil {
+		return []uint32{}
+	}
+	return ids
+}

@@ -1,0 +1,271 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Policy is how the router picks a target among the routable candidates.
+type Policy uint8
+
+// Policies. Speculative is precise plus predicted placements; it arrives with
+// the speculative package and has its seam in Candidate.SpeculativeBlocks.
+const (
+	PolicyRoundRobin Policy = iota + 1
+	PolicyLeastLoad
+	PolicyApproximate
+	PolicyPrecise
+)
+
+var policyNames = map[Policy]string{
+	PolicyRoundRobin:  "round-robin",
+	PolicyLeastLoad:   "least-load",
+	PolicyApproximate: "approximate",
+	PolicyPrecise:     "precise",
+}
+
+func (p Policy) String() string { return policyNames[p] }
+
+// ParsePolicy accepts round-robin, least-load, approximate or precise.
+func ParsePolicy(s string) (Policy, error) {
+	for p, n := range policyNames {
+		if n == s {
+			return p, nil
+		}
+	}
+	if s == "speculative" {
+		return 0, fmt.Errorf("policy speculative is not available yet (it needs the speculative package); use precise")
+	}
+	return 0, fmt.Errorf("unknown policy %q (want round-robin, least-load, approximate or precise)", s)
+}
+
+// PolicyNames lists the accepted policy names.
+func PolicyNames() []string {
+	return []string{"round-robin", "least-load", "approximate", "precise"}
+}
+
+// CostConfig weights the terms of the precise cost, all in prefill-token
+// units (DESIGN.md section 4):
+//
+//	cost(t) = queued_uncached(t) + prompt_tokens − cached_estimate(t)
+//	        + DecodeWeight × running(t)
+//	        + KVPressure × prompt_tokens × max(0, kv_usage(t) − KVThreshold) / (1 − KVThreshold)
+//
+// queued_uncached is the router's own count of uncached prompt tokens it has
+// dispatched to t without a first byte yet, plus, when the pod's scraped
+// queue is longer than the router's own (other routers, direct clients), the
+// excess waiting requests at the mean uncached size seen recently. running is
+// the larger of the scraped running gauge and the router's own decoding
+// requests. cached_estimate is the tier-weighted confirmed run (plus trusted
+// predicted blocks, zero until the speculative policy lands) times the block
+// size, counted only while t's event stream is trusted.
+type CostConfig struct {
+	DecodeWeight float64
+	KVThreshold  float64
+	KVPressure   float64
+}
+
+// DefaultCostConfig returns the defaults: a running sequence costs about as
+// much as 32 prefill tokens per scheduling step it shares, and a pod whose KV
+// cache is above 90% full charges up to one extra prompt's worth (the request
+// may wait for memory or evict someone's prefix).
+func DefaultCostConfig() CostConfig {
+	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1}
+}
+
+// LoadView is a candidate's load as the cost model saw it.
+type LoadView struct {
+	InFlight             int64   `json:"in_flight"`
+	Prefilling           int64   `json:"prefilling"`
+	QueuedUncachedTokens int64   `json:"queued_uncached_tokens"`
+	Running              int     `json:"running"`
+	Waiting              int     `json:"waiting"`
+	KVUsage              float64 `json:"kv_cache_usage"`
+	Stale                bool    `json:"scrape_stale"`
+}
+
+// Candidate is one target considered for a request.
+type Candidate struct {
+	Target   *health.Target
+	Routable bool
+	// ConfirmedBlocks is the run of prompt blocks from block 0 the index
+	// says the target holds; Weighted is the same run weighted by tier.
+	ConfirmedBlocks int
+	Weighted        float64
+	// SpeculativeBlocks extends the run with predicted placements (the seam
+	// for the speculative policy; zero for now).
+	SpeculativeBlocks int
+	// Trusted says the target's event stream is fresh enough for its
+	// placements to count.
+	Trusted bool
+	// ApproxChunks is the approximate policy's matched prefix chunks.
+	ApproxChunks int
+	Cost         float64
+	Load         LoadView
+	excluded     bool
+}
+
+// decision is the outcome of a choice.
+type decision struct {
+	idx    int // into candidates; -1: none
+	reason string
+}
+
+// chooser holds policy state (round-robin position, approximate table).
+type chooser struct {
+	policy Policy
+	cost   CostConfig
+	rr     atomic.Uint64
+	approx *approxTable
+	// meanUncached is an EWMA of uncached tokens per dispatched request,
+	// stored as float64 bits, used to size queues the router did not fill.
+	meanUncached atomic.Uint64
+}
+
+func newChooser(p Policy, cost CostConfig) *chooser {
+	c := &chooser{policy: p, cost: cost}
+	if p == PolicyApproximate {
+		c.approx = newApproxTable(defaultApproxCapacity)
+	}
+	c.meanUncached.Store(math.Float64bits(512))
+	return c
+}
+
+func (c *chooser) observeUncached(n int) {
+	old := math.Float64frombits(c.meanUncached.Load())
+	c.meanUncached.Store(math.Float64bits(old*0.95 + float64(n)*0.05))
+}
+
+func loadOf(t *health.Target) LoadView {
+	b := t.Busy()
+	return LoadView{
+		InFlight: b.InFlight, Prefilling: b.Prefilling, QueuedUncachedTokens: b.QueuedUncachedTokens,
+		Running: b.Running, Waiting: b.Waiting, KVUsage: b.KVUsage, Stale: b.Stale,
+	}
+}
+
+// preciseCost is the cost model of CostConfig for one candidate.
+func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float64 {
+	l := cd.Load
+	queued := float64(l.QueuedUncachedTokens)
+	running := float64(l.InFlight - l.Prefilling)
+	if !l.Stale {
+		if extra := int64(l.Waiting) - l.Prefilling; extra > 0 {
+			queued += float64(extra) * math.Float64frombits(c.meanUncached.Load())
+		}
+		running = math.Max(running, float64(l.Running))
+	}
+	cached := 0.0
+	if cd.Trusted {
+		cached = (cd.Weighted + float64(cd.SpeculativeBlocks)) * float64(blockSize)
+	}
+	cached = math.Min(cached, float64(promptTokens))
+	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
+	if !l.Stale && l.KVUsage > c.cost.KVThreshold && c.cost.KVThreshold < 1 {
+		cost += c.cost.KVPressure * float64(promptTokens) * (l.KVUsage - c.cost.KVThreshold) / (1 - c.cost.KVThreshold)
+	}
+	return cost
+}
+
+// leastLoadCost counts requests: the router's own in flight, or the pod's
+// running + waiting when a fresh scrape says it is busier.
+func leastLoadCost(l LoadView) float64 {
+	n := float64(l.InFlight)
+	if !l.Stale {
+		n = math.Max(n, float64(l.Running+l.Waiting))
+	}
+	return n
+}
+
+// choose scores the candidates and picks one among the routable, not
+// excluded ones. peek leaves round-robin state untouched (dry run).
+func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bool) decision {
+	var usable []int
+	for i := range cands {
+		if cands[i].Routable && !cands[i].excluded {
+			usable = append(usable, i)
+		}
+	}
+	if len(usable) == 0 {
+		return decision{idx: -1, reason: "no routable target"}
+	}
+	switch c.policy {
+	case PolicyRoundRobin:
+		var n uint64
+		if peek {
+			n = c.rr.Load()
+		} else {
+			n = c.rr.Add(1) - 1
+		}
+		for _, i := range usable {
+			cands[i].Cost = 0
+		}
+		return decision{idx: usable[n%uint64(len(usable))], reason: "round-robin"}
+	case PolicyLeastLoad:
+		for _, i := range usable {
+			cands[i].Cost = leastLoadCost(cands[i].Load)
+		}
+		return decision{idx: minCost(cands, usable), reason: "least load"}
+	case PolicyApproximate:
+		// Gateways' prefix-aware scoring: matched characters stand in for
+		// cached tokens (about four characters a token), minus load.
+		for _, i := range usable {
+			cd := &cands[i]
+			saved := float64(cd.ApproxChunks*approxChunkChars) / 4
+			cd.Cost = c.cost.DecodeWeight*leastLoadCost(cd.Load) + math.Max(0, float64(promptTokens)-saved)
+		}
+		i := minCost(cands, usable)
+		if cands[i].ApproxChunks > 0 {
+			return decision{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
+		}
+		return decision{idx: i, reason: "no approximate prefix match; least load"}
+	}
+	for _, i := range usable {
+		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize)
+	}
+	i := minCost(cands, usable)
+	cd := &cands[i]
+	switch {
+	case cd.ConfirmedBlocks > 0 && cd.Trusted:
+		return decision{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
+	case blockSize == 0:
+		return decision{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}
+	}
+	return decision{idx: i, reason: "lowest cost; no cached prefix"}
+}
+
+// minCost returns the usable candidate with the lowest cost, breaking ties
+// uniformly at random so equal pods share the work.
+func minCost(cands []Candidate, usable []int) int {
+	best, ties := -1, 0
+	for _, i := range usable {
+		switch {
+		case best < 0 || cands[i].Cost < cands[best].Cost-1e-9:
+			best, ties = i, 1
+		case math.Abs(cands[i].Cost-cands[best].Cost) <= 1e-9:
+			ties++
+			if rand.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// matchInto copies index matches into the candidates by target.
+func matchInto(cands []Candidate, matches []kvindex.Match) {
+	for _, m := range matches {
+		for i := range cands {
+			if cands[i].Target.ID == m.Target {
+				cands[i].ConfirmedBlocks = m.Blocks
+				cands[i].Weighted = m.Weighted
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,22 @@
+// Package router owns the HTTP front door of prefixrouter: the
+// OpenAI-compatible API on fasthttp (/v1/completions, /v1/chat/completions,
+// /v1/models, /tokenize, /detokenize, /health, /ready), parsing only the
+// request fields that decide a target, the choice of target (round-robin,
+// least-load, approximate prefix hashing, and precise scoring on the
+// confirmed KV-block index with load), the proxy with streaming pass-through,
+// client-cancel propagation and retry before the first byte, outcome capture
+// (the cached prompt tokens the pod reports against the router's
+// prediction), and the admin listener (/metrics, /debug/targets and the dry
+// run /debug/route/...).
+//
+// It composes the leaves and nothing imports it: health says which targets
+// exist, can take work and how busy they are; tokenize turns prompts into the
+// pod's token ids; kvindex turns ids into block keys and follows every
+// target's KV events into the placement index. Data flows one way: request
+// in, parse, tokenize, key, look up, score, dispatch, proxy, record.
+//
+// Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
+// it is answered with an OpenAI-shaped error ({"error": {"message", "type",
+// "param", "code"}}) and the right status (400, 404 unknown model, 413,
+// 503 with Retry-After when no target can take the request).
+package router

@@ -1,0 +1,207 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/tokenize"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// fastHealth returns a health configuration that notices changes within a
+// few tens of milliseconds, for tests.
+func fastHealth(endpoints ...string) health.Config {
+	h := health.DefaultConfig()
+	h.Endpoints = endpoints
+	h.ProbeInterval = 150 * time.Millisecond
+	h.ProbeTimeout = 150 * time.Millisecond
+	h.FailureThreshold = 2
+	h.SuccessThreshold = 1
+	h.ModelsInterval = 300 * time.Millisecond
+	h.ScrapeInterval = 150 * time.Millisecond
+	h.ScrapeTimeout = 150 * time.Millisecond
+	h.EvalInterval = 50 * time.Millisecond
+	return h
+}
+
+// startRouter starts a router on loopback ports chosen by the OS and stops
+// it when the test ends.
+func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
+	t.Helper()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.AdminListen = "127.0.0.1:0"
+	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger()})
+	for _, spec := range tokenizers {
+		if _, err := reg.AddSpec(spec); err != nil {
+			t.Fatalf("tokenizer %s: %v", spec, err)
+		}
+	}
+	r, err := New(cfg, Deps{Tokenizers: reg, Logger: quietLogger()})
+	if err != nil {
+		t.Fatalf("router: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := r.Start(ctx); err != nil {
+		cancel()
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		_ = r.Shutdown(sctx)
+		cancel()
+		reg.Close()
+	})
+	return r
+}
+
+// waitFor polls cond until it holds; the deadline only turns a hang into a
+// failure, it asserts nothing about speed.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// routableCount is the number of targets of model that can take work.
+func routableCount(r *Router, model string) int {
+	n := 0
+	for _, t := range r.mon.Snapshot().ForModel(model) {
+		if t.CanRoute() {
+			n++
+		}
+	}
+	return n
+}
+
+// fakePod is a minimal vLLM stand-in on real HTTP: /health, /v1/models,
+// /metrics with cache_config_info, and a completions handler the test
+// supplies. It counts the requests that reach the API endpoints.
+type fakePod struct {
+	name      string
+	srv       *httptest.Server
+	pub       *publish.Publisher
+	hits      atomic.Int64
+	blockSize int
+	models    []string
+	handle    atomic.Pointer[http.HandlerFunc]
+}
+
+func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, models ...string) *fakePod {
+	t.Helper()
+	if len(models) == 0 {
+		models = []string{"m"}
+	}
+	p := &fakePod{name: name, blockSize: blockSize, models: models}
+	if withEvents {
+		pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*", Logger: quietLogger()})
+		if err != nil {
+			t.Fatalf("publisher: %v", err)
+		}
+		p.pub = pub
+		t.Cleanup(func() { pub.Close() })
+	}
+	p.setHandler(p.echo)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(200) })
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		var data []map[string]any
+		for _, m := range p.models {
+			data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "vllm", "parent": nil})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n")
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0\n")
+		fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0\n")
+		fmt.Fprintf(w, "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",engine=\"0\",num_gpu_blocks=\"1000\",prefix_caching_hash_algo=\"sha256\",enable_prefix_caching=\"True\"} 1\n", p.blockSize)
+	})
+	api := func(w http.ResponseWriter, r *http.Request) {
+		p.hits.Add(1)
+		(*p.handle.Load())(w, r)
+	}
+	mux.HandleFunc("/v1/completions", api)
+	mux.HandleFunc("/v1/chat/completions", api)
+	mux.HandleFunc("/tokenize", api)
+	p.srv = httptest.NewServer(mux)
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *fakePod) setHandler(h http.HandlerFunc) { p.handle.Store(&h) }
+
+// echo answers like vLLM without streaming, naming the pod in the text.
+func (p *fakePod) echo(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":"x","object":"text_completion","choices":[{"index":0,"text":%q}],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9,"prompt_tokens_details":{"cached_tokens":0}}}`, p.name)
+}
+
+// endpoint is the pod's --endpoint spec.
+func (p *fakePod) endpoint() string {
+	ep := p.srv.URL + "?model=" + strings.Join(p.models, "&model=")
+	if p.pub != nil {
+		ep += "&events=" + p.pub.Endpoint() + "&replay=" + p.pub.ReplayEndpoint()
+	} else {
+		// Nothing listens there: the stream stays disconnected.
+		ep += "&events=tcp://127.0.0.1:1"
+	}
+	return ep
+}
+
+// post sends body to the router and returns status, headers and body.
+func post(t testing.TB, url, body string) (int, http.Header, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read %s: %v", url, err)
+	}
+	return resp.StatusCode, resp.Header, b
+}
+
+// dryRun asks the admin API what it would do with body.
+func dryRun(t testing.TB, r *Router, path, body string) DryRun {
+	t.Helper()
+	code, _, b := post(t, "http://"+r.AdminAddr()+"/debug/route"+path, body)
+	if code != 200 {
+		t.Fatalf("dry run %s: status %d: %s", path, code, b)
+	}
+	var d DryRun
+	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&d); err != nil {
+		t.Fatalf("dry run: %v in %s", err, b)
+	}
+	return d
+}
+
+func candidate(d DryRun, endpoint string) DryCandidate {
+	for _, c := range d.Candidates {
+		if c.Target == endpoint {
+			return c
+		}
+	}
+	return DryCandidate{}
+}

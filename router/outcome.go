@@ -1,0 +1,239 @@
+package router
+
+import (
+	"bytes"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fastjson"
+)
+
+// metrics are the router's own numbers. Labels are bounded: target
+// (endpoint#rank), model, policy, outcome, reason — never prompt text,
+// token ids, hashes or request ids.
+type metrics struct {
+	requests       *prometheus.CounterVec   // model, policy, outcome
+	rejected       *prometheus.CounterVec   // reason
+	routed         *prometheus.CounterVec   // target, model, policy
+	retries        *prometheus.CounterVec   // target (the one that failed)
+	upstreamErrors *prometheus.CounterVec   // target, reason
+	overhead       *prometheus.HistogramVec // policy
+	ttft           *prometheus.HistogramVec // model, policy
+	duration       *prometheus.HistogramVec // model, policy
+	promptTokens   *prometheus.CounterVec   // target, model, policy
+	predicted      *prometheus.CounterVec   // target, model, policy
+	reported       *prometheus.CounterVec   // target, model, policy
+	prediction     *prometheus.CounterVec   // target, model, policy, outcome
+	predictionErr  *prometheus.HistogramVec // policy
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_requests_total",
+			Help: "Routed requests by how they ended (ok, client_error, upstream_error, timeout, canceled).",
+		}, []string{"model", "policy", "outcome"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_requests_rejected_total",
+			Help: "Requests answered by the router itself without reaching a target, by reason.",
+		}, []string{"reason"}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_routed_total",
+			Help: "Attempts dispatched to each target (retries count again).",
+		}, []string{"target", "model", "policy"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_retries_total",
+			Help: "Requests retried on another target after this target failed before the first byte.",
+		}, []string{"target"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_upstream_errors_total",
+			Help: "Target failures seen by the proxy, by reason.",
+		}, []string{"target", "reason"}),
+		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_routing_seconds",
+			Help:    "Time from request arrival to dispatch: parsing, tokenization, lookup and choice.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 16),
+		}, []string{"policy"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_time_to_first_byte_seconds",
+			Help:    "Time from request arrival to the target's first response byte (TTFT for streams).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 18),
+		}, []string{"model", "policy"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_request_duration_seconds",
+			Help:    "Time from request arrival to the end of the response.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 20),
+		}, []string{"model", "policy"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_prompt_tokens_total",
+			Help: "Prompt tokens routed, as the router counted them (or as the target reported when the router estimated).",
+		}, []string{"target", "model", "policy"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_predicted_cached_tokens_total",
+			Help: "Prompt tokens the router expected the target to serve from its prefix cache.",
+		}, []string{"target", "model", "policy"}),
+		reported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_reported_cached_tokens_total",
+			Help: "Prompt tokens the target reported serving from cache (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"target", "model", "policy"}),
+		prediction: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_cache_predictions_total",
+			Help: "Predicted versus reported cached tokens per request: exact, under (target had more), over (target had less), unreported.",
+		}, []string{"target", "model", "policy", "outcome"}),
+		predictionErr: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_cache_prediction_error_tokens",
+			Help:    "Absolute difference between reported and predicted cached tokens per request.",
+			Buckets: []float64{0, 16, 64, 256, 1024, 4096, 16384, 65536},
+		}, []string{"policy"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.rejected, m.routed, m.retries, m.upstreamErrors, m.overhead,
+			m.ttft, m.duration, m.promptTokens, m.predicted, m.reported, m.prediction, m.predictionErr)
+	}
+	return m
+}
+
+// usage is what a response says about its prompt.
+type usage struct {
+	known        bool
+	promptTokens int64
+	cachedKnown  bool
+	cachedTokens int64
+}
+
+// usageFromBody reads usage from a complete JSON response.
+func usageFromBody(b []byte) usage {
+	if !bytes.Contains(b, []byte(`"usage"`)) {
+		return usage{}
+	}
+	p := parserPool.Get()
+	defer parserPool.Put(p)
+	v, err := p.ParseBytes(b)
+	if err != nil {
+		return usage{}
+	}
+	return usageFromValue(v.Get("usage"))
+}
+
+func usageFromValue(u *fastjson.Value) usage {
+	if u == nil || u.Type() != fastjson.TypeObject {
+		return usage{}
+	}
+	out := usage{known: true, promptTokens: int64(u.GetInt("prompt_tokens"))}
+	if d := u.Get("prompt_tokens_details"); d != nil && d.Type() == fastjson.TypeObject {
+		if c := d.Get("cached_tokens"); c != nil && c.Type() == fastjson.TypeNumber {
+			out.cachedKnown, out.cachedTokens = true, int64(c.GetInt())
+		}
+	}
+	return out
+}
+
+// usageScanner watches an SSE stream for the chunk carrying usage (the
+// final one with stream_options.include_usage) without keeping the stream:
+// it holds only the current, incomplete line, up to maxSSELine bytes.
+type usageScanner struct {
+	line    []byte
+	skip    bool // the current line is too long to be a usage chunk
+	last    usage
+	scratch fastjson.Parser
+}
+
+const maxSSELine = 1 << 20
+
+func (s *usageScanner) Write(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if !s.skip {
+				if len(s.line)+len(p) > maxSSELine {
+					s.skip, s.line = true, s.line[:0]
+				} else {
+					s.line = append(s.line, p...)
+				}
+			}
+			return
+		}
+		seg := p[:i]
+		p = p[i+1:]
+		if s.skip {
+			s.skip = false
+			continue
+		}
+		if len(s.line) > 0 {
+			s.line = append(s.line, seg...)
+			s.handleLine(s.line)
+			s.line = s.line[:0]
+		} else {
+			s.handleLine(seg)
+		}
+	}
+}
+
+var (
+	dataPrefix = []byte("data:")
+	usageKey   = []byte(`"usage":{`)
+	usageKeySp = []byte(`"usage": {`)
+)
+
+func (s *usageScanner) handleLine(l []byte) {
+	l = bytes.TrimRight(l, "\r")
+	if !bytes.HasPrefix(l, dataPrefix) {
+		return
+	}
+	if !bytes.Contains(l, usageKey) && !bytes.Contains(l, usageKeySp) {
+		return
+	}
+	v, err := s.scratch.ParseBytes(bytes.TrimSpace(l[len(dataPrefix):]))
+	if err != nil {
+		return
+	}
+	if u := usageFromValue(v.Get("usage")); u.known {
+		s.last = u
+	}
+}
+
+func (s *usageScanner) usage() usage { return s.last }
+
+// outcomeRec records one answered request's numbers.
+type outcomeRec struct {
+	r         *Router
+	model     string
+	target    string
+	predicted int
+	prompt    promptTokens
+	status    int
+	start     time.Time
+	ttft      time.Duration
+}
+
+func (o *outcomeRec) finish(label string, u usage) {
+	m, pol := o.r.met, o.r.cfg.Policy.String()
+	m.requests.WithLabelValues(o.model, pol, label).Inc()
+	m.ttft.WithLabelValues(o.model, pol).Observe(o.ttft.Seconds())
+	m.duration.WithLabelValues(o.model, pol).Observe(time.Since(o.start).Seconds())
+	if o.status >= 300 {
+		return
+	}
+	prompt := int64(o.prompt.count)
+	if o.prompt.ids == nil && u.known {
+		prompt = u.promptTokens
+	}
+	m.promptTokens.WithLabelValues(o.target, o.model, pol).Add(float64(prompt))
+	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(o.predicted))
+	if !u.cachedKnown {
+		m.prediction.WithLabelValues(o.target, o.model, pol, "unreported").Inc()
+		return
+	}
+	m.reported.WithLabelValues(o.target, o.model, pol).Add(float64(u.cachedTokens))
+	diff := u.cachedTokens - int64(o.predicted)
+	outcome := "exact"
+	switch {
+	case diff > 0:
+		outcome = "under"
+	case diff < 0:
+		outcome = "over"
+		diff = -diff
+	}
+	m.prediction.WithLabelValues(o.target, o.model, pol, outcome).Inc()
+	m.predictionErr.WithLabelValues(pol).Observe(float64(diff))
+}

@@ -1,0 +1,469 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixrouter/prefixrouter/health"
+)
+
+// upstream holds the pooled connections to the targets. Requests go out
+// through net/http's transport, which keeps an idle pool per target host
+// and, unlike fasthttp's client, can abort a request in flight: cancelling
+// its context closes the connection, which is how a vLLM pod learns that
+// the client gave up and frees the request's KV blocks.
+type upstream struct {
+	tr     *http.Transport
+	client *http.Client
+	cfg    Config
+}
+
+func newUpstream(cfg Config) *upstream {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // bodies pass through as the pod sent them
+		ForceAttemptHTTP2:   false,
+		WriteBufferSize:     32 << 10,
+		ReadBufferSize:      32 << 10,
+	}
+	return &upstream{tr: tr, client: &http.Client{Transport: tr}, cfg: cfg}
+}
+
+func (u *upstream) close() { u.tr.CloseIdleConnections() }
+
+// Hop-by-hop headers (RFC 9110 section 7.6.1) never cross the proxy.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// copyRequestHeaders copies the client's end-to-end headers.
+func copyRequestHeaders(dst http.Header, src *fasthttp.RequestHeader) {
+	conn := string(src.Peek("Connection"))
+	src.VisitAll(func(k, v []byte) {
+		key := http.CanonicalHeaderKey(string(k))
+		switch {
+		case hopHeaders[key], key == "Host", key == "Content-Length", key == "X-Request-Id", key == "X-Data-Parallel-Rank":
+			return
+		case conn != "" && connectionListed(conn, key):
+			return
+		}
+		dst.Add(key, string(v))
+	})
+}
+
+func connectionListed(conn, key string) bool {
+	for f := range strings.SplitSeq(conn, ",") {
+		if strings.EqualFold(strings.TrimSpace(f), key) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyResponseHeaders copies the pod's end-to-end headers to the client.
+func copyResponseHeaders(dst *fasthttp.ResponseHeader, src http.Header) {
+	conn := src.Get("Connection")
+	for k, vs := range src {
+		if hopHeaders[k] || k == "Content-Length" || k == "X-Request-Id" || (conn != "" && connectionListed(conn, k)) {
+			continue
+		}
+		for _, v := range vs {
+			dst.Add(k, v)
+		}
+	}
+}
+
+// newUpstreamRequest builds the request to one target.
+func newUpstreamRequest(ctx context.Context, t *health.Target, path string, body []byte, in *fasthttp.RequestCtx, id string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.ID.Endpoint+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeaders(req.Header, &in.Request.Header)
+	req.Header.Set("X-Request-Id", id)
+	if t.Spec.DP > 1 {
+		req.Header.Set("X-data-parallel-rank", strconv.Itoa(t.ID.Rank))
+	}
+	if ip := in.RemoteIP(); ip != nil {
+		if prior := req.Header.Get("X-Forwarded-For"); prior != "" {
+			req.Header.Set("X-Forwarded-For", prior+", "+ip.String())
+		} else {
+			req.Header.Set("X-Forwarded-For", ip.String())
+		}
+	}
+	return req, nil
+}
+
+// attemptResult is how one attempt on one target ended.
+type attemptResult uint8
+
+const (
+	attemptDone      attemptResult = iota // response (or error) written to the client
+	attemptRetryable                      // failed before any byte reached the client
+)
+
+// call is one upstream request's lifetime: its context, the timers that
+// cancel it and why it was cancelled.
+type call struct {
+	ctx       context.Context
+	cancel    context.CancelFunc
+	why       atomic.Uint32 // cancelReason
+	timer     *time.Timer
+	timerDur  time.Duration
+	timerKind uint32
+}
+
+type cancelReason = uint32
+
+const (
+	cancelNone cancelReason = iota
+	cancelClientGone
+	cancelFirstByteTimeout
+	cancelIdleTimeout
+	cancelShutdown
+)
+
+func newCall(parent context.Context) *call {
+	c := &call{}
+	c.ctx, c.cancel = context.WithCancel(parent)
+	return c
+}
+
+func (c *call) abort(why cancelReason) {
+	c.why.CompareAndSwap(cancelNone, why)
+	c.cancel()
+}
+
+// arm starts (or restarts) the timer that aborts the call after d.
+func (c *call) arm(d time.Duration, why cancelReason) {
+	if c.timer == nil {
+		c.timerKind = why
+		c.timer = time.AfterFunc(d, func() { c.abort(c.timerKindLoad()) })
+		return
+	}
+	c.timer.Stop()
+	atomic.StoreUint32(&c.timerKind, why)
+	c.timer.Reset(d)
+}
+
+func (c *call) timerKindLoad() cancelReason { return atomic.LoadUint32(&c.timerKind) }
+
+func (c *call) end() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.cancel()
+}
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// dispatch proxies a planned request, retrying on other targets while no
+// byte has reached the client.
+func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, id string, start time.Time) {
+	body := ctx.PostBody()
+	for attempt := 0; ; attempt++ {
+		cd := &pl.cands[pl.dec.idx]
+		res := r.attempt(ctx, req, pl, cd, body, id, start, attempt)
+		if res == attemptDone {
+			return
+		}
+		if attempt >= r.cfg.MaxRetries || !r.rechoose(pl) {
+			r.met.requests.WithLabelValues(req.Model, r.cfg.Policy.String(), "upstream_error").Inc()
+			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request (last: "+health.TargetName(cd.Target.ID)+")").write(ctx)
+			return
+		}
+		r.met.retries.WithLabelValues(health.TargetName(cd.Target.ID)).Inc()
+		r.log.Info("retrying on another target", "request_id", id, "failed", health.TargetName(cd.Target.ID), "next", health.TargetName(pl.cands[pl.dec.idx].Target.ID))
+	}
+}
+
+// attempt sends the request to one candidate. It returns attemptRetryable
+// only when nothing was written to the client.
+func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, cd *Candidate, body []byte, id string, start time.Time, attempt int) attemptResult {
+	t := cd.Target
+	tname := health.TargetName(t.ID)
+	predicted := pl.predictedCached(cd)
+	flight := t.Dispatch(pl.tokens.count, pl.tokens.count-predicted)
+	r.ch.observeUncached(pl.tokens.count - predicted)
+	if r.ch.approx != nil && len(pl.approxChunks) > 0 {
+		r.ch.approx.record(t.ID, pl.approxChunks)
+	}
+	r.met.routed.WithLabelValues(tname, req.Model, r.cfg.Policy.String()).Inc()
+	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(time.Since(start).Seconds())
+
+	c := newCall(r.reqCtx)
+	watch := watchDisconnect(ctx.Conn(), func() { c.abort(cancelClientGone) })
+	finish := func(o health.Outcome) {
+		watch.stop()
+		c.end()
+		flight.Finish(o)
+	}
+	up, err := newUpstreamRequest(c.ctx, t, req.Endpoint.Path(), body, ctx, id)
+	if err != nil {
+		finish(health.OutcomeUpstreamError)
+		r.log.Error("cannot build upstream request", "target", tname, "err", err)
+		return attemptRetryable
+	}
+	c.arm(r.cfg.FirstByteTimeout, cancelFirstByteTimeout)
+	resp, err := r.up.client.Do(up)
+	if err != nil {
+		return r.failedBeforeByte(ctx, req, c, finish, tname, err)
+	}
+	// Hold the response until its first body byte: a pod that dies in
+	// prefill after sending headers (streaming) can still be retried.
+	bufp := chunkPool.Get().(*[]byte)
+	buf := *bufp
+	n, rerr := readSome(resp.Body, buf)
+	if n == 0 && rerr != nil && !errors.Is(rerr, io.EOF) {
+		resp.Body.Close()
+		chunkPool.Put(bufp)
+		return r.failedBeforeByte(ctx, req, c, finish, tname, rerr)
+	}
+	if resp.StatusCode >= 500 && attempt < r.cfg.MaxRetries && pl.hasAlternative() {
+		// A 5xx is the pod's failure; another target may do better.
+		resp.Body.Close()
+		chunkPool.Put(bufp)
+		finish(health.OutcomeUpstreamError)
+		r.met.upstreamErrors.WithLabelValues(tname, "status_5xx").Inc()
+		return attemptRetryable
+	}
+	flight.FirstByte()
+	ttft := time.Since(start)
+
+	ctx.SetStatusCode(resp.StatusCode)
+	copyResponseHeaders(&ctx.Response.Header, resp.Header)
+	ctx.Response.Header.Set("X-Request-Id", id)
+	if r.cfg.DebugHeaders {
+		h := &ctx.Response.Header
+		h.Set("X-Prefixrouter-Target", tname)
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(len(pl.keys)))
+		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
+		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))
+		h.Set("X-Prefixrouter-Reason", pl.dec.reason)
+	}
+	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, prompt: pl.tokens, status: resp.StatusCode, start: start, ttft: ttft}
+	if resp.StatusCode >= 500 {
+		r.met.upstreamErrors.WithLabelValues(tname, "status_5xx").Inc()
+	}
+	outcomeFor := func(gone bool) health.Outcome {
+		switch {
+		case gone:
+			return health.OutcomeCanceled
+		case resp.StatusCode >= 500:
+			return health.OutcomeUpstreamError
+		case resp.StatusCode >= 400:
+			return health.OutcomeClientError
+		}
+		return health.OutcomeSuccess
+	}
+
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") ||
+		(resp.ContentLength < 0 && req.Stream)
+	if !stream {
+		// Small, complete JSON: read it whole and parse usage from it.
+		rest, err := readAllLimit(resp.Body, buf[:n], r.cfg.MaxResponseBytes)
+		resp.Body.Close()
+		chunkPool.Put(bufp)
+		if err != nil {
+			gone := c.why.Load() == cancelClientGone
+			finish(outcomeFor(gone))
+			oc.finish(outcomeLabel(c, err, resp.StatusCode), usage{})
+			if gone {
+				ctx.SetConnectionClose()
+				return attemptDone
+			}
+			errUpstream(fasthttp.StatusBadGateway, "upstream response failed: "+err.Error()).write(ctx)
+			ctx.Response.Header.Set("X-Request-Id", id)
+			return attemptDone
+		}
+		ctx.SetBody(rest)
+		u := usageFromBody(rest)
+		finish(outcomeFor(false))
+		oc.finish(statusLabel(resp.StatusCode), u)
+		return attemptDone
+	}
+
+	// Streaming: pass every chunk through as it arrives.
+	ctx.Response.Header.Del("Content-Length")
+	first := buf[:n]
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer chunkPool.Put(bufp)
+		defer resp.Body.Close()
+		var sc usageScanner
+		gone := false
+		var rerr error
+		chunk := first
+		for {
+			if len(chunk) > 0 {
+				sc.Write(chunk)
+				if _, err := w.Write(chunk); err != nil {
+					gone = true
+					break
+				}
+				if err := w.Flush(); err != nil {
+					gone = true
+					break
+				}
+			}
+			if rerr != nil {
+				break
+			}
+			c.arm(r.cfg.IdleTimeout, cancelIdleTimeout)
+			var m int
+			m, rerr = resp.Body.Read(buf)
+			chunk = buf[:m]
+		}
+		if gone {
+			c.abort(cancelClientGone)
+		}
+		gone = gone || c.why.Load() == cancelClientGone
+		label := statusLabel(resp.StatusCode)
+		switch {
+		case gone:
+			label = "canceled"
+		case rerr != nil && !errors.Is(rerr, io.EOF):
+			label = outcomeLabel(c, rerr, resp.StatusCode)
+			r.met.upstreamErrors.WithLabelValues(tname, "stream_broken").Inc()
+		}
+		o := outcomeFor(gone)
+		if label == "upstream_error" || label == "timeout" {
+			o = health.OutcomeUpstreamError
+		}
+		finish(o)
+		oc.finish(label, sc.usage())
+	})
+	return attemptDone
+}
+
+// failedBeforeByte handles an attempt that ended before any response byte:
+// a client that left ends the request; anything else may be retried.
+func (r *Router) failedBeforeByte(ctx *fasthttp.RequestCtx, req *Request, c *call, finish func(health.Outcome), tname string, err error) attemptResult {
+	switch c.why.Load() {
+	case cancelClientGone:
+		finish(health.OutcomeCanceled)
+		r.met.requests.WithLabelValues(req.Model, r.cfg.Policy.String(), "canceled").Inc()
+		ctx.SetConnectionClose()
+		return attemptDone
+	case cancelFirstByteTimeout:
+		finish(health.OutcomeUpstreamError)
+		r.met.upstreamErrors.WithLabelValues(tname, "first_byte_timeout").Inc()
+		r.met.requests.WithLabelValues(req.Model, r.cfg.Policy.String(), "timeout").Inc()
+		// The pod may have computed for minutes; retrying elsewhere would
+		// double the work and the wait. Report it.
+		errUpstream(fasthttp.StatusGatewayTimeout, "the target did not answer within "+r.cfg.FirstByteTimeout.String()).write(ctx)
+		return attemptDone
+	case cancelShutdown:
+		finish(health.OutcomeCanceled)
+		errNoTarget("router shutting down", r.retryAfter()).write(ctx)
+		return attemptDone
+	}
+	if r.reqCtx.Err() != nil {
+		finish(health.OutcomeCanceled)
+		errNoTarget("router shutting down", r.retryAfter()).write(ctx)
+		return attemptDone
+	}
+	finish(health.OutcomeUpstreamError)
+	r.met.upstreamErrors.WithLabelValues(tname, "before_first_byte").Inc()
+	r.log.Warn("target failed before the first byte", "target", tname, "err", err)
+	return attemptRetryable
+}
+
+func outcomeLabel(c *call, err error, status int) string {
+	switch c.why.Load() {
+	case cancelClientGone:
+		return "canceled"
+	case cancelFirstByteTimeout, cancelIdleTimeout:
+		return "timeout"
+	}
+	if err != nil {
+		return "upstream_error"
+	}
+	return statusLabel(status)
+}
+
+func statusLabel(status int) string {
+	switch {
+	case status >= 500:
+		return "upstream_error"
+	case status >= 400:
+		return "client_error"
+	}
+	return "ok"
+}
+
+// readSome reads until at least one byte or an error.
+func readSome(r io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// readAllLimit reads the rest of r after the bytes already in first.
+func readAllLimit(r io.Reader, first []byte, limit int64) ([]byte, error) {
+	out := make([]byte, len(first), max(len(first)*2, 4096))
+	copy(out, first)
+	for {
+		if int64(len(out)) > limit {
+			return nil, fmt.Errorf("response larger than %d bytes", limit)
+		}
+		if len(out) == cap(out) {
+			out = append(out, 0)[:len(out)]
+		}
+		n, err := r.Read(out[len(out):cap(out)])
+		out = out[:len(out)+n]
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// forwardSimple proxies a small request/response pair (tokenize,
+// detokenize) without routing logic.
+func (r *Router) forwardSimple(ctx *fasthttp.RequestCtx, t *health.Target, path, id string) {
+	cctx, cancel := context.WithTimeout(r.reqCtx, 30*time.Second)
+	defer cancel()
+	up, err := newUpstreamRequest(cctx, t, path, ctx.PostBody(), ctx, id)
+	if err != nil {
+		errUpstream(fasthttp.StatusBadGateway, err.Error()).write(ctx)
+		return
+	}
+	resp, err := r.up.client.Do(up)
+	if err != nil {
+		errUpstream(fasthttp.StatusBadGateway, "target "+health.TargetName(t.ID)+" failed: "+err.Error()).write(ctx)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := readAllLimit(resp.Body, nil, r.cfg.MaxResponseBytes)
+	if err != nil {
+		errUpstream(fasthttp.StatusBadGateway, "target "+health.TargetName(t.ID)+" failed: "+err.Error()).write(ctx)
+		return
+	}
+	ctx.SetStatusCode(resp.StatusCode)
+	copyResponseHeaders(&ctx.Response.Header, resp.Header)
+	ctx.Response.Header.Set("X-Request-Id", id)
+	ctx.SetBody(b)
+}

@@ -1,0 +1,128 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/prefixrouter/prefixrouter/tokenize"
+)
+
+// promptTokens is a request's prompt as the router knows it.
+type promptTokens struct {
+	// ids are the prompt's token ids as the pod computes them; nil when
+	// unknown (no tokenizer, or a load-only policy that does not need them).
+	ids []uint32
+	// count is len(ids), or an estimate (four bytes a token) when unknown.
+	count  int
+	source string // ids, local, remote, estimate
+}
+
+// tokenizers resolves a request's model to its tokenizer: a --tokenizer
+// entry, the base model of a LoRA adapter, or (modes remote and auto) a
+// remote-only model the router registers on first use.
+type tokenizers struct {
+	reg  *tokenize.Registry
+	mode tokenize.Mode
+	mu   sync.Mutex
+	// noLocal remembers models the router will not tokenize (mode local
+	// without a tokenizer), so the registry is not asked every request.
+	noLocal map[string]bool
+}
+
+func newTokenizers(reg *tokenize.Registry, mode tokenize.Mode) *tokenizers {
+	return &tokenizers{reg: reg, mode: mode, noLocal: make(map[string]bool)}
+}
+
+func (t *tokenizers) model(name string, cat *catalog) *tokenize.Model {
+	if m, err := t.reg.Model(name); err == nil {
+		return m
+	}
+	if parent := cat.parent(name); parent != "" {
+		if m, err := t.reg.Model(parent); err == nil {
+			return m
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m, err := t.reg.Model(name); err == nil {
+		return m
+	}
+	if t.noLocal[name] {
+		return nil
+	}
+	if t.mode == tokenize.ModeLocal {
+		t.noLocal[name] = true
+		slog.Warn("no tokenizer for model; routing it on load alone (give --tokenizer or --tokenization remote)", "model", name)
+		return nil
+	}
+	m, err := t.reg.Add(name, "", tokenize.ModeRemote)
+	if err != nil {
+		t.noLocal[name] = true
+		slog.Warn("cannot register remote tokenizer", "model", name, "err", err)
+		return nil
+	}
+	return m
+}
+
+func estimateTokens(req *Request) int {
+	switch {
+	case req.HasIDs:
+		return len(req.PromptIDs)
+	case req.Endpoint == EndpointChat:
+		return max(1, len(req.Chat.Messages)/4)
+	}
+	return max(1, len(req.PromptText)/4)
+}
+
+// prompt returns the request's prompt tokens. need says the policy needs
+// exact ids; without it a remote round trip is not worth it and the count is
+// estimated unless a local tokenizer makes ids cheap.
+func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string) (promptTokens, *apiError) {
+	if req.HasIDs {
+		return promptTokens{ids: req.PromptIDs, count: len(req.PromptIDs), source: "ids"}, nil
+	}
+	est := promptTokens{count: estimateTokens(req), source: "estimate"}
+	if req.Endpoint == EndpointChat && req.CustomTemplate {
+		// The pod renders the request's own template; a local render would
+		// be wrong and a remote one is not worth a round trip here.
+		return est, nil
+	}
+	m := t.model(req.Model, cat)
+	if m == nil {
+		return est, nil
+	}
+	local := m.HasLocal() && m.Mode() != tokenize.ModeRemote
+	if !need && !local {
+		return est, nil
+	}
+	url := ""
+	if !local {
+		url = base()
+	}
+	var res tokenize.Result
+	var err error
+	if req.Endpoint == EndpointChat {
+		res, err = m.TokenizeChat(ctx, req.Chat, url)
+	} else {
+		res, err = m.TokenizePrompt(ctx, req.PromptText, req.AddSpecialTokens, url)
+	}
+	if err != nil {
+		var re *tokenize.RemoteError
+		if errors.As(err, &re) && re.Status >= 400 && re.Status < 500 && re.Status != 404 && re.Status != 405 {
+			// The pod rejects the request itself (a template that raises,
+			// a prompt too long): it would reject it when proxied too.
+			return est, errBadRequest("", "the model server rejected the prompt: "+re.Body)
+		}
+		// A local render or encode that fails (a template raising, say) is
+		// left for the pod to judge: it routes on load and the pod answers.
+		slog.Debug("tokenization failed; routing on load", "model", req.Model, "err", err)
+		return est, nil
+	}
+	src := "local"
+	if res.Mode == tokenize.ModeRemote {
+		src = "remote"
+	}
+	return promptTokens{ids: res.IDs, count: len(res.IDs), source: src}, nil
+}

@@ -1,0 +1,298 @@
+// Package bpe owns the pure-Go encoder for HuggingFace tokenizer.json files
+// of the BPE family (GPT-2 byte-level, Llama-3, Qwen, DeepSeek,
+// SentencePiece-converted BPE). It reproduces HF tokenizers' pipeline —
+// added-token split, normalizer, pre-tokenizers, BPE merges,
+// post-processor — exactly, and refuses any component type it does not
+// implement with a load error naming it.
+package bpe
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// SegmentCache stores the ids of text segments between added tokens. The
+// tokenize package provides a shared ristretto-backed one; nil disables it.
+type SegmentCache interface {
+	Get(segment string, first bool) ([]uint32, bool)
+	Set(segment string, first bool, ids []uint32)
+}
+
+// Tokenizer encodes and decodes with one tokenizer.json. It is safe for
+// concurrent use once loaded (SetCache and SetSpecialTokens are setup calls).
+type Tokenizer struct {
+	added      []*addedToken
+	rawMatch   *matcher // normalized=false tokens, matched on raw text
+	normMatch  *matcher // normalized=true tokens, matched after normalization
+	norm       normalizer
+	pre        preTokenizer
+	model      *model
+	post       postProcessor
+	dec        decoder
+	idToToken  map[uint32]string
+	special    map[uint32]bool
+	tokenToID  map[string]uint32
+	cache      SegmentCache
+	vocabSize  int
+	hasPrefixM bool // Metaspace "first" makes segment 0 encode differently
+}
+
+// Load reads a tokenizer.json file.
+func Load(path string) (*Tokenizer, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	t, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// Parse builds a tokenizer from tokenizer.json bytes.
+func Parse(data []byte) (*Tokenizer, error) {
+	var f fileJSON
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	t := &Tokenizer{special: map[uint32]bool{}}
+	var err error
+	if t.model, err = parseModel(f.Model); err != nil {
+		return nil, err
+	}
+	if t.norm, err = parseNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if t.pre, err = parsePreTokenizer(f.PreTokenizer); err != nil {
+		return nil, err
+	}
+	if t.post, err = parsePostProcessor(f.PostProcessor); err != nil {
+		return nil, err
+	}
+	if t.dec, err = parseDecoder(f.Decoder); err != nil {
+		return nil, err
+	}
+	t.hasPrefixM = usesFirstScheme(t.pre)
+	t.tokenToID = make(map[string]uint32, len(t.model.vocab)+len(f.AddedTokens))
+	t.idToToken = make(map[uint32]string, len(t.model.vocab)+len(f.AddedTokens))
+	for tok, id := range t.model.vocab {
+		t.tokenToID[tok] = id
+		t.idToToken[id] = tok
+	}
+	var rawPats, normPats []string
+	var rawToks, normToks []*addedToken
+	for i, a := range f.AddedTokens {
+		if a.Content == "" {
+			return nil, fmt.Errorf("added_tokens[%d]: empty content", i)
+		}
+		at := &addedToken{id: a.ID, content: a.Content, singleWord: a.SingleWord, lstrip: a.LStrip,
+			rstrip: a.RStrip, normalized: a.Normalized, special: a.Special}
+		t.added = append(t.added, at)
+		t.tokenToID[a.Content] = a.ID
+		t.idToToken[a.ID] = a.Content
+		if a.Special {
+			t.special[a.ID] = true
+		}
+		if a.Normalized {
+			// HF matches normalized tokens against normalized text, so the
+			// pattern is normalized too.
+			p := a.Content
+			if t.norm != nil {
+				if p, err = t.norm.normalize(p); err != nil {
+					return nil, fmt.Errorf("added_tokens[%d]: %w", i, err)
+				}
+			}
+			normPats = append(normPats, p)
+			normToks = append(normToks, at)
+		} else {
+			rawPats = append(rawPats, a.Content)
+			rawToks = append(rawToks, at)
+		}
+	}
+	t.rawMatch = newMatcher(rawPats, rawToks)
+	t.normMatch = newMatcher(normPats, normToks)
+	if err := t.post.resolve(t.tokenToID); err != nil {
+		return nil, err
+	}
+	for id := range t.idToToken {
+		t.vocabSize = max(t.vocabSize, int(id)+1)
+	}
+	return t, nil
+}
+
+func usesFirstScheme(p preTokenizer) bool {
+	switch p := p.(type) {
+	case *metaspace:
+		return p.scheme == "first"
+	case sequencePre:
+		return slices.ContainsFunc(p, usesFirstScheme)
+	}
+	return false
+}
+
+// SetCache installs a segment cache (nil removes it). Call before use.
+func (t *Tokenizer) SetCache(c SegmentCache) { t.cache = c }
+
+// SetSpecialTokens replaces the post-processor with transformers'
+// add_bos_token / add_eos_token behaviour: bos? $A eos?. Empty names mean
+// the token is not added.
+func (t *Tokenizer) SetSpecialTokens(bos, eos string) error {
+	var tp templateProcessing
+	for _, name := range []string{bos, "$A", eos} {
+		switch name {
+		case "":
+		case "$A":
+			tp.single = append(tp.single, templatePiece{seq: true})
+		default:
+			id, ok := t.tokenToID[name]
+			if !ok {
+				return fmt.Errorf("special token %q is not in the vocabulary", name)
+			}
+			tp.single = append(tp.single, templatePiece{ids: []uint32{id}})
+		}
+	}
+	t.post = &tp
+	return nil
+}
+
+// EncodeSpecialIDs returns [id of tok] when want is true and tok is known,
+// else nil; it resolves transformers' BOS/EOS for other backends.
+func (t *Tokenizer) EncodeSpecialIDs(tok string, want bool) ([]uint32, bool) {
+	if !want || tok == "" {
+		return nil, !want
+	}
+	id, ok := t.tokenToID[tok]
+	if !ok {
+		return nil, false
+	}
+	return []uint32{id}, true
+}
+
+// TokenID returns the id of a token string (vocabulary or added token).
+func (t *Tokenizer) TokenID(tok string) (uint32, bool) {
+	id, ok := t.tokenToID[tok]
+	return id, ok
+}
+
+// VocabSize is one more than the largest id.
+func (t *Tokenizer) VocabSize() int { return t.vocabSize }
+
+// Encode tokenizes text. Invalid UTF-8 is replaced by U+FFFD first (HF only
+// takes valid strings).
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error) {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	ids := make([]uint32, 0, len(text)/3+4)
+	var segs []segment
+	segs = t.rawMatch.find(text, segs)
+	for _, sg := range segs {
+		if sg.tok != nil {
+			ids = append(ids, sg.tok.id)
+			continue
+		}
+		var err error
+		ids, err = t.encodeSegment(ids, text[sg.start:sg.end], sg.start == 0)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if addSpecialTokens && t.post != nil {
+		ids = t.post.apply(ids)
+	}
+	return ids, nil
+}
+
+// encodeSegment encodes text between raw-matched added tokens. Its result
+// depends only on the text and, for Metaspace "first", whether it starts the
+// input — which is exactly the cache key.
+func (t *Tokenizer) encodeSegment(dst []uint32, seg string, first bool) ([]uint32, error) {
+	if seg == "" {
+		return dst, nil
+	}
+	first = first && t.hasPrefixM
+	if t.cache != nil {
+		if ids, ok := t.cache.Get(seg, first); ok {
+			return append(dst, ids...), nil
+		}
+	}
+	start := len(dst)
+	dst, err := t.encodeSegmentUncached(dst, seg, first)
+	if err != nil {
+		return nil, err
+	}
+	if t.cache != nil {
+		t.cache.Set(seg, first, slices.Clone(dst[start:]))
+	}
+	return dst, nil
+}
+
+func (t *Tokenizer) encodeSegmentUncached(dst []uint32, seg string, first bool) ([]uint32, error) {
+	s := seg
+	if t.norm != nil {
+		var err error
+		if s, err = t.norm.normalize(s); err != nil {
+			return nil, err
+		}
+	}
+	var pieces []piece
+	if t.normMatch.empty() {
+		pieces = []piece{{s: s, first: first}}
+	} else {
+		for _, sg := range t.normMatch.find(s, nil) {
+			if sg.tok != nil {
+				// Flush pieces so far, then the token itself.
+				var err error
+				if dst, err = t.encodePieces(dst, pieces); err != nil {
+					return nil, err
+				}
+				pieces = pieces[:0]
+				dst = append(dst, sg.tok.id)
+				continue
+			}
+			pieces = append(pieces, piece{s: s[sg.start:sg.end], first: first && sg.start == 0})
+		}
+	}
+	return t.encodePieces(dst, pieces)
+}
+
+func (t *Tokenizer) encodePieces(dst []uint32, pieces []piece) ([]uint32, error) {
+	if len(pieces) == 0 {
+		return dst, nil
+	}
+	if t.pre != nil {
+		var err error
+		if pieces, err = t.pre.split(pieces); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range pieces {
+		dst = t.model.tokenize(dst, p.s)
+	}
+	return dst, nil
+}
+
+// Decode turns ids back into text through the tokenizer's decoder. Unknown
+// ids are an error; skipSpecialTokens drops special added tokens.
+func (t *Tokenizer) Decode(ids []uint32, skipSpecialTokens bool) (string, error) {
+	toks := make([]string, 0, len(ids))
+	for i, id := range ids {
+		tok, ok := t.idToToken[id]
+		if !ok {
+			return "", fmt.Errorf("token %d (%d) is not in the vocabulary", i, id)
+		}
+		if skipSpecialTokens && t.special[id] {
+			continue
+		}
+		toks = append(toks, tok)
+	}
+	if t.dec == nil {
+		return strings.Join(toks, " "), nil
+	}
+	return strings.Join(t.dec.decode(toks), ""), nil
+}

@@ -1,0 +1,716 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+)
+
+type timeLike interface {
+	Format(string) string
+}
+
+func argErr(name string, want int, got int) error {
+	return fmt.Errorf("TypeError: %s() takes %d argument(s) (%d given)", name, want, got)
+}
+
+func strArg(name string, v Value) (string, error) {
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("TypeError: %s() argument must be str, not %s", name, typeName(v))
+	}
+	return s, nil
+}
+
+// pyStrip is Python's str.strip family: whitespace by default, else the
+// given character set.
+func pyStrip(s string, args []Value, left, right bool) (string, error) {
+	if len(args) > 1 {
+		return "", argErr("strip", 1, len(args))
+	}
+	if len(args) == 0 || args[0] == nil {
+		if left {
+			s = strings.TrimLeftFunc(s, unicode.IsSpace)
+		}
+		if right {
+			s = strings.TrimRightFunc(s, unicode.IsSpace)
+		}
+		return s, nil
+	}
+	cut, err := strArg("strip", args[0])
+	if err != nil {
+		return "", err
+	}
+	if left {
+		s = strings.TrimLeft(s, cut)
+	}
+	if right {
+		s = strings.TrimRight(s, cut)
+	}
+	return s, nil
+}
+
+func method(f func(args []Value, kw *Dict) (Value, error)) callable {
+	return func(_ *evaluator, args []Value, kw *Dict) (Value, error) { return f(args, kw) }
+}
+
+func strMethod(s string, name string) Value {
+	switch name {
+	case "strip", "lstrip", "rstrip":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			return pyStrip(s, args, name != "rstrip", name != "lstrip")
+		})
+	case "upper":
+		return method(func([]Value, *Dict) (Value, error) { return strings.ToUpper(s), nil })
+	case "lower":
+		return method(func([]Value, *Dict) (Value, error) { return strings.ToLower(s), nil })
+	case "title":
+		return method(func([]Value, *Dict) (Value, error) { return pyTitle(s), nil })
+	case "capitalize":
+		return method(func([]Value, *Dict) (Value, error) { return pyCapitalize(s), nil })
+	case "startswith", "endswith":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) != 1 {
+				return nil, argErr(name, 1, len(args))
+			}
+			var cands []Value
+			if l, ok := args[0].(*List); ok {
+				cands = l.Items
+			} else {
+				cands = []Value{args[0]}
+			}
+			for _, c := range cands {
+				p, err := strArg(name, c)
+				if err != nil {
+					return nil, err
+				}
+				if (name == "startswith" && strings.HasPrefix(s, p)) || (name == "endswith" && strings.HasSuffix(s, p)) {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	case "split", "rsplit":
+		return method(func(args []Value, kw *Dict) (Value, error) {
+			var sep Value
+			maxsplit := int64(-1)
+			if len(args) > 0 {
+				sep = args[0]
+			} else if v, ok := kw.Get("sep"); ok {
+				sep = v
+			}
+			if len(args) > 1 {
+				maxsplit, _ = asInt(args[1])
+			} else if v, ok := kw.Get("maxsplit"); ok {
+				maxsplit, _ = asInt(v)
+			}
+			var parts []string
+			if sep == nil {
+				parts = strings.Fields(s)
+				if maxsplit >= 0 && int64(len(parts)) > maxsplit+1 {
+					// Rare in templates; approximate by re-joining the tail.
+					parts = append(parts[:maxsplit], strings.Join(parts[maxsplit:], " "))
+				}
+			} else {
+				sp, err := strArg(name, sep)
+				if err != nil {
+					return nil, err
+				}
+				if sp == "" {
+					return nil, errors.New("ValueError: empty separator")
+				}
+				switch {
+				case maxsplit < 0:
+					parts = strings.Split(s, sp)
+				case name == "split":
+					parts = strings.SplitN(s, sp, int(maxsplit)+1)
+				default:
+					parts = rsplitN(s, sp, int(maxsplit))
+				}
+			}
+			out := &List{Items: make([]Value, len(parts))}
+			for i, p := range parts {
+				out.Items[i] = p
+			}
+			return out, nil
+		})
+	case "splitlines":
+		return method(func([]Value, *Dict) (Value, error) {
+			lines := strings.Split(strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\r", "\n"), "\n")
+			if len(lines) > 0 && lines[len(lines)-1] == "" {
+				lines = lines[:len(lines)-1]
+			}
+			out := &List{}
+			for _, l := range lines {
+				out.Items = append(out.Items, l)
+			}
+			return out, nil
+		})
+	case "replace":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) < 2 || len(args) > 3 {
+				return nil, argErr("replace", 2, len(args))
+			}
+			o, err := strArg("replace", args[0])
+			if err != nil {
+				return nil, err
+			}
+			n, err := strArg("replace", args[1])
+			if err != nil {
+				return nil, err
+			}
+			count := int64(-1)
+			if len(args) == 3 {
+				count, _ = asInt(args[2])
+			}
+			return strings.Replace(s, o, n, int(count)), nil
+		})
+	case "find", "rfind", "index", "rindex", "count":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) != 1 {
+				return nil, argErr(name, 1, len(args))
+			}
+			sub, err := strArg(name, args[0])
+			if err != nil {
+				return nil, err
+			}
+			var i int
+			switch name {
+			case "count":
+				return int64(strings.Count(s, sub)), nil
+			case "find", "index":
+				i = strings.Index(s, sub)
+			default:
+				i = strings.LastIndex(s, sub)
+			}
+			if i < 0 && (name == "index" || name == "rindex") {
+				return nil, errors.New("ValueError: substring not found")
+			}
+			if i >= 0 {
+				i = len([]rune(s[:i]))
+			}
+			return int64(i), nil
+		})
+	case "join":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) != 1 {
+				return nil, argErr("join", 1, len(args))
+			}
+			items, err := iterate(args[0])
+			if err != nil {
+				return nil, err
+			}
+			parts := make([]string, len(items))
+			for i, it := range items {
+				p, ok := it.(string)
+				if !ok {
+					return nil, fmt.Errorf("TypeError: sequence item %d: expected str instance, %s found", i, typeName(it))
+				}
+				parts[i] = p
+			}
+			return strings.Join(parts, s), nil
+		})
+	case "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower":
+		return method(func([]Value, *Dict) (Value, error) { return strPredicate(s, name), nil })
+	case "format":
+		return method(func(args []Value, kw *Dict) (Value, error) { return pyFormat(s, args, kw) })
+	}
+	return nil
+}
+
+func rsplitN(s, sep string, n int) []string {
+	var out []string
+	for n > 0 {
+		i := strings.LastIndex(s, sep)
+		if i < 0 {
+			break
+		}
+		out = append(out, s[i+len(sep):])
+		s = s[:i]
+		n--
+	}
+	out = append(out, s)
+	slices.Reverse(out)
+	return out
+}
+
+func strPredicate(s, name string) bool {
+	if s == "" {
+		return false
+	}
+	cased := false
+	for _, r := range s {
+		switch name {
+		case "isdigit":
+			if !unicode.IsDigit(r) {
+				return false
+			}
+		case "isalpha":
+			if !unicode.IsLetter(r) {
+				return false
+			}
+		case "isalnum":
+			if !unicode.IsLetter(r) && !unicode.IsNumber(r) {
+				return false
+			}
+		case "isspace":
+			if !unicode.IsSpace(r) {
+				return false
+			}
+		case "isupper":
+			if unicode.IsLower(r) {
+				return false
+			}
+			cased = cased || unicode.IsUpper(r)
+		case "islower":
+			if unicode.IsUpper(r) {
+				return false
+			}
+			cased = cased || unicode.IsLower(r)
+		}
+	}
+	if name == "isupper" || name == "islower" {
+		return cased
+	}
+	return true
+}
+
+func pyTitle(s string) string {
+	var b strings.Builder
+	prevCased := false
+	for _, r := range s {
+		if prevCased {
+			b.WriteRune(unicode.ToLower(r))
+		} else {
+			b.WriteRune(unicode.ToTitle(r))
+		}
+		prevCased = unicode.IsLetter(r)
+	}
+	return b.String()
+}
+
+func pyCapitalize(s string) string {
+	rs := []rune(strings.ToLower(s))
+	if len(rs) > 0 {
+		rs[0] = unicode.ToTitle(rs[0])
+	}
+	return string(rs)
+}
+
+// pyFormat supports "{}" / "{0}" / "{name}" fields without format specs.
+func pyFormat(s string, args []Value, kw *Dict) (Value, error) {
+	var b strings.Builder
+	auto := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '{' && i+1 < len(s) && s[i+1] == '{' {
+			b.WriteByte('{')
+			i++
+			continue
+		}
+		if c == '}' && i+1 < len(s) && s[i+1] == '}' {
+			b.WriteByte('}')
+			i++
+			continue
+		}
+		if c != '{' {
+			b.WriteByte(c)
+			continue
+		}
+		j := strings.IndexByte(s[i:], '}')
+		if j < 0 {
+			return nil, errors.New("ValueError: Single '{' encountered in format string")
+		}
+		field := s[i+1 : i+j]
+		i += j
+		var v Value
+		switch n, err := strconv.Atoi(field); {
+		case field == "":
+			if auto >= len(args) {
+				return nil, errors.New("IndexError: Replacement index out of range for positional args tuple")
+			}
+			v = args[auto]
+			auto++
+		case err == nil:
+			if n >= len(args) {
+				return nil, errors.New("IndexError: Replacement index out of range for positional args tuple")
+			}
+			v = args[n]
+		default:
+			var ok bool
+			if v, ok = kw.Get(field); !ok {
+				return nil, fmt.Errorf("KeyError: '%s'", field)
+			}
+		}
+		b.WriteString(str(v))
+	}
+	return b.String(), nil
+}
+
+func dictMethod(d *Dict, name string) Value {
+	switch name {
+	case "items":
+		return method(func([]Value, *Dict) (Value, error) {
+			out := &List{Items: make([]Value, len(d.keys))}
+			for i, k := range d.keys {
+				out.Items[i] = &List{Items: []Value{k, d.m[k]}}
+			}
+			return out, nil
+		})
+	case "keys":
+		return method(func([]Value, *Dict) (Value, error) {
+			out := &List{Items: make([]Value, len(d.keys))}
+			for i, k := range d.keys {
+				out.Items[i] = k
+			}
+			return out, nil
+		})
+	case "values":
+		return method(func([]Value, *Dict) (Value, error) {
+			out := &List{Items: make([]Value, len(d.keys))}
+			for i, k := range d.keys {
+				out.Items[i] = d.m[k]
+			}
+			return out, nil
+		})
+	case "get":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) < 1 || len(args) > 2 {
+				return nil, argErr("get", 1, len(args))
+			}
+			if k, ok := args[0].(string); ok {
+				if v, ok := d.m[k]; ok {
+					return v, nil
+				}
+			}
+			if len(args) == 2 {
+				return args[1], nil
+			}
+			return nil, nil
+		})
+	}
+	return nil
+}
+
+func listMethod(l *List, name string) Value {
+	switch name {
+	case "index":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) != 1 {
+				return nil, argErr("index", 1, len(args))
+			}
+			for i, it := range l.Items {
+				if equal(it, args[0]) {
+					return int64(i), nil
+				}
+			}
+			return nil, fmt.Errorf("ValueError: %s is not in list", repr(args[0]))
+		})
+	case "count":
+		return method(func(args []Value, _ *Dict) (Value, error) {
+			if len(args) != 1 {
+				return nil, argErr("count", 1, len(args))
+			}
+			n := int64(0)
+			for _, it := range l.Items {
+				if equal(it, args[0]) {
+					n++
+				}
+			}
+			return n, nil
+		})
+	case "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse":
+		return method(func([]Value, *Dict) (Value, error) {
+			return nil, fmt.Errorf("SecurityError: access to attribute '%s' of 'list' object is unsafe", name)
+		})
+	}
+	return nil
+}
+
+// globals are the functions every template sees.
+var globals = map[string]Value{
+	"range": method(func(args []Value, _ *Dict) (Value, error) {
+		var a [3]int64
+		a[2] = 1
+		switch len(args) {
+		case 1:
+			a[1], _ = asInt(args[0])
+		case 2, 3:
+			for i := range args {
+				v, ok := asInt(args[i])
+				if !ok {
+					return nil, fmt.Errorf("TypeError: range() integer argument expected, got %s", typeName(args[i]))
+				}
+				a[i] = v
+			}
+		default:
+			return nil, argErr("range", 1, len(args))
+		}
+		if a[2] == 0 {
+			return nil, errors.New("ValueError: range() arg 3 must not be zero")
+		}
+		out := &List{}
+		for i := a[0]; (a[2] > 0 && i < a[1]) || (a[2] < 0 && i > a[1]); i += a[2] {
+			if len(out.Items) >= maxRange {
+				return nil, errors.New("OverflowError: range too large")
+			}
+			out.Items = append(out.Items, i)
+		}
+		return out, nil
+	}),
+	"namespace": method(func(args []Value, kw *Dict) (Value, error) {
+		ns := &Namespace{d: NewDict()}
+		for _, a := range args {
+			if d, ok := a.(*Dict); ok {
+				for _, k := range d.keys {
+					ns.d.Set(k, d.m[k])
+				}
+			}
+		}
+		for _, k := range kw.keys {
+			ns.d.Set(k, kw.m[k])
+		}
+		return ns, nil
+	}),
+	"dict": method(func(args []Value, kw *Dict) (Value, error) {
+		d := NewDict()
+		for _, a := range args {
+			if src, ok := a.(*Dict); ok {
+				for _, k := range src.keys {
+					d.Set(k, src.m[k])
+				}
+			}
+		}
+		for _, k := range kw.keys {
+			d.Set(k, kw.m[k])
+		}
+		return d, nil
+	}),
+	"raise_exception": method(func(args []Value, _ *Dict) (Value, error) {
+		msg := ""
+		if len(args) > 0 {
+			msg = str(args[0])
+		}
+		return nil, &RaiseError{Msg: msg}
+	}),
+	"strftime_now": callable(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
+		if len(args) != 1 {
+			return nil, argErr("strftime_now", 1, len(args))
+		}
+		f, err := strArg("strftime_now", args[0])
+		if err != nil {
+			return nil, err
+		}
+		return strftime(e.now(), f), nil
+	}),
+}
+
+// RaiseError is raise_exception(msg) from a template: the request is
+// invalid for this model.
+type RaiseError struct{ Msg string }
+
+func (e *RaiseError) Error() string { return "TemplateError: " + e.Msg }
+
+// strftime implements the C strftime directives templates use.
+func strftime(t timeLike, f string) string {
+	tm, ok := t.(time.Time)
+	if !ok {
+		return f
+	}
+	var b strings.Builder
+	for i := 0; i < len(f); i++ {
+		if f[i] != '%' || i+1 == len(f) {
+			b.WriteByte(f[i])
+			continue
+		}
+		i++
+		switch f[i] {
+		case 'Y':
+			fmt.Fprintf(&b, "%04d", tm.Year())
+		case 'y':
+			fmt.Fprintf(&b, "%02d", tm.Year()%100)
+		case 'm':
+			fmt.Fprintf(&b, "%02d", int(tm.Month()))
+		case 'd':
+			fmt.Fprintf(&b, "%02d", tm.Day())
+		case 'e':
+			fmt.Fprintf(&b, "%2d", tm.Day())
+		case 'H':
+			fmt.Fprintf(&b, "%02d", tm.Hour())
+		case 'I':
+			h := tm.Hour() % 12
+			if h == 0 {
+				h = 12
+			}
+			fmt.Fprintf(&b, "%02d", h)
+		case 'M':
+			fmt.Fprintf(&b, "%02d", tm.Minute())
+		case 'S':
+			fmt.Fprintf(&b, "%02d", tm.Second())
+		case 'p':
+			b.WriteString(tm.Format("PM"))
+		case 'B':
+			b.WriteString(tm.Month().String())
+		case 'b', 'h':
+			b.WriteString(tm.Month().String()[:3])
+		case 'A':
+			b.WriteString(tm.Weekday().String())
+		case 'a':
+			b.WriteString(tm.Weekday().String()[:3])
+		case 'j':
+			fmt.Fprintf(&b, "%03d", tm.YearDay())
+		case 'Z':
+			b.WriteString(tm.Format("MST"))
+		case 'z':
+			b.WriteString(tm.Format("-0700"))
+		case '%':
+			b.WriteByte('%')
+		default:
+			b.WriteByte('%')
+			b.WriteByte(f[i])
+		}
+	}
+	return b.String()
+}
+
+func sortStrings(s []string) { sort.Strings(s) }
+
+func runTest(name string, v Value, args []Value) (bool, error) {
+	switch name {
+	case "defined":
+		_, u := v.(Undefined)
+		return !u, nil
+	case "undefined":
+		_, u := v.(Undefined)
+		return u, nil
+	case "none":
+		return v == nil, nil
+	case "string":
+		_, ok := v.(string)
+		return ok, nil
+	case "number":
+		switch v.(type) {
+		case int64, float64, bool:
+			return true, nil
+		}
+		return false, nil
+	case "integer":
+		_, ok := v.(int64)
+		return ok, nil
+	case "float":
+		_, ok := v.(float64)
+		return ok, nil
+	case "boolean":
+		_, ok := v.(bool)
+		return ok, nil
+	case "true":
+		b, ok := v.(bool)
+		return ok && b, nil
+	case "false":
+		b, ok := v.(bool)
+		return ok && !b, nil
+	case "mapping":
+		switch v.(type) {
+		case *Dict:
+			return true, nil
+		}
+		return false, nil
+	case "iterable":
+		switch v.(type) {
+		case *List, *Dict, string, Undefined:
+			return true, nil
+		}
+		return false, nil
+	case "sequence":
+		switch v.(type) {
+		case *List, *Dict, string:
+			return true, nil
+		}
+		return false, nil
+	case "callable":
+		switch v.(type) {
+		case callable, *macro:
+			return true, nil
+		}
+		return false, nil
+	case "odd", "even":
+		n, ok := asInt(v)
+		if !ok {
+			return false, fmt.Errorf("TypeError: test %s needs an integer", name)
+		}
+		return (n%2 != 0) == (name == "odd"), nil
+	case "divisibleby":
+		if len(args) != 1 {
+			return false, argErr("divisibleby", 1, len(args))
+		}
+		n, ok1 := asInt(v)
+		d, ok2 := asInt(args[0])
+		if !ok1 || !ok2 || d == 0 {
+			return false, errors.New("TypeError: divisibleby needs non-zero integers")
+		}
+		return n%d == 0, nil
+	case "eq", "equalto", "==", "ne", "!=", "lt", "le", "gt", "ge", "lessthan", "greaterthan", "<", "<=", ">", ">=":
+		if len(args) != 1 {
+			return false, argErr(name, 1, len(args))
+		}
+		op := map[string]string{"eq": "==", "equalto": "==", "ne": "!=", "lt": "<", "lessthan": "<", "le": "<=",
+			"gt": ">", "greaterthan": ">", "ge": ">="}[name]
+		if op == "" {
+			op = name
+		}
+		return compare(op, v, args[0])
+	case "in":
+		if len(args) != 1 {
+			return false, argErr("in", 1, len(args))
+		}
+		return contains(args[0], v)
+	case "sameas":
+		if len(args) != 1 {
+			return false, argErr("sameas", 1, len(args))
+		}
+		switch v.(type) {
+		case nil, bool:
+			return v == args[0], nil
+		}
+		return equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
+	case "lower", "upper":
+		s, ok := v.(string)
+		if !ok {
+			return false, nil
+		}
+		if name == "lower" {
+			return s == strings.ToLower(s), nil
+		}
+		return s == strings.ToUpper(s), nil
+	}
+	return false, fmt.Errorf("TemplateRuntimeError: no test named '%s'", name)
+}
+
+func toInt(v Value, def int64) int64 {
+	switch v := v.(type) {
+	case int64:
+		return v
+	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return def
+		}
+		return int64(v)
+	case bool:
+		return boolInt(v)
+	case string:
+		s := strings.TrimSpace(v)
+		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return i
+		}
+		if f, err := strconv.ParseFloat(s, 64); err == nil {
+			return int64(f)
+		}
+	}
+	return def
+}

@@ -1,0 +1,1074 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// errBreak and errContinue unwind loop bodies.
+var (
+	errBreak    = errors.New("break")
+	errContinue = errors.New("continue")
+)
+
+// Limits that keep a hostile template or input from hanging the router.
+const (
+	maxOutput       = 64 << 20
+	defaultMaxSteps = 10_000_000
+	maxCallDepth    = 200
+	maxRepeat       = 1 << 20
+	maxRange        = 100_000
+)
+
+type frame struct {
+	vars   map[string]Value
+	parent *frame
+}
+
+func (f *frame) lookup(n string) (Value, bool) {
+	for ; f != nil; f = f.parent {
+		if v, ok := f.vars[n]; ok {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+type evaluator struct {
+	out      *strings.Builder
+	root     *frame
+	steps    int
+	maxSteps int
+	depth    int
+	now      func() timeLike
+}
+
+type macro struct {
+	n       *macroNode
+	closure *frame
+}
+
+type loopInfo struct {
+	index0, length int
+	items          []Value
+}
+
+func (e *evaluator) step() error {
+	e.steps++
+	if e.steps > e.maxSteps {
+		return errors.New("RuntimeError: template exceeded the evaluation step limit")
+	}
+	if e.out.Len() > maxOutput {
+		return errors.New("RuntimeError: template output exceeded the size limit")
+	}
+	return nil
+}
+
+func (e *evaluator) render(body []stmt, f *frame) error {
+	for _, s := range body {
+		if err := e.step(); err != nil {
+			return err
+		}
+		if err := e.exec(s, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *evaluator) exec(s stmt, f *frame) error {
+	switch s := s.(type) {
+	case *textNode:
+		e.out.WriteString(s.s)
+	case *outputNode:
+		v, err := e.eval(s.e, f)
+		if err != nil {
+			return err
+		}
+		e.out.WriteString(str(v))
+	case *ifNode:
+		for i, c := range s.conds {
+			v, err := e.eval(c, f)
+			if err != nil {
+				return err
+			}
+			if truthy(v) {
+				return e.render(s.bodies[i], f)
+			}
+		}
+		return e.render(s.els, f)
+	case *forNode:
+		return e.execFor(s, f)
+	case *setNode:
+		return e.execSet(s, f)
+	case *macroNode:
+		f.vars[s.n()] = &macro{n: s, closure: f}
+	case *callBlockNode:
+		caller := &macro{n: &macroNode{name: "caller", body: s.body}, closure: f}
+		c := *s.call
+		fn, err := e.eval(c.fn, f)
+		if err != nil {
+			return err
+		}
+		args, kw, err := e.evalArgs(c.args, c.kwKeys, c.kwVals, f)
+		if err != nil {
+			return err
+		}
+		kw.Set("caller", caller)
+		v, err := e.call(fn, args, kw)
+		if err != nil {
+			return err
+		}
+		e.out.WriteString(str(v))
+	case *filterBlockNode:
+		saved := e.out
+		var buf strings.Builder
+		e.out = &buf
+		err := e.render(s.body, f)
+		e.out = saved
+		if err != nil {
+			return err
+		}
+		v, err := e.applyFilter(s.f, buf.String(), f)
+		if err != nil {
+			return err
+		}
+		e.out.WriteString(str(v))
+	case *breakNode:
+		return errBreak
+	case *continueNode:
+		return errContinue
+	default:
+		return fmt.Errorf("internal: unknown statement %T", s)
+	}
+	return nil
+}
+
+func (n *macroNode) n() string { return n.name }
+
+func (e *evaluator) execSet(s *setNode, f *frame) error {
+	var v Value
+	if s.body != nil {
+		saved := e.out
+		var buf strings.Builder
+		e.out = &buf
+		err := e.render(s.body, f)
+		e.out = saved
+		if err != nil {
+			return err
+		}
+		v = buf.String()
+	} else {
+		var err error
+		if v, err = e.eval(s.e, f); err != nil {
+			return err
+		}
+	}
+	if s.ns != "" {
+		nsv, _ := f.lookup(s.ns)
+		ns, ok := nsv.(*Namespace)
+		if !ok {
+			return fmt.Errorf("TemplateRuntimeError: cannot assign attribute on non-namespace object")
+		}
+		ns.d.Set(s.names[0], v)
+		return nil
+	}
+	if len(s.names) == 1 {
+		f.vars[s.names[0]] = v
+		return nil
+	}
+	items, err := iterate(v)
+	if err != nil {
+		return err
+	}
+	if len(items) != len(s.names) {
+		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.names), len(items))
+	}
+	for i, n := range s.names {
+		f.vars[n] = items[i]
+	}
+	return nil
+}
+
+func (e *evaluator) execFor(s *forNode, f *frame) error {
+	it, err := e.eval(s.iter, f)
+	if err != nil {
+		return err
+	}
+	items, err := iterate(it)
+	if err != nil {
+		return err
+	}
+	inner := &frame{vars: map[string]Value{}, parent: f}
+	bind := func(v Value) error {
+		if len(s.targets) == 1 {
+			inner.vars[s.targets[0]] = v
+			return nil
+		}
+		parts, err := iterate(v)
+		if err != nil {
+			return err
+		}
+		if len(parts) != len(s.targets) {
+			return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.targets), len(parts))
+		}
+		for i, t := range s.targets {
+			inner.vars[t] = parts[i]
+		}
+		return nil
+	}
+	if s.cond != nil {
+		// The loop filter runs before the loop, so loop.length counts only
+		// the kept items.
+		var kept []Value
+		for _, v := range items {
+			if err := bind(v); err != nil {
+				return err
+			}
+			c, err := e.eval(s.cond, inner)
+			if err != nil {
+				return err
+			}
+			if truthy(c) {
+				kept = append(kept, v)
+			}
+		}
+		items = kept
+	}
+	if len(items) == 0 {
+		return e.render(s.els, f)
+	}
+	loop := &loopInfo{length: len(items), items: items}
+	inner.vars["loop"] = loop
+	for i, v := range items {
+		loop.index0 = i
+		if err := bind(v); err != nil {
+			return err
+		}
+		err := e.render(s.body, inner)
+		if errors.Is(err, errBreak) {
+			break
+		}
+		if err != nil && !errors.Is(err, errContinue) {
+			return err
+		}
+	}
+	return nil
+}
+
+// iterate lists the items a for loop sees: list items, dict keys, string
+// characters. None and numbers are not iterable.
+func iterate(v Value) ([]Value, error) {
+	switch v := v.(type) {
+	case *List:
+		return v.Items, nil
+	case *Dict:
+		out := make([]Value, len(v.keys))
+		for i, k := range v.keys {
+			out[i] = k
+		}
+		return out, nil
+	case string:
+		out := make([]Value, 0, len(v))
+		for _, r := range v {
+			out = append(out, string(r))
+		}
+		return out, nil
+	case Undefined:
+		return nil, nil
+	case *Namespace:
+		return iterate(v.d)
+	}
+	return nil, fmt.Errorf("TypeError: '%s' object is not iterable", typeName(v))
+}
+
+func (e *evaluator) eval(x expr, f *frame) (Value, error) {
+	if err := e.step(); err != nil {
+		return nil, err
+	}
+	switch x := x.(type) {
+	case *literal:
+		return x.v, nil
+	case *nameExpr:
+		if v, ok := f.lookup(x.n); ok {
+			return v, nil
+		}
+		if g, ok := globals[x.n]; ok {
+			return g, nil
+		}
+		return Undefined{hint: fmt.Sprintf("'%s' is undefined", x.n)}, nil
+	case *attrExpr:
+		obj, err := e.eval(x.obj, f)
+		if err != nil {
+			return nil, err
+		}
+		return getAttr(obj, x.name)
+	case *itemExpr:
+		obj, err := e.eval(x.obj, f)
+		if err != nil {
+			return nil, err
+		}
+		idx, err := e.eval(x.idx, f)
+		if err != nil {
+			return nil, err
+		}
+		return getItem(obj, idx)
+	case *sliceExpr:
+		return e.evalSlice(x, f)
+	case *callExpr:
+		fn, err := e.eval(x.fn, f)
+		if err != nil {
+			return nil, err
+		}
+		args, kw, err := e.evalArgs(x.args, x.kwKeys, x.kwVals, f)
+		if err != nil {
+			return nil, err
+		}
+		return e.call(fn, args, kw)
+	case *filterExpr:
+		v, err := e.eval(x.e, f)
+		if err != nil {
+			return nil, err
+		}
+		return e.applyFilter(x, v, f)
+	case *testExpr:
+		v, err := e.eval(x.e, f)
+		if err != nil {
+			return nil, err
+		}
+		args := make([]Value, len(x.args))
+		for i, a := range x.args {
+			if args[i], err = e.eval(a, f); err != nil {
+				return nil, err
+			}
+		}
+		r, err := runTest(x.name, v, args)
+		if err != nil {
+			return nil, err
+		}
+		return r != x.negate, nil
+	case *binExpr:
+		return e.evalBin(x, f)
+	case *unaryExpr:
+		v, err := e.eval(x.x, f)
+		if err != nil {
+			return nil, err
+		}
+		switch x.op {
+		case "not":
+			return !truthy(v), nil
+		case "-":
+			switch n := v.(type) {
+			case int64:
+				return -n, nil
+			case float64:
+				return -n, nil
+			case bool:
+				return -boolInt(n), nil
+			}
+			if u, ok := v.(Undefined); ok {
+				return nil, u.err()
+			}
+			return nil, fmt.Errorf("TypeError: bad operand type for unary -: '%s'", typeName(v))
+		case "+":
+			switch v.(type) {
+			case int64, float64:
+				return v, nil
+			}
+			return nil, fmt.Errorf("TypeError: bad operand type for unary +: '%s'", typeName(v))
+		}
+	case *compareExpr:
+		l, err := e.eval(x.first, f)
+		if err != nil {
+			return nil, err
+		}
+		for i, op := range x.ops {
+			r, err := e.eval(x.rest[i], f)
+			if err != nil {
+				return nil, err
+			}
+			ok, err := compare(op, l, r)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return false, nil
+			}
+			l = r
+		}
+		return true, nil
+	case *condExpr:
+		c, err := e.eval(x.cond, f)
+		if err != nil {
+			return nil, err
+		}
+		if truthy(c) {
+			return e.eval(x.a, f)
+		}
+		if x.b == nil {
+			return Undefined{hint: "the inline if-expression evaluated to false and no else section was defined"}, nil
+		}
+		return e.eval(x.b, f)
+	case *listExpr:
+		l := &List{Items: make([]Value, len(x.items))}
+		for i, it := range x.items {
+			v, err := e.eval(it, f)
+			if err != nil {
+				return nil, err
+			}
+			l.Items[i] = v
+		}
+		return l, nil
+	case *tupleExpr:
+		l := &List{Items: make([]Value, len(x.items))}
+		for i, it := range x.items {
+			v, err := e.eval(it, f)
+			if err != nil {
+				return nil, err
+			}
+			l.Items[i] = v
+		}
+		return l, nil
+	case *dictExpr:
+		d := NewDict()
+		for i := range x.keys {
+			k, err := e.eval(x.keys[i], f)
+			if err != nil {
+				return nil, err
+			}
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("TypeError: only string dict keys are supported, got %s", typeName(k))
+			}
+			v, err := e.eval(x.vals[i], f)
+			if err != nil {
+				return nil, err
+			}
+			d.Set(ks, v)
+		}
+		return d, nil
+	}
+	return nil, fmt.Errorf("internal: unknown expression %T", x)
+}
+
+func (u Undefined) err() error {
+	if u.hint == "" {
+		return errors.New("UndefinedError: value is undefined")
+	}
+	return errors.New("UndefinedError: " + u.hint)
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (e *evaluator) evalArgs(args []expr, kk []string, kv []expr, f *frame) ([]Value, *Dict, error) {
+	out := make([]Value, len(args))
+	for i, a := range args {
+		v, err := e.eval(a, f)
+		if err != nil {
+			return nil, nil, err
+		}
+		out[i] = v
+	}
+	kw := NewDict()
+	for i, k := range kk {
+		v, err := e.eval(kv[i], f)
+		if err != nil {
+			return nil, nil, err
+		}
+		kw.Set(k, v)
+	}
+	return out, kw, nil
+}
+
+func (e *evaluator) call(fn Value, args []Value, kw *Dict) (Value, error) {
+	e.depth++
+	defer func() { e.depth-- }()
+	if e.depth > maxCallDepth {
+		return nil, errors.New("RecursionError: maximum call depth exceeded")
+	}
+	switch fn := fn.(type) {
+	case callable:
+		return fn(e, args, kw)
+	case *macro:
+		return e.callMacro(fn, args, kw)
+	case Undefined:
+		return nil, fn.err()
+	}
+	return nil, fmt.Errorf("TypeError: '%s' object is not callable", typeName(fn))
+}
+
+func (e *evaluator) callMacro(m *macro, args []Value, kw *Dict) (Value, error) {
+	fr := &frame{vars: map[string]Value{}, parent: m.closure}
+	n := m.n
+	if len(args) > len(n.params) {
+		return nil, fmt.Errorf("TypeError: macro '%s' takes not more than %d argument(s)", n.name, len(n.params))
+	}
+	for i, p := range n.params {
+		switch {
+		case i < len(args):
+			fr.vars[p] = args[i]
+		default:
+			if v, ok := kw.Get(p); ok {
+				fr.vars[p] = v
+			} else if n.defaults[i] != nil {
+				v, err := e.eval(n.defaults[i], fr)
+				if err != nil {
+					return nil, err
+				}
+				fr.vars[p] = v
+			} else {
+				fr.vars[p] = Undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)}
+			}
+		}
+	}
+	if c, ok := kw.Get("caller"); ok {
+		fr.vars["caller"] = c
+	}
+	extra := &List{}
+	for i := len(n.params); i < len(args); i++ {
+		extra.Items = append(extra.Items, args[i])
+	}
+	fr.vars["varargs"] = extra
+	saved := e.out
+	var buf strings.Builder
+	e.out = &buf
+	err := e.render(n.body, fr)
+	e.out = saved
+	if err != nil {
+		return nil, err
+	}
+	return buf.String(), nil
+}
+
+func (e *evaluator) evalSlice(x *sliceExpr, f *frame) (Value, error) {
+	obj, err := e.eval(x.obj, f)
+	if err != nil {
+		return nil, err
+	}
+	var bounds [3]*int64
+	for i, b := range []expr{x.start, x.stop, x.step} {
+		if b == nil {
+			continue
+		}
+		v, err := e.eval(b, f)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		n, ok := v.(int64)
+		if !ok {
+			return nil, fmt.Errorf("TypeError: slice indices must be integers or None")
+		}
+		bounds[i] = &n
+	}
+	var items []Value
+	isStr := false
+	switch o := obj.(type) {
+	case *List:
+		items = o.Items
+	case string:
+		isStr = true
+		for _, r := range o {
+			items = append(items, string(r))
+		}
+	case Undefined:
+		return nil, o.err()
+	default:
+		return nil, fmt.Errorf("TypeError: '%s' object is not subscriptable", typeName(obj))
+	}
+	sel, err := pySlice(len(items), bounds)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Value, len(sel))
+	for i, j := range sel {
+		out[i] = items[j]
+	}
+	if isStr {
+		var b strings.Builder
+		for _, v := range out {
+			b.WriteString(v.(string))
+		}
+		return b.String(), nil
+	}
+	return &List{Items: out}, nil
+}
+
+// pySlice returns the indices Python's seq[start:stop:step] selects.
+func pySlice(n int, b [3]*int64) ([]int, error) {
+	step := int64(1)
+	if b[2] != nil {
+		step = *b[2]
+	}
+	if step == 0 {
+		return nil, errors.New("ValueError: slice step cannot be zero")
+	}
+	ln := int64(n)
+	clamp := func(p *int64, def int64, lo, hi int64) int64 {
+		if p == nil {
+			return def
+		}
+		v := *p
+		if v < 0 {
+			v += ln
+		}
+		return max(lo, min(v, hi))
+	}
+	var out []int
+	if step > 0 {
+		start, stop := clamp(b[0], 0, 0, ln), clamp(b[1], ln, 0, ln)
+		for i := start; i < stop; {
+			out = append(out, int(i))
+			if step >= stop-i { // also avoids overflow with huge steps
+				break
+			}
+			i += step
+		}
+	} else {
+		start, stop := clamp(b[0], ln-1, -1, ln-1), clamp(b[1], -1, -1, ln-1)
+		if b[1] != nil && *b[1] < 0 && *b[1]+ln < 0 {
+			stop = -1
+		}
+		for i := start; i > stop; {
+			out = append(out, int(i))
+			if -step >= i-stop || step == math.MinInt64 {
+				break
+			}
+			i += step
+		}
+	}
+	return out, nil
+}
+
+func (e *evaluator) evalBin(x *binExpr, f *frame) (Value, error) {
+	l, err := e.eval(x.l, f)
+	if err != nil {
+		return nil, err
+	}
+	switch x.op {
+	case "and":
+		if !truthy(l) {
+			return l, nil
+		}
+		return e.eval(x.r, f)
+	case "or":
+		if truthy(l) {
+			return l, nil
+		}
+		return e.eval(x.r, f)
+	}
+	r, err := e.eval(x.r, f)
+	if err != nil {
+		return nil, err
+	}
+	return binop(x.op, l, r)
+}
+
+func binop(op string, l, r Value) (Value, error) {
+	if u, ok := l.(Undefined); ok && op != "~" {
+		return nil, u.err()
+	}
+	if u, ok := r.(Undefined); ok && op != "~" {
+		return nil, u.err()
+	}
+	if op == "~" {
+		return str(l) + str(r), nil
+	}
+	if op == "+" {
+		switch a := l.(type) {
+		case string:
+			if b, ok := r.(string); ok {
+				return a + b, nil
+			}
+			return nil, fmt.Errorf("TypeError: can only concatenate str (not \"%s\") to str", typeName(r))
+		case *List:
+			if b, ok := r.(*List); ok {
+				items := append(append([]Value{}, a.Items...), b.Items...)
+				return &List{Items: items}, nil
+			}
+			return nil, fmt.Errorf("TypeError: can only concatenate list (not \"%s\") to list", typeName(r))
+		}
+	}
+	if op == "*" {
+		s, sOK := l.(string)
+		n, nOK := r.(int64)
+		if !sOK {
+			s, sOK = r.(string)
+			n, nOK = l.(int64)
+		}
+		if sOK && nOK {
+			if n <= 0 {
+				return "", nil
+			}
+			if int64(len(s))*n > maxRepeat {
+				return nil, errors.New("MemoryError: string repetition result too large")
+			}
+			return strings.Repeat(s, int(n)), nil
+		}
+	}
+	if op == "%" {
+		if _, ok := l.(string); ok {
+			return nil, errors.New("TypeError: printf-style string formatting is not supported")
+		}
+	}
+	ai, aInt := asInt(l)
+	bi, bInt := asInt(r)
+	if aInt && bInt {
+		switch op {
+		case "+":
+			return ai + bi, nil
+		case "-":
+			return ai - bi, nil
+		case "*":
+			return ai * bi, nil
+		case "/":
+			if bi == 0 {
+				return nil, errors.New("ZeroDivisionError: division by zero")
+			}
+			return float64(ai) / float64(bi), nil
+		case "//":
+			if bi == 0 {
+				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
+			}
+			q := ai / bi
+			if (ai%bi != 0) && ((ai < 0) != (bi < 0)) {
+				q--
+			}
+			return q, nil
+		case "%":
+			if bi == 0 {
+				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
+			}
+			m := ai % bi
+			if m != 0 && ((m < 0) != (bi < 0)) {
+				m += bi
+			}
+			return m, nil
+		case "**":
+			if bi >= 0 {
+				res := int64(1)
+				for k := int64(0); k < bi && k < 64; k++ {
+					res *= ai
+				}
+				return res, nil
+			}
+			return math.Pow(float64(ai), float64(bi)), nil
+		}
+	}
+	af, aNum := asFloat(l)
+	bf, bNum := asFloat(r)
+	if aNum && bNum {
+		switch op {
+		case "+":
+			return af + bf, nil
+		case "-":
+			return af - bf, nil
+		case "*":
+			return af * bf, nil
+		case "/":
+			if bf == 0 {
+				return nil, errors.New("ZeroDivisionError: float division by zero")
+			}
+			return af / bf, nil
+		case "//":
+			if bf == 0 {
+				return nil, errors.New("ZeroDivisionError: float floor division by zero")
+			}
+			return math.Floor(af / bf), nil
+		case "%":
+			if bf == 0 {
+				return nil, errors.New("ZeroDivisionError: float modulo")
+			}
+			m := math.Mod(af, bf)
+			if m != 0 && ((m < 0) != (bf < 0)) {
+				m += bf
+			}
+			return m, nil
+		case "**":
+			return math.Pow(af, bf), nil
+		}
+	}
+	return nil, fmt.Errorf("TypeError: unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(r))
+}
+
+func asInt(v Value) (int64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return v, true
+	case bool:
+		return boolInt(v), true
+	}
+	return 0, false
+}
+
+func asFloat(v Value) (float64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return float64(v), true
+	case float64:
+		return v, true
+	case bool:
+		return float64(boolInt(v)), true
+	}
+	return 0, false
+}
+
+// equal is Python ==.
+func equal(a, b Value) bool {
+	if af, ok := asFloat(a); ok {
+		if bf, ok := asFloat(b); ok {
+			return af == bf
+		}
+		return false
+	}
+	switch a := a.(type) {
+	case nil:
+		return b == nil
+	case Undefined:
+		_, ok := b.(Undefined)
+		return ok
+	case string:
+		bs, ok := b.(string)
+		return ok && a == bs
+	case *List:
+		bl, ok := b.(*List)
+		if !ok || len(a.Items) != len(bl.Items) {
+			return false
+		}
+		for i := range a.Items {
+			if !equal(a.Items[i], bl.Items[i]) {
+				return false
+			}
+		}
+		return true
+	case *Dict:
+		bd, ok := b.(*Dict)
+		if !ok || a.Len() != bd.Len() {
+			return false
+		}
+		for _, k := range a.keys {
+			bv, ok := bd.m[k]
+			if !ok || !equal(a.m[k], bv) {
+				return false
+			}
+		}
+		return true
+	}
+	return a == b
+}
+
+func compare(op string, l, r Value) (bool, error) {
+	switch op {
+	case "==":
+		return equal(l, r), nil
+	case "!=":
+		return !equal(l, r), nil
+	case "in", "not in":
+		ok, err := contains(r, l)
+		if err != nil {
+			return false, err
+		}
+		return ok == (op == "in"), nil
+	}
+	if u, ok := l.(Undefined); ok {
+		return false, u.err()
+	}
+	if u, ok := r.(Undefined); ok {
+		return false, u.err()
+	}
+	var c int
+	if af, ok := asFloat(l); ok {
+		bf, ok := asFloat(r)
+		if !ok {
+			return false, fmt.Errorf("TypeError: '%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
+		}
+		switch {
+		case af < bf:
+			c = -1
+		case af > bf:
+			c = 1
+		}
+	} else if as, ok := l.(string); ok {
+		bs, ok := r.(string)
+		if !ok {
+			return false, fmt.Errorf("TypeError: '%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
+		}
+		c = strings.Compare(as, bs)
+	} else {
+		return false, fmt.Errorf("TypeError: '%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
+	}
+	switch op {
+	case "<":
+		return c < 0, nil
+	case "<=":
+		return c <= 0, nil
+	case ">":
+		return c > 0, nil
+	case ">=":
+		return c >= 0, nil
+	}
+	return false, fmt.Errorf("internal: unknown comparison %s", op)
+}
+
+// contains is Python's "needle in hay".
+func contains(hay, needle Value) (bool, error) {
+	switch h := hay.(type) {
+	case string:
+		n, ok := needle.(string)
+		if !ok {
+			return false, fmt.Errorf("TypeError: 'in <string>' requires string as left operand, not %s", typeName(needle))
+		}
+		return strings.Contains(h, n), nil
+	case *List:
+		for _, it := range h.Items {
+			if equal(it, needle) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case *Dict:
+		k, ok := needle.(string)
+		if !ok {
+			return false, nil
+		}
+		_, found := h.m[k]
+		return found, nil
+	case *Namespace:
+		return contains(h.d, needle)
+	case Undefined:
+		return false, nil
+	}
+	return false, fmt.Errorf("TypeError: argument of type '%s' is not iterable", typeName(hay))
+}
+
+// getAttr is Jinja's obj.name: attributes (methods) first, then items.
+func getAttr(obj Value, name string) (Value, error) {
+	switch o := obj.(type) {
+	case Undefined:
+		return nil, o.err()
+	case *Dict:
+		if m := dictMethod(o, name); m != nil {
+			return m, nil
+		}
+		if v, ok := o.m[name]; ok {
+			return v, nil
+		}
+		return Undefined{hint: fmt.Sprintf("'dict object' has no attribute '%s'", name)}, nil
+	case *Namespace:
+		if v, ok := o.d.m[name]; ok {
+			return v, nil
+		}
+		return Undefined{hint: fmt.Sprintf("'Namespace object' has no attribute '%s'", name)}, nil
+	case *loopInfo:
+		return o.attr(name), nil
+	case string:
+		if m := strMethod(o, name); m != nil {
+			return m, nil
+		}
+	case *List:
+		if m := listMethod(o, name); m != nil {
+			return m, nil
+		}
+	}
+	return Undefined{hint: fmt.Sprintf("'%s object' has no attribute '%s'", typeName(obj), name)}, nil
+}
+
+// getItem is Jinja's obj[idx]: items first, then attributes.
+func getItem(obj Value, idx Value) (Value, error) {
+	switch o := obj.(type) {
+	case Undefined:
+		return nil, o.err()
+	case *Dict:
+		if k, ok := idx.(string); ok {
+			if v, ok := o.m[k]; ok {
+				return v, nil
+			}
+			if m := dictMethod(o, k); m != nil {
+				return m, nil
+			}
+		}
+		return Undefined{hint: fmt.Sprintf("'dict object' has no attribute %s", repr(idx))}, nil
+	case *List:
+		if i, ok := asInt(idx); ok {
+			n := int64(len(o.Items))
+			if i < 0 {
+				i += n
+			}
+			if i >= 0 && i < n {
+				return o.Items[i], nil
+			}
+			return Undefined{hint: fmt.Sprintf("list object has no element %s", repr(idx))}, nil
+		}
+	case string:
+		if i, ok := asInt(idx); ok {
+			rs := []rune(o)
+			n := int64(len(rs))
+			if i < 0 {
+				i += n
+			}
+			if i >= 0 && i < n {
+				return string(rs[i]), nil
+			}
+			return Undefined{hint: fmt.Sprintf("str object has no element %s", repr(idx))}, nil
+		}
+	case *Namespace, *loopInfo:
+		if k, ok := idx.(string); ok {
+			return getAttr(obj, k)
+		}
+	}
+	if k, ok := idx.(string); ok {
+		return getAttr(obj, k)
+	}
+	return Undefined{hint: fmt.Sprintf("'%s object' has no attribute %s", typeName(obj), repr(idx))}, nil
+}
+
+func (l *loopInfo) attr(name string) Value {
+	i, n := l.index0, l.length
+	switch name {
+	case "index0":
+		return int64(i)
+	case "index":
+		return int64(i + 1)
+	case "revindex":
+		return int64(n - i)
+	case "revindex0":
+		return int64(n - i - 1)
+	case "first":
+		return i == 0
+	case "last":
+		return i == n-1
+	case "length":
+		return int64(n)
+	case "depth":
+		return int64(1)
+	case "depth0":
+		return int64(0)
+	case "previtem":
+		if i > 0 {
+			return l.items[i-1]
+		}
+		return Undefined{hint: "there is no previous item"}
+	case "nextitem":
+		if i+1 < n {
+			return l.items[i+1]
+		}
+		return Undefined{hint: "there is no next item"}
+	case "cycle":
+		return callable(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
+			if len(args) == 0 {
+				return nil, errors.New("TypeError: no items for cycling given")
+			}
+			return args[i%len(args)], nil
+		})
+	}
+	return Undefined{hint: fmt.Sprintf("'LoopContext object' has no attribute '%s'", name)}
+}

@@ -1,0 +1,95 @@
+package chat
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRenderExpressions(t *testing.T) {
+	tests := []struct {
+		src, want string
+		err       bool
+	}{
+		{src: `{{ [1,2,3,4,5][1:4] }}`, want: `[2, 3, 4]`},
+		{src: `{{ [1,2,3,4,5][::-2] }}`, want: `[5, 3, 1]`},
+		{src: `{{ [1,2,3][0:10:9223372036854775807] }}`, want: `[1]`},
+		{src: `{{ [1,2,3][5:0:-9223372036854775807] }}`, want: `[3]`},
+		{src: `{{ "héllo"[1:3] }}`, want: `él`},
+		{src: `{{ none }}|{{ true }}|{{ 1.0 }}|{{ 1e-05 }}|{{ 1e16 }}|{{ 0.1 + 0.2 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ 7 / 2 }}`, want: `None|True|1.0|1e-05|1e+16|0.30000000000000004|3|-4|3.5`},
+		{src: `{{ {"b": 1, "a": [1.5, none, "é\n"]} | tojson }}`, want: `{"b": 1, "a": [1.5, null, "é\n"]}`},
+		{src: `{{ {"b": 1, "a": 2} | tojson(indent=2) }}`, want: "{\n  \"b\": 1,\n  \"a\": 2\n}"},
+		{src: `{{ {'a': 'x', "b": none} }}`, want: `{'a': 'x', 'b': None}`},
+		{src: `{{ "it's" ~ 1 }}`, want: `it's1`},
+		{src: `{{ ["it's"] }}`, want: `["it's"]`},
+		{src: `{% for k, v in {"x": 1, "y": 2}.items() %}{{ k }}={{ v }}{% if not loop.last %},{% endif %}{% endfor %}`, want: `x=1,y=2`},
+		{src: `{% for i in range(5) if i is odd %}{{ loop.index }}/{{ loop.length }}{% else %}none{% endfor %}`, want: `1/22/2`},
+		{src: `{% for i in [] %}x{% else %}empty{% endfor %}`, want: `empty`},
+		{src: `{% for i in range(10) %}{% if i == 3 %}{% break %}{% endif %}{% if i == 1 %}{% continue %}{% endif %}{{ i }}{% endfor %}`, want: `02`},
+		{src: `{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}`, want: `1`},
+		{src: `{% set ns = namespace(x=1) %}{% for i in [1] %}{% set ns.x = 2 %}{% endfor %}{{ ns.x }}`, want: `2`},
+		{src: `{% macro m(a, b="d") %}[{{ a }}{{ b }}]{% endmacro %}{{ m(1) }}{{ m(1, b=2) }}`, want: `[1d][12]`},
+		{src: `{{ "  a b  ".strip() }}|{{ "xxaxx".strip("x") }}|{{ "a,b".split(",") }}|{{ "Ab".upper() }}|{{ "ab".startswith(("x", "a")) }}`, want: `a b|a|['a', 'b']|AB|True`},
+		{src: `{{ x is defined }}|{{ x is none }}|{{ 3 is divisibleby 3 }}|{{ "a" is string }}|{{ {} is mapping }}`, want: `False|False|True|True|True`},
+		{src: `{{ [3,1,2]|sort|join(",") }}|{{ [1,1,2]|unique|list|length }}|{{ [{"a":1},{"a":2}]|map(attribute="a")|list }}|{{ [{"t":"x"},{"t":"y"}]|selectattr("t","equalto","y")|list|length }}`, want: `1,2,3|2|[1, 2]|1`},
+		{src: `{{ x|default("d") }}|{{ ""|default("d", true) }}|{{ "ab"|length }}|{{ " a "|trim }}|{{ "a\nb"|indent(2) }}`, want: "d|d|2|a|a\n  b"},
+		{src: "{% if true %}\n  x\n{% endif %}\n  {%- if true %}y{% endif %}", want: "  x\ny"},
+		{src: "a\n  {% if true %}b{% endif %}\nc", want: "a\nbc"},
+		{src: "a {{- ' b ' -}} c", want: "a b c"},
+		{src: "{# comment #}\nx{% raw %}{{ y }}{% endraw %}\n", want: "x{{ y }}"},
+		{src: `{{ "a" + 1 }}`, err: true},
+		{src: `{{ x.y }}`, err: true},
+		{src: `{{ raise_exception("boom") }}`, err: true},
+		{src: `{{ 1 in none }}`, err: true},
+		{src: `{{ [].append(1) }}`, err: true},
+		// Deliberate limit: Python renders this; a chat template never needs it.
+		{src: `{{ "x" * 100000000 }}`, err: true},
+		{src: `{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}`, err: true},
+		{src: `{% for %}`, err: true},
+		{src: `{{ 1 +`, err: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.src, func(t *testing.T) {
+			tmpl, err := Compile(tc.src)
+			var got string
+			if err == nil {
+				got, err = tmpl.Render(NewDict())
+			}
+			if tc.err {
+				if err == nil {
+					t.Fatalf("want an error, got %q", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStrftimeNow(t *testing.T) {
+	tmpl, err := Compile(`{{ strftime_now("%d %b %Y %H:%M") }}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.Now = func() time.Time { return time.Date(2026, 7, 4, 9, 5, 0, 0, time.UTC) }
+	got, err := tmpl.Render(NewDict())
+	if err != nil || got != "04 Jul 2026 09:05" {
+		t.Fatalf("got %q %v", got, err)
+	}
+}
+
+func TestStepLimit(t *testing.T) {
+	tmpl, err := Compile(`{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.MaxSteps = 10000
+	if _, err := tmpl.Render(NewDict()); err == nil || !strings.Contains(err.Error(), "step limit") {
+		t.Fatalf("err %v, want the step limit", err)
+	}
+}

@@ -1,0 +1,457 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"html"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+func (e *evaluator) applyFilter(fx *filterExpr, v Value, f *frame) (Value, error) {
+	args, kw, err := e.evalArgs(fx.args, fx.kwKeys, fx.kwVals, f)
+	if err != nil {
+		return nil, err
+	}
+	return e.filter(fx.name, v, args, kw)
+}
+
+func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
+	if i < len(args) {
+		return args[i]
+	}
+	if v, ok := kw.Get(name); ok {
+		return v
+	}
+	return def
+}
+
+func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value, error) {
+	// Filters other than default and tests of definedness fail on
+	// Undefined the way Jinja's default Undefined does when used.
+	switch name {
+	case "tojson":
+		var indent *int
+		if iv := kwOr(kw, args, 0, "indent", nil); iv != nil {
+			n := int(toInt(iv, 0))
+			indent = &n
+		}
+		sortKeys := truthy(kwOr(kw, nil, 0, "sort_keys", false))
+		if u, ok := v.(Undefined); ok {
+			return nil, fmt.Errorf("TypeError: Object of type Undefined is not JSON serializable (%s)", u.hint)
+		}
+		return toJSON(v, indent, sortKeys)
+	case "default", "d":
+		def := kwOr(kw, args, 0, "default_value", "")
+		boolean := truthy(kwOr(kw, args, 1, "boolean", false))
+		if _, u := v.(Undefined); u || (boolean && !truthy(v)) {
+			return def, nil
+		}
+		return v, nil
+	case "length", "count":
+		switch x := v.(type) {
+		case string:
+			return int64(len([]rune(x))), nil
+		case *List:
+			return int64(len(x.Items)), nil
+		case *Dict:
+			return int64(x.Len()), nil
+		case Undefined:
+			return int64(0), nil
+		}
+		return nil, fmt.Errorf("TypeError: object of type '%s' has no len()", typeName(v))
+	case "string":
+		return str(v), nil
+	case "safe", "e", "escape", "forceescape":
+		if name == "safe" {
+			return v, nil
+		}
+		return html.EscapeString(str(v)), nil
+	case "trim":
+		s, err := strIn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		chars := kwOr(kw, args, 0, "chars", nil)
+		if chars == nil {
+			return strings.TrimSpace(s), nil
+		}
+		return pyStrip(s, []Value{chars}, true, true)
+	case "upper", "lower", "title", "capitalize":
+		s, err := strIn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		switch name {
+		case "upper":
+			return strings.ToUpper(s), nil
+		case "lower":
+			return strings.ToLower(s), nil
+		case "title":
+			return pyTitle(s), nil
+		}
+		return pyCapitalize(s), nil
+	case "replace":
+		s, err := strIn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		if len(args) < 2 {
+			return nil, argErr("replace", 2, len(args))
+		}
+		count := int64(-1)
+		if c := kwOr(kw, args, 2, "count", nil); c != nil {
+			count = toInt(c, -1)
+		}
+		return strings.Replace(s, str(args[0]), str(args[1]), int(count)), nil
+	case "indent":
+		s, err := strIn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		width := kwOr(kw, args, 0, "width", int64(4))
+		pad := ""
+		if ws, ok := width.(string); ok {
+			pad = ws
+		} else {
+			pad = strings.Repeat(" ", int(max(0, min(toInt(width, 4), 1000))))
+		}
+		first := truthy(kwOr(kw, args, 1, "first", false))
+		blank := truthy(kwOr(kw, args, 2, "blank", false))
+		lines := strings.Split(s, "\n")
+		for i := range lines {
+			if i == 0 && !first {
+				continue
+			}
+			if lines[i] == "" && !blank {
+				continue
+			}
+			lines[i] = pad + lines[i]
+		}
+		return strings.Join(lines, "\n"), nil
+	case "first", "last":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		if len(items) == 0 {
+			return Undefined{hint: "No first item, sequence was empty."}, nil
+		}
+		if name == "first" {
+			return items[0], nil
+		}
+		return items[len(items)-1], nil
+	case "join":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		sep := str(kwOr(kw, args, 0, "d", ""))
+		attr := kwOr(kw, args, 1, "attribute", nil)
+		parts := make([]string, len(items))
+		for i, it := range items {
+			if attr != nil {
+				if it, err = getItem(it, attr); err != nil {
+					return nil, err
+				}
+			}
+			parts[i] = str(it)
+		}
+		return strings.Join(parts, sep), nil
+	case "list":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		return &List{Items: slices.Clone(items)}, nil
+	case "items":
+		d, ok := v.(*Dict)
+		if !ok {
+			if _, u := v.(Undefined); u {
+				return &List{}, nil
+			}
+			return nil, fmt.Errorf("TypeError: items filter needs a mapping, got %s", typeName(v))
+		}
+		return dictMethod(d, "items").(callable)(e, nil, NewDict())
+	case "dictsort":
+		d, ok := v.(*Dict)
+		if !ok {
+			return nil, fmt.Errorf("TypeError: dictsort needs a mapping, got %s", typeName(v))
+		}
+		keys := slices.Clone(d.keys)
+		if truthy(kwOr(kw, args, 0, "case_sensitive", false)) {
+			slices.Sort(keys)
+		} else {
+			slices.SortStableFunc(keys, func(a, b string) int { return strings.Compare(strings.ToLower(a), strings.ToLower(b)) })
+		}
+		if truthy(kwOr(kw, args, 2, "reverse", false)) {
+			slices.Reverse(keys)
+		}
+		out := &List{}
+		for _, k := range keys {
+			out.Items = append(out.Items, &List{Items: []Value{k, d.m[k]}})
+		}
+		return out, nil
+	case "reverse":
+		if s, ok := v.(string); ok {
+			rs := []rune(s)
+			slices.Reverse(rs)
+			return string(rs), nil
+		}
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		out := slices.Clone(items)
+		slices.Reverse(out)
+		return &List{Items: out}, nil
+	case "sort":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		out := slices.Clone(items)
+		reverse := truthy(kwOr(kw, args, 0, "reverse", false))
+		caseSensitive := truthy(kwOr(kw, args, 1, "case_sensitive", false))
+		attr := kwOr(kw, args, 2, "attribute", nil)
+		key := func(x Value) Value {
+			if attr != nil {
+				x, _ = getItem(x, attr)
+			}
+			if s, ok := x.(string); ok && !caseSensitive {
+				return strings.ToLower(s)
+			}
+			return x
+		}
+		var sortErr error
+		slices.SortStableFunc(out, func(a, b Value) int {
+			ka, kb := key(a), key(b)
+			if lt, err := compare("<", ka, kb); err != nil {
+				sortErr = err
+			} else if lt {
+				return -1
+			}
+			if gt, _ := compare(">", ka, kb); gt {
+				return 1
+			}
+			return 0
+		})
+		if sortErr != nil {
+			return nil, sortErr
+		}
+		if reverse {
+			slices.Reverse(out)
+		}
+		return &List{Items: out}, nil
+	case "unique":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		var out []Value
+		for _, it := range items {
+			if !slices.ContainsFunc(out, func(x Value) bool { return equal(x, it) }) {
+				out = append(out, it)
+			}
+		}
+		return &List{Items: out}, nil
+	case "map":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		out := &List{}
+		if attr, ok := kw.Get("attribute"); ok {
+			def, hasDef := kw.Get("default")
+			for _, it := range items {
+				x, err := getItem(it, attr)
+				if err != nil {
+					return nil, err
+				}
+				if _, u := x.(Undefined); u && hasDef {
+					x = def
+				}
+				out.Items = append(out.Items, x)
+			}
+			return out, nil
+		}
+		if len(args) == 0 {
+			return nil, errors.New("TypeError: map needs a filter name or attribute=")
+		}
+		fname := str(args[0])
+		for _, it := range items {
+			x, err := e.filter(fname, it, args[1:], kw)
+			if err != nil {
+				return nil, err
+			}
+			out.Items = append(out.Items, x)
+		}
+		return out, nil
+	case "select", "reject", "selectattr", "rejectattr":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		attrMode := strings.HasSuffix(name, "attr")
+		want := strings.HasPrefix(name, "select")
+		rest := args
+		var attr Value
+		if attrMode {
+			if len(args) == 0 {
+				return nil, fmt.Errorf("TypeError: %s needs an attribute", name)
+			}
+			attr, rest = args[0], args[1:]
+		}
+		out := &List{}
+		for _, it := range items {
+			x := it
+			if attrMode {
+				if x, err = getItem(it, attr); err != nil {
+					return nil, err
+				}
+			}
+			var ok bool
+			if len(rest) == 0 {
+				ok = truthy(x)
+			} else if ok, err = runTest(str(rest[0]), x, rest[1:]); err != nil {
+				return nil, err
+			}
+			if ok == want {
+				out.Items = append(out.Items, it)
+			}
+		}
+		return out, nil
+	case "int":
+		return toInt(v, toInt(kwOr(kw, args, 0, "default", int64(0)), 0)), nil
+	case "float":
+		switch x := v.(type) {
+		case int64:
+			return float64(x), nil
+		case float64:
+			return x, nil
+		case bool:
+			return float64(boolInt(x)), nil
+		case string:
+			if f, err := strconv.ParseFloat(strings.TrimSpace(x), 64); err == nil {
+				return f, nil
+			}
+		}
+		d, _ := asFloat(kwOr(kw, args, 0, "default", 0.0))
+		return d, nil
+	case "abs":
+		switch x := v.(type) {
+		case int64:
+			if x < 0 {
+				return -x, nil
+			}
+			return x, nil
+		case float64:
+			return math.Abs(x), nil
+		}
+		return nil, fmt.Errorf("TypeError: bad operand type for abs(): '%s'", typeName(v))
+	case "round":
+		x, ok := asFloat(v)
+		if !ok {
+			return nil, fmt.Errorf("TypeError: round needs a number, got %s", typeName(v))
+		}
+		prec := toInt(kwOr(kw, args, 0, "precision", int64(0)), 0)
+		method := str(kwOr(kw, args, 1, "method", "common"))
+		p := math.Pow(10, float64(prec))
+		switch method {
+		case "ceil":
+			return math.Ceil(x*p) / p, nil
+		case "floor":
+			return math.Floor(x*p) / p, nil
+		}
+		return math.Round(x*p) / p, nil
+	case "sum":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		var total Value = toInt(kwOr(kw, args, 1, "start", int64(0)), 0)
+		attr := kwOr(kw, args, 0, "attribute", nil)
+		for _, it := range items {
+			if attr != nil {
+				if it, err = getItem(it, attr); err != nil {
+					return nil, err
+				}
+			}
+			if total, err = binop("+", total, it); err != nil {
+				return nil, err
+			}
+		}
+		return total, nil
+	case "min", "max":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		if len(items) == 0 {
+			return Undefined{hint: "No aggregated item, sequence was empty."}, nil
+		}
+		best := items[0]
+		op := "<"
+		if name == "max" {
+			op = ">"
+		}
+		for _, it := range items[1:] {
+			better, err := compare(op, it, best)
+			if err != nil {
+				return nil, err
+			}
+			if better {
+				best = it
+			}
+		}
+		return best, nil
+	case "wordcount":
+		return int64(len(strings.FieldsFunc(str(v), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsNumber(r) && r != '_' }))), nil
+	case "center":
+		s := str(v)
+		w := int(max(0, min(toInt(kwOr(kw, args, 0, "width", int64(80)), 80), maxRepeat)))
+		n := len([]rune(s))
+		if w <= n {
+			return s, nil
+		}
+		left := (w - n) / 2
+		return strings.Repeat(" ", left) + s + strings.Repeat(" ", w-n-left), nil
+	case "truncate":
+		s := str(v)
+		n := int(toInt(kwOr(kw, args, 0, "length", int64(255)), 255))
+		rs := []rune(s)
+		if len(rs) <= n {
+			return s, nil
+		}
+		end := str(kwOr(kw, args, 2, "end", "..."))
+		return string(rs[:max(0, n-len([]rune(end)))]) + end, nil
+	case "batch":
+		items, err := iterate(v)
+		if err != nil {
+			return nil, err
+		}
+		n := int(toInt(kwOr(kw, args, 0, "linecount", int64(1)), 1))
+		if n <= 0 {
+			return nil, errors.New("ValueError: batch size must be positive")
+		}
+		out := &List{}
+		for i := 0; i < len(items); i += n {
+			out.Items = append(out.Items, &List{Items: slices.Clone(items[i:min(i+n, len(items))])})
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("TemplateRuntimeError: no filter named '%s'", name)
+}
+
+func strIn(filter string, v Value) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case Undefined:
+		return "", nil
+	}
+	return str(v), nil
+}

@@ -1,0 +1,147 @@
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// FuzzTemplate compiles and renders arbitrary template sources: errors are
+// fine, panics and runaway loops are not.
+func FuzzTemplate(f *testing.F) {
+	for _, name := range []string{"qwen3", "deepseek_v3"} {
+		if src, err := os.ReadFile(filepath.Join(chatData, "templates", name+".jinja")); err == nil {
+			f.Add(string(src))
+		}
+	}
+	for _, s := range []string{
+		"{{ x }}", "{% for a in range(3) %}{{ loop.index }}{% endfor %}", "{%- if a is defined -%}x{% else %}y{% endif %}",
+		"{{ [1,2,3][::-1]|join(',') }}", "{{ {'a': 1.5, 'b': none}|tojson }}", "{% set ns = namespace(a=1) %}{% set ns.a = 2 %}{{ ns.a }}",
+		"{% macro m(a, b=2) %}{{ a ~ b }}{% endmacro %}{{ m(1) }}", "{{ 'a b'.split() }}", "{% raw %}{{ x }}{% endraw %}",
+		"{{ raise_exception('no') }}", "{{ 1 // 0 }}", "{{ x.y.z }}", "{# c #}  {% if true %}\n  a\n{% endif %}",
+	} {
+		f.Add(s)
+	}
+	vars := NewDict()
+	msgs, _ := FromJSON([]byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]}]`))
+	vars.Set("messages", msgs)
+	vars.Set("add_generation_prompt", true)
+	vars.Set("x", "text")
+	f.Fuzz(func(t *testing.T, src string) {
+		start := time.Now()
+		tmpl, err := Compile(src)
+		if err == nil {
+			tmpl.MaxSteps = 100_000
+			_, _ = tmpl.Render(vars)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("compile+render took %v for %q", d, src)
+		}
+	})
+}
+
+// FuzzMessages renders the real templates on arbitrary message JSON.
+func FuzzMessages(f *testing.F) {
+	var tmpls []*Template
+	for _, name := range []string{"qwen3", "deepseek_v3"} {
+		src, err := os.ReadFile(filepath.Join(chatData, "templates", name+".jinja"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		tmpl, err := Compile(string(src))
+		if err != nil {
+			f.Fatal(err)
+		}
+		tmpls = append(tmpls, tmpl)
+	}
+	raw, err := os.ReadFile(filepath.Join(chatData, "cases.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var cases map[string]struct {
+		Messages json.RawMessage `json:"messages"`
+		Tools    json.RawMessage `json:"tools"`
+	}
+	if err := json.Unmarshal(raw, &cases); err != nil {
+		f.Fatal(err)
+	}
+	for _, c := range cases {
+		f.Add([]byte(c.Messages), []byte(c.Tools))
+	}
+	f.Fuzz(func(t *testing.T, msgs, tools []byte) {
+		mv, err := FromJSON(msgs)
+		if err != nil {
+			return
+		}
+		tv, err := FromJSON(tools)
+		if err != nil {
+			tv = nil
+		}
+		vars := NewDict()
+		vars.Set("messages", mv)
+		vars.Set("tools", tv)
+		vars.Set("add_generation_prompt", true)
+		for _, tmpl := range tmpls {
+			_, _ = tmpl.Render(vars)
+		}
+	})
+}
+
+// FuzzFromJSON checks the hand-written JSON parser against encoding/json:
+// same accept/reject decision, and the same value.
+func FuzzFromJSON(f *testing.F) {
+	for _, s := range []string{`{"a":[1,2.5,"x\u00e9\ud83d\ude00"],"b":null,"c":true}`, `[]`, `"\n"`, `-0.1e3`, `{"a":1}x`, `[1,]`, `"\ud800"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		v, err := FromJSON(raw)
+		var std any
+		stdErr := json.Unmarshal(raw, &std)
+		var rangeErr *json.UnmarshalTypeError
+		if errors.As(stdErr, &rangeErr) {
+			return // out-of-range numbers: Python reads inf, encoding/json refuses
+		}
+		if (err == nil) != (stdErr == nil) {
+			t.Fatalf("FromJSON err %v, encoding/json err %v for %q", err, stdErr, raw)
+		}
+		if err != nil {
+			return
+		}
+		// Compare through a canonical re-encoding of both.
+		ours, err := toJSON(v, nil, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back any
+		if err := json.Unmarshal([]byte(ours), &back); err != nil {
+			t.Fatalf("tojson output %q is not JSON: %v", ours, err)
+		}
+		// Python reads "-0" as the int 0; encoding/json as float -0.
+		a, _ := json.Marshal(noNegZero(back))
+		b, _ := json.Marshal(noNegZero(std))
+		if string(a) != string(b) {
+			t.Fatalf("value differs for %q:\n ours %s\n std  %s", raw, a, b)
+		}
+	})
+}
+
+func noNegZero(v any) any {
+	switch v := v.(type) {
+	case float64:
+		if v == 0 {
+			return 0.0
+		}
+	case []any:
+		for i := range v {
+			v[i] = noNegZero(v[i])
+		}
+	case map[string]any:
+		for k := range v {
+			v[k] = noNegZero(v[k])
+		}
+	}
+	return v
+}

@@ -1,0 +1,71 @@
+// Package chat owns chat-template rendering: a Jinja2 interpreter with the
+// semantics transformers' apply_chat_template gives templates (sandboxed,
+// trim_blocks, lstrip_blocks, loop controls, Python value printing,
+// tojson = json.dumps(ensure_ascii=False) with key order kept,
+// raise_exception, strftime_now, the generation tag).
+//
+// It is its own interpreter rather than gonja because chat templates need a
+// Python value model gonja lacks: ordered dicts (tools | tojson), Python
+// printing of None/True/floats, str methods with Python semantics, and
+// Jinja's Undefined behaviour; see DESIGN.md section 2.
+package chat
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Template is a compiled chat template, safe for concurrent use.
+type Template struct {
+	body []stmt
+	// Now returns the time strftime_now formats; tests pin it.
+	Now func() time.Time
+	// MaxSteps bounds evaluation work per render (0: 10 million steps,
+	// far above any real chat); a template that loops past it fails.
+	MaxSteps int
+}
+
+// Compile parses a template source.
+func Compile(src string) (*Template, error) {
+	toks, err := lex(src)
+	if err != nil {
+		return nil, fmt.Errorf("TemplateSyntaxError: %w", err)
+	}
+	body, err := parse(toks)
+	if err != nil {
+		return nil, err
+	}
+	return &Template{body: body, Now: time.Now}, nil
+}
+
+// Vars are the template's variables, in insertion order.
+type Vars = Dict
+
+// Render renders with the given variables. Errors carry Python's exception
+// class name first ("TypeError: ...", "UndefinedError: ...",
+// "TemplateError: ..." for raise_exception).
+func (t *Template) Render(vars *Vars) (string, error) {
+	var out strings.Builder
+	root := &frame{vars: make(map[string]Value, vars.Len())}
+	for _, k := range vars.Keys() {
+		v, _ := vars.Get(k)
+		root.vars[k] = v
+	}
+	now := t.Now
+	if now == nil {
+		now = time.Now
+	}
+	e := &evaluator{out: &out, root: root, maxSteps: t.MaxSteps, now: func() timeLike { return now() }}
+	if e.maxSteps <= 0 {
+		e.maxSteps = defaultMaxSteps
+	}
+	if err := e.render(t.body, root); err != nil {
+		switch err {
+		case errBreak, errContinue:
+			return "", fmt.Errorf("TemplateSyntaxError: break or continue outside a loop")
+		}
+		return "", err
+	}
+	return out.String(), nil
+}

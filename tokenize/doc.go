@@ -1,0 +1,62 @@
+// Package tokenize owns turning OpenAI requests into the exact token ids a
+// vLLM pod computes for them: a pure-Go tokenizer.json encoder (sub-package
+// bpe), chat-template rendering (sub-package chat), a per-model registry with
+// local / remote / auto modes, the remote render client, a segment cache and
+// the built-in "bytes" model. It knows nothing about routing: a remote call
+// takes the base URL of the pod the caller picked.
+//
+// # API contract (stable; router and bench/sim depend on it)
+//
+//	reg := tokenize.NewRegistry(tokenize.Options{Registerer: promReg, Logger: log})
+//	m, err := reg.AddSpec("qwen3:auto=/models/qwen3")   // --tokenizer flag value
+//	m, err := reg.Add("demo", "bytes", tokenize.ModeLocal) // built-in bytes model
+//	m, err := reg.Model("qwen3")                         // ErrUnknownModel if absent
+//
+//	ids, err := m.Encode(text, addSpecialTokens)          // local only
+//	text, err := m.Decode(ids, skipSpecialTokens)         // for /detokenize
+//	prompt, err := m.RenderChat(req)                      // local template render
+//	prompt, ids, err := m.EncodeChat(req)                 // render + encode(add_special_tokens=false)
+//
+//	// Mode-aware entry points for the router: local, remote or auto per model.
+//	res, err := m.TokenizeChat(ctx, req, "http://pod:8000")
+//	res, err := m.TokenizePrompt(ctx, prompt, true, "http://pod:8000")
+//
+//	b := tokenize.Bytes() // the built-in model without a registry (local only)
+//
+// A spec is NAME=PATH or NAME:MODE=PATH. PATH is a model directory
+// (tokenizer.json, optional tokenizer_config.json and chat_template.jinja), a
+// tokenizer.json file, the word "bytes" for the built-in model, or empty for
+// a remote-only model. MODE is local (default), remote or auto.
+//
+// ChatRequest carries messages, tools and chat_template_kwargs as raw JSON so
+// that key order survives to the template (tools | tojson depends on it).
+// AddGenerationPrompt has no implicit default: vLLM's default is true, so
+// request parsers must set it when the request omits it.
+//
+// # The bytes model
+//
+// One token per UTF-8 byte (id = byte value) plus four special tokens:
+// 256 <|bos|>, 257 <|eos|>, 258 <|im_start|>, 259 <|im_end|>. Encode with
+// addSpecialTokens=true prepends <|bos|>. Special-token names in the text
+// encode as their special ids. The chat format is
+//
+//	[<|im_start|>tools\n{tools as JSON}<|im_end|>\n]
+//	<|im_start|>{role}\n{content}[\n{tool_calls as JSON}]<|im_end|>\n   (per message)
+//	[<|im_start|>assistant\n]                                        (add_generation_prompt)
+//
+// where content is the string, the concatenated "text" of content parts, or
+// empty for null; continue_final_message leaves the last message open (no
+// <|im_end|>\n).
+//
+// # Remote protocol
+//
+// Chat: POST {base}/v1/chat/completions/render with the request's own body
+// when ChatRequest.Body is set, else {"model", "messages", "tools",
+// "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}.
+// Prompts: POST {base}/v1/completions/render with {"model", "prompt",
+// "add_special_tokens"}. When a render endpoint answers 404 or 405 the client
+// falls back to POST {base}/tokenize with the same fields. Token ids are read
+// from "token_ids", "prompt_token_ids" or "tokens" of the response object (or
+// of its first element when the response is an array); a rendered prompt is
+// read from "prompt" or "prompt_text" when present.
+package tokenize

@@ -1,0 +1,68 @@
+package tokenize
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the package's Prometheus series. Labels stay bounded: model
+// names come from configuration, mode and reason from fixed sets.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	seconds     *prometheus.HistogramVec
+	switches    *prometheus.CounterVec
+	comparisons *prometheus.CounterVec
+	mode        *prometheus.GaugeVec
+	cacheHits   prometheus.Counter
+	cacheMisses prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_requests_total",
+			Help: "Tokenizations by model and the mode that produced the ids (local or remote).",
+		}, []string{"model", "mode"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_errors_total",
+			Help: "Failed tokenizations (template raised, remote failed, bad input) by model and mode.",
+		}, []string{"model", "mode"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prefixrouter_tokenize_seconds",
+			Help:    "Time to tokenize one request, by model and mode.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 4, 10),
+		}, []string{"model", "mode"}),
+		switches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_remote_switches_total",
+			Help: "Models moved to remote tokenization, by reason (mismatch, prompt_mismatch, local_error, template_compile).",
+		}, []string{"model", "reason"}),
+		comparisons: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_comparisons_total",
+			Help: "Auto-mode background comparisons against the pod, by outcome (match, mismatch, prompt_mismatch, remote_error, skipped).",
+		}, []string{"model", "reason"}),
+		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prefixrouter_tokenize_mode",
+			Help: "1 for the model's current tokenizer mode (local, remote, auto), 0 otherwise.",
+		}, []string{"model", "mode"}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_segment_cache_hits_total",
+			Help: "Text segments whose ids came from the segment cache.",
+		}),
+		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_segment_cache_misses_total",
+			Help: "Text segments encoded because the segment cache did not hold them.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.errors, m.seconds, m.switches, m.comparisons, m.mode, m.cacheHits, m.cacheMisses)
+	}
+	return m
+}
+
+func (m *metrics) setMode(model string, mode Mode) {
+	for _, x := range []Mode{ModeLocal, ModeRemote, ModeAuto} {
+		v := 0.0
+		if x == mode {
+			v = 1
+		}
+		m.mode.WithLabelValues(model, x.String()).Set(v)
+	}
+}
