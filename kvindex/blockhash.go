@@ -128,6 +128,23 @@ func NewHasher(algo HashAlgo, seed string, blockSize int) (*Hasher, error) {
 	return h, nil
 }
 
+// NewHasherWithRoot prepares a hasher whose block-0 parent is a given digest
+// rather than the hash of a seed string. vLLM does this when PYTHONHASHSEED
+// is unset: the root is 32 random bytes per process. Only a simulator (or a
+// test) knows such a root; a router facing such pods uses token-derived keys.
+func NewHasherWithRoot(algo HashAlgo, root []byte, blockSize int) (*Hasher, error) {
+	h, err := NewHasher(algo, "", blockSize)
+	if err != nil {
+		return nil, err
+	}
+	if len(root) == 0 || len(root) > 32 {
+		return nil, fmt.Errorf("root of %d bytes (want 1..32)", len(root))
+	}
+	h.root = Digest{n: uint8(len(root))}
+	copy(h.root.b[:], root)
+	return h, nil
+}
+
 // Algo returns the configured algorithm.
 func (h *Hasher) Algo() HashAlgo { return h.algo }
 

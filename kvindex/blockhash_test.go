@@ -253,3 +253,28 @@ func TestTokenFastPathsMatchGenericEncoders(t *testing.T) {
 		}
 	}
 }
+
+func TestNewHasherWithRoot(t *testing.T) {
+	seeded, _ := NewHasher(AlgoSHA256, "0", 16)
+	root := seeded.Root()
+	same, err := NewHasherWithRoot(AlgoSHA256, root.Bytes(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 32)
+	a, _ := seeded.Keys(nil, tokens, RequestExtras{})
+	b, _ := same.Keys(nil, tokens, RequestExtras{})
+	if len(a) != 2 || a[0] != b[0] || a[1] != b[1] {
+		t.Fatalf("keys differ: %v %v", a, b)
+	}
+	random := make([]byte, 32)
+	random[0] = 1
+	other, _ := NewHasherWithRoot(AlgoSHA256, random, 16)
+	c, _ := other.Keys(nil, tokens, RequestExtras{})
+	if c[0] == a[0] {
+		t.Fatal("a different root gave the same key")
+	}
+	if _, err := NewHasherWithRoot(AlgoSHA256, nil, 16); err == nil {
+		t.Fatal("empty root accepted")
+	}
+}

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
@@ -90,7 +91,13 @@ type targetState struct {
 	// extraRefs holds reference counts above one; almost every placement
 	// has exactly one reference, so this map stays tiny.
 	extraRefs map[placementRef]uint32
-	evicted   uint64
+	// stale counts, per placement, queue entries left behind by a removal:
+	// if the placement is stored again its old entry must not evict it
+	// early. Compaction resets it.
+	stale map[placementRef]uint32
+	// maxPlacements overrides the index-wide cap (0: use the default).
+	maxPlacements int
+	evicted       uint64
 	// unknownRemovals counts removals of placements the index never saw
 	// (joined after they were stored and before replay reached them).
 	unknownRemovals uint64
@@ -135,7 +142,7 @@ func (ix *Index) slotFor(id TargetID) *targetState {
 			ix.masks[t] = append(ix.masks[t], make(map[Key]uint64))
 		}
 	}
-	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32)}
+	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32), stale: make(map[placementRef]uint32)}
 	ix.targets[slot] = ts
 	ix.slots[id] = slot
 	return ts
@@ -215,7 +222,7 @@ func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 		ts.tierCount[tier]++
 		ts.order.push(k, tier)
 	}
-	if ts.count > ix.cfg.MaxPlacementsPerTarget {
+	if ts.count > ix.capOf(ts) {
 		ix.evictLocked(ts)
 	}
 	if ts.order.len() > 2*ts.count+1024 {
@@ -245,8 +252,31 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 	}
 }
 
-// dropLocked removes a placement entirely (all references).
+// SetTargetCap bounds one target's placements, typically from the pod's
+// reported cache size (num_gpu_blocks plus any offloading tiers), so that
+// missed removals cannot make the index claim far more than the pod holds.
+// n <= 0 restores the index-wide default.
+func (ix *Index) SetTargetCap(id TargetID, n int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ts := ix.slotFor(id)
+	ts.maxPlacements = n
+	if ts.count > ix.capOf(ts) {
+		ix.evictLocked(ts)
+	}
+}
+
+func (ix *Index) capOf(ts *targetState) int {
+	if ts.maxPlacements > 0 {
+		return ts.maxPlacements
+	}
+	return ix.cfg.MaxPlacementsPerTarget
+}
+
+// dropLocked removes a placement entirely (all references). Its queue entry
+// stays behind, marked stale.
 func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
+	ts.stale[placementRef{k, tier}]++
 	if rest := old &^ bit; rest == 0 {
 		delete(m, k)
 	} else {
@@ -267,48 +297,69 @@ func (ix *Index) clearLocked(ts *targetState) {
 	})
 	ts.order.reset()
 	clear(ts.extraRefs)
+	clear(ts.stale)
 }
 
 // evictLocked drops the oldest placements until the target is within its cap.
 func (ix *Index) evictLocked(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
-	for ts.count > ix.cfg.MaxPlacementsPerTarget {
+	for ts.count > ix.capOf(ts) {
 		k, tier, ok := ts.order.pop()
 		if !ok {
 			return
 		}
+		ref := placementRef{k, tier}
+		if n := ts.stale[ref]; n > 0 {
+			// Left behind by a removal; a later entry (if the placement
+			// was stored again) carries its real age.
+			if n == 1 {
+				delete(ts.stale, ref)
+			} else {
+				ts.stale[ref] = n - 1
+			}
+			continue
+		}
 		m := ix.masks[tier][g]
 		old, present := m[k]
 		if !present || old&bit == 0 {
-			continue // removed earlier; lazily dropped from the order
+			continue
 		}
-		delete(ts.extraRefs, placementRef{k, tier})
+		delete(ts.extraRefs, ref)
 		ix.dropLocked(ts, m, k, tier, old, bit)
+		ts.stale[ref]-- // its only entry was just consumed
+		if ts.stale[ref] == 0 {
+			delete(ts.stale, ref)
+		}
 		ts.evicted++
 	}
 }
 
-// compactLocked rewrites the insertion order without removed placements,
-// keeping each live placement's oldest position.
+// compactLocked rewrites the insertion order without removed placements.
+// A placement stored again after a removal appears more than once; its last
+// entry is its real insertion, so the order is scanned from the back.
 func (ix *Index) compactLocked(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
 	seen := make(map[placementRef]struct{}, ts.count)
-	var next fifo
-	next.grow(ts.count)
-	ts.order.each(func(k Key, tier Tier) {
+	keys := make([]Key, 0, ts.count)
+	tiers := make([]Tier, 0, ts.count)
+	for i := len(ts.order.keys) - 1; i >= ts.order.head; i-- {
+		k, tier := ts.order.keys[i], ts.order.tiers[i]
 		if ix.masks[tier][g][k]&bit == 0 {
-			return
+			continue
 		}
 		ref := placementRef{k, tier}
 		if _, dup := seen[ref]; dup {
-			return
+			continue
 		}
 		seen[ref] = struct{}{}
-		next.push(k, tier)
-	})
-	ts.order = next
+		keys, tiers = append(keys, k), append(tiers, tier)
+	}
+	slices.Reverse(keys)
+	slices.Reverse(tiers)
+	ts.order = fifo{keys: keys, tiers: tiers}
+	clear(ts.stale)
 }
 
 // Match is one target's confirmed prefix for a lookup.
@@ -477,11 +528,6 @@ type fifo struct {
 }
 
 func (f *fifo) len() int { return len(f.keys) - f.head }
-
-func (f *fifo) grow(n int) {
-	f.keys = make([]Key, 0, n)
-	f.tiers = make([]Tier, 0, n)
-}
 
 func (f *fifo) push(k Key, t Tier) {
 	f.keys = append(f.keys, k)

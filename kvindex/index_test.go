@@ -128,6 +128,40 @@ func TestCapEvictsOldestFirst(t *testing.T) {
 	}
 }
 
+func TestCapCountsAReStoredPlacementFromItsNewInsertion(t *testing.T) {
+	ix := NewIndex(IndexConfig{MaxPlacementsPerTarget: 3})
+	k := keysN(1, 5)
+	ix.Store(tid(1), TierGPU, k[:3])   // 0 1 2
+	ix.Remove(tid(1), TierGPU, k[0:1]) // 1 2
+	ix.Store(tid(1), TierGPU, k[0:1])  // 1 2 0 (0 is now the newest)
+	ix.Store(tid(1), TierGPU, k[3:4])  // over the cap: 1 goes, not 0
+	if ix.Has(tid(1), k[1]) || !ix.Has(tid(1), k[0]) {
+		t.Fatalf("re-stored placement evicted through its stale entry")
+	}
+	// Compaction keeps the same order.
+	for i := 0; i < 3000; i++ {
+		ix.Store(tid(1), TierGPU, k[4:5])
+		ix.Remove(tid(1), TierGPU, k[4:5])
+	}
+	ix.Store(tid(1), TierGPU, k[1:2]) // 2 0 3 1: evict 2
+	if ix.Has(tid(1), k[2]) || !ix.Has(tid(1), k[0]) || !ix.Has(tid(1), k[3]) || !ix.Has(tid(1), k[1]) {
+		t.Fatal("eviction order wrong after compaction")
+	}
+}
+
+func TestSetTargetCap(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	ix.Store(tid(1), TierGPU, keysN(1, 100))
+	ix.SetTargetCap(tid(1), 10)
+	st, _ := ix.StatsFor(tid(1))
+	if st.Placements != 10 || st.Evicted != 90 {
+		t.Fatalf("%+v", st)
+	}
+	if !ix.Has(tid(1), keysN(1, 100)[99]) {
+		t.Fatal("newest placement evicted")
+	}
+}
+
 func TestManyTargetsAcrossGroups(t *testing.T) {
 	ix := NewIndex(IndexConfig{})
 	k := keysN(1, 10)

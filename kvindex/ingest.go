@@ -42,10 +42,13 @@ type IngestConfig struct {
 	// in VerifyEvery. Defaults 64 and 16.
 	VerifyFirst, VerifyEvery int
 	// MaxEngineKeys bounds the engine-hash map per target in token-derived
-	// mode, and the verified-digest cache in exact mode. Default 1<<20.
+	// mode. Default 1<<20 (two generations of half that).
 	MaxEngineKeys int
-	Logger        *slog.Logger
-	Metrics       *Metrics
+	// MaxVerifiedDigests bounds, per target, the digests exact mode keeps
+	// to verify chained blocks whose parent it recomputed. Default 16384.
+	MaxVerifiedDigests int
+	Logger             *slog.Logger
+	Metrics            *Metrics
 }
 
 // Observer is told about every placement change after it reaches the index;
@@ -85,6 +88,7 @@ type ingestState struct {
 	checks         uint64
 	unchained      uint64
 	evictedSeen    uint64
+	rankMismatches uint64
 	metrics        *targetMetrics
 }
 
@@ -128,6 +132,9 @@ func NewIngestor(ix *Index, cfg IngestConfig, obs Observer) (*Ingestor, error) {
 	if cfg.MaxEngineKeys <= 0 {
 		cfg.MaxEngineKeys = 1 << 20
 	}
+	if cfg.MaxVerifiedDigests <= 0 {
+		cfg.MaxVerifiedDigests = 16384
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -154,6 +161,7 @@ func (in *Ingestor) Reset(t TargetID) {
 	st.mu.Lock()
 	st.engine.reset()
 	clear(st.digests)
+	st.fullGroupKnown = false
 	in.ix.Clear(t)
 	in.updateIndexGauges(t, st)
 	st.mu.Unlock()
@@ -191,6 +199,15 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 		if b.Unknown > 0 {
 			in.cfg.Metrics.skipped.WithLabelValues(st.label, "unknown_type").Add(float64(b.Unknown))
 		}
+		if b.Invalid > 0 {
+			in.cfg.Metrics.skipped.WithLabelValues(st.label, "invalid").Add(float64(b.Invalid))
+		}
+	}
+	if b.Invalid > 0 {
+		in.log.Warn("skipped invalid KV events", "target", st.label, "count", b.Invalid, "first", b.FirstInvalid)
+	}
+	if b.HasDPRank && b.DPRank != t.Rank {
+		in.rankMismatch(st, b.DPRank, t.Rank)
 	}
 	type change struct {
 		kind Kind
@@ -282,36 +299,42 @@ const (
 	KindCleared
 )
 
-// acceptStored keeps only the full-attention KV-cache group of hybrid models
-// and learns which group index that is, so removals can be filtered too.
+// acceptStored keeps only one KV-cache group that holds the whole prefix.
+// Hybrid models publish per group, with equal hashes in every group, and
+// may split full-attention layers into several groups; indexing more than
+// one would double the references. The first full-prefix group seen is
+// pinned until the target resets. Without a spec kind (older publishers)
+// only group 0 counts.
 func (in *Ingestor) acceptStored(st *ingestState, ev *events.Event) bool {
-	if !ev.IsFullAttention() {
+	if !ev.IsFullPrefix() {
 		in.skip(st, "other_group")
 		return false
 	}
-	if ev.SpecKind == events.SpecFullAttention && ev.HasGroupIdx {
+	if !ev.HasGroupIdx {
+		return true
+	}
+	if ev.SpecKind != "" && !st.fullGroupKnown {
 		st.fullGroup, st.fullGroupKnown = ev.GroupIdx, true
 	}
-	if ev.HasGroupIdx && st.fullGroupKnown && ev.GroupIdx != st.fullGroup {
-		in.skip(st, "other_group")
-		return false
-	}
-	return true
+	return in.acceptGroup(st, ev.GroupIdx)
 }
 
-// acceptRemoved filters removals by group. Hashes of the same tokens are
-// equal across groups, so a sliding-window eviction must not remove the
-// full-attention placement. Until the full-attention group is learned, only
-// group 0 (the only group of non-hybrid models) is trusted.
+// acceptRemoved applies the same group rule to removals, which carry no
+// spec kind: a sliding-window eviction of the same hashes must not remove
+// the full-prefix placement.
 func (in *Ingestor) acceptRemoved(st *ingestState, ev *events.Event) bool {
 	if !ev.HasGroupIdx {
 		return true
 	}
+	return in.acceptGroup(st, ev.GroupIdx)
+}
+
+func (in *Ingestor) acceptGroup(st *ingestState, group int) bool {
 	want := 0
 	if st.fullGroupKnown {
 		want = st.fullGroup
 	}
-	if ev.GroupIdx != want {
+	if group != want {
 		in.skip(st, "other_group")
 		return false
 	}
@@ -332,10 +355,37 @@ func (in *Ingestor) storedKeys(st *ingestState, ev *events.Event) []Key {
 		for i, h := range ev.BlockHashes {
 			keys[i] = Key(h)
 		}
-		in.maybeVerify(st, ev)
+		if len(ev.TokenIDs) > 0 {
+			in.maybeVerify(st, ev)
+		}
 		return keys
 	}
+	if len(ev.TokenIDs) == 0 {
+		return in.resolveKeys(st, ev)
+	}
 	return in.deriveKeys(st, ev)
+}
+
+// resolveKeys handles a BlockStored without token_ids in token-derived mode:
+// an offloading connector announcing a copy of blocks whose GPU hashes were
+// published earlier, so the engine map already knows their keys.
+func (in *Ingestor) resolveKeys(st *ingestState, ev *events.Event) []Key {
+	keys := make([]Key, 0, len(ev.BlockHashes))
+	unresolved := 0
+	for _, h := range ev.BlockHashes {
+		if e, ok := st.engine.get(h); ok && e.chained {
+			keys = append(keys, e.key)
+		} else {
+			unresolved++
+		}
+	}
+	if unresolved > 0 {
+		st.unchained += uint64(unresolved)
+		if in.cfg.Metrics != nil {
+			in.cfg.Metrics.unchained.WithLabelValues(st.label).Add(float64(unresolved))
+		}
+	}
+	return keys
 }
 
 // deriveKeys rebuilds token-derived keys from the event's token_ids, chained
@@ -345,17 +395,17 @@ func (in *Ingestor) storedKeys(st *ingestState, ev *events.Event) []Key {
 func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 	tk := in.cfg.TokenKeyer
 	bs := ev.BlockSize
+	if bs != tk.BlockSize() || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		in.mismatch(st, "block_size", fmt.Sprintf("event block_size %d with %d tokens for %d blocks, router block size %d",
+			bs, len(ev.TokenIDs), len(ev.BlockHashes), tk.BlockSize()))
+		return nil
+	}
 	parent, chained := tk.Root(), true
 	if ev.HasParentHash {
 		e, ok := st.engine.get(ev.ParentHash)
 		parent, chained = e.key, ok && e.chained
 	}
-	usable := chained && bs == tk.BlockSize() && len(ev.TokenIDs) == len(ev.BlockHashes)*bs
-	if chained && !usable {
-		in.mismatch(st, "block_size", fmt.Sprintf("event block_size %d with %d tokens for %d blocks, router block size %d",
-			bs, len(ev.TokenIDs), len(ev.BlockHashes), tk.BlockSize()))
-	}
-	if !usable {
+	if !chained {
 		for _, h := range ev.BlockHashes {
 			st.engine.put(h, engineKey{})
 		}
@@ -399,6 +449,9 @@ func (in *Ingestor) removedKeys(st *ingestState, ev *events.Event) []Key {
 	for _, h := range ev.BlockHashes {
 		if in.cfg.Mode == ModeExact {
 			keys = append(keys, Key(h))
+			if TierOf(ev.Medium) == TierGPU {
+				delete(st.digests, h) // no longer a parent worth verifying from
+			}
 			continue
 		}
 		if e, ok := st.engine.get(h); ok && e.chained {
@@ -452,11 +505,25 @@ func (in *Ingestor) maybeVerify(st *ingestState, ev *events.Event) {
 			in.mismatch(st, "hash", fmt.Sprintf("recomputed %d, pod published %d: seed, algorithm or block size disagree with the pod", d.Wire(), want))
 			return
 		}
-		if len(st.digests) >= in.cfg.MaxEngineKeys {
-			clear(st.digests)
+		if len(st.digests) >= in.cfg.MaxVerifiedDigests {
+			clear(st.digests) // cheap bound; the sample refills it
 		}
 		st.digests[want] = d
 		parent = d
+	}
+}
+
+// rankMismatch reports events of one data-parallel rank arriving on another
+// rank's subscription: the events ports are wired wrong, so placements land
+// on the wrong target. Counted always, logged on the first occurrence.
+func (in *Ingestor) rankMismatch(st *ingestState, got, want int) {
+	st.rankMismatches++
+	if in.cfg.Metrics != nil {
+		in.cfg.Metrics.rankMismatches.WithLabelValues(st.label).Inc()
+	}
+	if st.rankMismatches == 1 {
+		in.log.Error("KV events from the wrong data-parallel rank: check each rank's events port (base port + rank)",
+			"target", st.label, "batch_rank", got, "subscribed_rank", want)
 	}
 }
 

@@ -261,3 +261,88 @@ func BenchmarkIngestApply(b *testing.B) {
 	}
 	b.ReportMetric(float64(blockEvents)/b.Elapsed().Seconds()/1e6, "M-block-events/s")
 }
+
+func TestIngestGroupSelection(t *testing.T) {
+	stored := func(h uint64, group int, kind string) events.Event {
+		return events.Event{Kind: events.KindBlockStored, BlockHashes: []uint64{h}, BlockSize: 16, Medium: events.MediumGPU,
+			GroupIdx: group, HasGroupIdx: true, SpecKind: kind}
+	}
+	removed := func(h uint64, group int) events.Event {
+		return events.Event{Kind: events.KindBlockRemoved, BlockHashes: []uint64{h}, Medium: events.MediumGPU, GroupIdx: group, HasGroupIdx: true}
+	}
+	cases := []struct {
+		name    string
+		batch   []events.Event
+		indexed bool
+	}{
+		{"full attention", []events.Event{stored(7, 0, "full_attention")}, true},
+		{"MLA (DeepSeek) is a full-prefix group", []events.Event{stored(7, 0, "mla_attention")}, true},
+		{"attention sinks keep the full prefix", []events.Event{stored(7, 0, "sink_full_attention")}, true},
+		{"sliding window is not indexed", []events.Event{stored(7, 0, "sliding_window")}, false},
+		{"mamba is not indexed", []events.Event{stored(7, 1, "mamba")}, false},
+		{"two full-attention groups: one pinned, removals from both balance",
+			[]events.Event{stored(7, 0, "full_attention"), stored(7, 2, "full_attention"), removed(7, 0), removed(7, 2)}, false},
+		{"two full-attention groups: removal from the other group leaves it",
+			[]events.Event{stored(7, 0, "full_attention"), stored(7, 2, "full_attention"), removed(7, 2)}, true},
+		{"full attention in group 1 of a hybrid model",
+			[]events.Event{stored(7, 0, "sliding_window"), stored(7, 1, "full_attention"), removed(7, 0)}, true},
+		{"group_idx without spec kind: only group 0",
+			[]events.Event{stored(7, 0, ""), stored(7, 1, ""), removed(7, 0), removed(7, 1)}, false},
+		{"no group fields at all (older vLLM)",
+			[]events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{7}, BlockSize: 16}}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(IndexConfig{})
+			in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact}, Observer{})
+			in.Apply(tid(1), &events.Batch{Events: c.batch})
+			if got := ix.Has(tid(1), 7); got != c.indexed {
+				t.Fatalf("indexed = %v, want %v", got, c.indexed)
+			}
+		})
+	}
+}
+
+// TestIngestOffloadedCopies: vLLM's offloading connector announces CPU
+// copies of GPU blocks with no token_ids and block_size 0, in the same batch
+// as the GPU events. Neither mode may raise a configuration alarm, and the
+// CPU tier must be indexed.
+func TestIngestOffloadedCopies(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	tokens := seqTokens(32)
+	for _, mode := range []KeyMode{ModeExact, ModeTokenDerived} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ix, in, m, _ := newTestIngestor(t, mode, h, nil)
+			gpu := storedEvent(t, h, tokens, RequestExtras{}, 0, 2)
+			cpu := events.Event{Kind: events.KindBlockStored, BlockHashes: gpu.BlockHashes, Medium: events.MediumCPU}
+			in.Apply(tid(1), &events.Batch{Events: []events.Event{gpu, cpu}})
+			st, _ := ix.StatsFor(tid(1))
+			if _, mm := in.HashHealth(tid(1)); mm != 0 || st.ByTier[TierCPU] != 2 || st.ByTier[TierGPU] != 2 {
+				t.Fatalf("mismatches %d, placements %v", mm, st.ByTier)
+			}
+			// The GPU copy is evicted; the CPU copy still serves the prefix.
+			in.Apply(tid(1), &events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: gpu.BlockHashes, Medium: events.MediumGPU}}})
+			var keyer Keyer = h
+			if mode == ModeTokenDerived {
+				keyer, _ = NewTokenKeyer(16)
+			}
+			keys, _ := keyer.Keys(nil, tokens, RequestExtras{})
+			got := ix.Lookup(nil, keys)
+			if len(got) != 1 || got[0].Blocks != 2 || got[0].Weighted != 2*DefaultTierWeights[TierCPU] {
+				t.Fatalf("lookup %+v", got)
+			}
+			if v := testutil.ToFloat64(m.hashMismatches.WithLabelValues(tid(1).String(), "block_size")); v != 0 {
+				t.Fatalf("block_size alarm %v", v)
+			}
+		})
+	}
+}
+
+func TestIngestRankMismatchIsLoud(t *testing.T) {
+	var log bytes.Buffer
+	_, in, m, _ := newTestIngestor(t, ModeExact, nil, &log)
+	in.Apply(TargetID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
+	if v := testutil.ToFloat64(m.rankMismatches.WithLabelValues("pod#1")); v != 1 || !strings.Contains(log.String(), "wrong data-parallel rank") {
+		t.Fatalf("metric %v log %q", v, log.String())
+	}
+}

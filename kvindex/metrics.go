@@ -14,6 +14,8 @@ type Metrics struct {
 	replays         *prometheus.CounterVec
 	replayedBatches *prometheus.CounterVec
 	restarts        *prometheus.CounterVec
+	unrecovered     *prometheus.CounterVec
+	rankMismatches  *prometheus.CounterVec
 	reconnects      *prometheus.CounterVec
 	hashChecks      *prometheus.CounterVec
 	hashMismatches  *prometheus.CounterVec
@@ -38,6 +40,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replays:         counter("replays_total", "Replay requests issued to a target's replay socket.", "target"),
 		replayedBatches: counter("replayed_batches_total", "Batches recovered through replay.", "target"),
 		restarts:        counter("restarts_total", "Target restarts detected (sequence went backwards); placements cleared.", "target"),
+		rankMismatches:  counter("rank_mismatches_total", "Batches whose data_parallel_rank differs from the rank of the subscription they arrived on.", "target"),
+		unrecovered:     counter("unrecovered_batches_total", "Batches known missing that replay could not bring back; the index may be wrong until it turns over.", "target"),
 		reconnects:      counter("reconnects_total", "Event-stream reconnections.", "target"),
 		hashChecks:      counter("hash_checks_total", "BlockStored blocks recomputed from their token_ids to verify the router's hashing.", "target"),
 		hashMismatches:  counter("hash_mismatches_total", "Recomputed blocks whose hash differs from the pod's: seed, algorithm or block size disagree.", "target", "reason"),
@@ -50,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time the last event batch from a target was received."}, []string{"target"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.replayedBatches, m.restarts,
+		for _, c := range []prometheus.Collector{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.replayedBatches, m.restarts, m.unrecovered, m.rankMismatches,
 			m.reconnects, m.hashChecks, m.hashMismatches, m.unchained, m.skipped, m.placements, m.evictions, m.lastEvent} {
 			reg.MustRegister(c)
 		}
@@ -65,7 +69,7 @@ func (m *Metrics) forgetTarget(label string) {
 		return
 	}
 	for _, v := range []*prometheus.MetricVec{m.batches.MetricVec, m.events.MetricVec, m.decodeErrors.MetricVec, m.gaps.MetricVec,
-		m.replays.MetricVec, m.replayedBatches.MetricVec, m.restarts.MetricVec, m.reconnects.MetricVec, m.hashChecks.MetricVec,
+		m.replays.MetricVec, m.replayedBatches.MetricVec, m.restarts.MetricVec, m.unrecovered.MetricVec, m.rankMismatches.MetricVec, m.reconnects.MetricVec, m.hashChecks.MetricVec,
 		m.hashMismatches.MetricVec, m.unchained.MetricVec, m.skipped.MetricVec, m.placements.MetricVec, m.evictions.MetricVec, m.lastEvent.MetricVec} {
 		v.DeletePartialMatch(prometheus.Labels{"target": label})
 	}

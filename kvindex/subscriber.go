@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -40,8 +41,11 @@ type SubscriberConfig struct {
 	// QueueSize is how many received batches may wait to be applied
 	// (default 4096); the receiver blocks beyond it and ZMQ buffers.
 	QueueSize int
-	Logger    *slog.Logger
-	Metrics   *Metrics
+	// MaxMessageBytes makes libzmq drop the connection of a peer sending
+	// a larger frame instead of allocating for it (default 64 MiB).
+	MaxMessageBytes int64
+	Logger          *slog.Logger
+	Metrics         *Metrics
 }
 
 // Subscriber follows one target's KV-event stream: a SUB socket with a topic
@@ -55,16 +59,17 @@ type Subscriber struct {
 	mu     sync.Mutex
 	status SubscriberStatus
 
-	queue chan rawMessage
+	queue  chan rawMessage
+	resync chan struct{}
 }
 
 type rawMessage struct {
 	seq     uint64
 	payload []byte
 	err     error // malformed framing
-	// afterReconnect marks the first message after the connection dropped
-	// and came back: whatever happened meanwhile is unknown.
-	afterReconnect bool
+	// connected marks the socket (re)connecting rather than a message:
+	// the moment to catch up through replay.
+	connected bool
 }
 
 // NewSubscriber validates the configuration; Run does the work.
@@ -87,6 +92,9 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 4096
 	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = 64 << 20
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -98,6 +106,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		log:    log.With("target", label, "events", cfg.Endpoint),
 		status: SubscriberStatus{Target: cfg.Target},
 		queue:  make(chan rawMessage, cfg.QueueSize),
+		resync: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -144,12 +153,13 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	defer sub.Close()
 	_ = sub.SetLinger(0)
 	_ = sub.SetRcvhwm(100000)
+	_ = sub.SetMaxmsgsize(s.cfg.MaxMessageBytes)
 	_ = sub.SetReconnectIvl(s.cfg.ReconnectMin)
 	_ = sub.SetReconnectIvlMax(s.cfg.ReconnectMax)
 	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
 		return fmt.Errorf("subscribe %s topic %q: %w", s.cfg.Endpoint, s.cfg.Topic, err)
 	}
-	monAddr := fmt.Sprintf("inproc://kvmon-%p", s)
+	monAddr := fmt.Sprintf("inproc://kvmon-%d", monitorSeq.Add(1))
 	if err := sub.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_DISCONNECTED); err != nil {
 		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
 	}
@@ -168,7 +178,7 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	poller := zmq.NewPoller()
 	poller.Add(sub, zmq.POLLIN)
 	poller.Add(mon, zmq.POLLIN)
-	connectedOnce, reconnected := false, false
+	connectedOnce := false
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(100 * time.Millisecond)
 		if err != nil {
@@ -192,10 +202,14 @@ func (s *Subscriber) receive(ctx context.Context) error {
 							s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
 						}
 						s.log.Info("event stream reconnected")
-						reconnected = true
 					}
 					connectedOnce = true
 					s.update(func(st *SubscriberStatus) { st.Connected = true })
+					select {
+					case s.queue <- rawMessage{connected: true}:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 				case zmq.EVENT_DISCONNECTED:
 					s.update(func(st *SubscriberStatus) { st.Connected = false })
 					s.log.Warn("event stream disconnected")
@@ -206,7 +220,6 @@ func (s *Subscriber) receive(ctx context.Context) error {
 					continue
 				}
 				msg := frameMessage(frames)
-				msg.afterReconnect, reconnected = reconnected, false
 				select {
 				case s.queue <- msg:
 				case <-ctx.Done():
@@ -217,6 +230,9 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	}
 	return ctx.Err()
 }
+
+// monitorSeq names each subscriber's inproc monitor endpoint uniquely.
+var monitorSeq atomic.Uint64
 
 // frameMessage checks the three-frame layout: topic, sequence, payload.
 func frameMessage(frames [][]byte) rawMessage {
@@ -230,72 +246,131 @@ func frameMessage(frames [][]byte) rawMessage {
 	return rawMessage{seq: seq, payload: frames[2]}
 }
 
-// apply owns sequence tracking and replay. On the first message it replays
-// from 0 so that a router joining late learns what the pod's replay buffer
-// still holds; on a gap it replays the missing range; when the sequence goes
-// backwards the pod restarted, so placements are cleared and replay starts
-// over from 0.
+// Resync tells the subscriber that the pod is known to have restarted
+// (health saw its process start time change, for instance) even though the
+// sequence numbers did not reveal it: placements are cleared and rebuilt
+// from the replay buffer. It does not block.
+func (s *Subscriber) Resync() {
+	select {
+	case s.resync <- struct{}{}:
+	default:
+	}
+}
+
+// stream is the apply loop's view of the sequence.
+type stream struct {
+	have bool   // a batch has been applied since the last (re)start
+	next uint64 // next expected sequence
+	// [dupFrom, next) was delivered by replay while live copies of the same
+	// batches may still sit in the queue; those copies are not a restart.
+	dupFrom uint64
+	dupOpen bool
+}
+
+// apply owns sequence tracking and replay. On connecting it replays what
+// the pod's buffer holds (from 0 on first join, so a router joining late
+// learns what it can; from the next expected batch after a reconnect); on a
+// gap it replays the missing range; when the sequence goes backwards the pod
+// restarted, so placements are cleared and replay starts over from 0.
 func (s *Subscriber) apply(ctx context.Context) {
-	var (
-		haveSeq bool
-		next    uint64 // next expected sequence
-	)
+	var st stream
 	for {
-		var msg rawMessage
 		select {
 		case <-ctx.Done():
 			return
-		case m, ok := <-s.queue:
+		case <-s.resync:
+			s.restart(ctx, &st, "resync requested")
+			if s.cfg.Replay != "" {
+				s.catchUp(ctx, &st)
+			}
+		case msg, ok := <-s.queue:
 			if !ok {
 				return
 			}
-			msg = m
+			s.handle(ctx, &st, msg)
 		}
-		if msg.err != nil {
-			s.decodeFailed(0, msg.err)
-			continue
+	}
+}
+
+func (s *Subscriber) handle(ctx context.Context, st *stream, msg rawMessage) {
+	if msg.err != nil {
+		s.decodeFailed(0, msg.err)
+		return
+	}
+	if msg.connected {
+		if s.cfg.Replay != "" {
+			s.catchUp(ctx, st)
 		}
-		switch {
-		case !haveSeq:
-			if s.cfg.Replay != "" && msg.seq > 0 {
-				next = s.replay(ctx, 0, msg.seq)
-			}
-		case (msg.seq < next && next-msg.seq > 1) || (msg.afterReconnect && msg.seq != next):
-			// Went backwards by more than a duplicate: a new process. After
-			// a reconnect any jump is treated the same way: a restarted pod
-			// may already have published past the old sequence, and
-			// rebuilding from its replay buffer is safe either way.
-			s.log.Warn("event sequence discontinuous: pod restarted, clearing its placements", "seq", msg.seq, "expected", next, "after_reconnect", msg.afterReconnect)
-			s.update(func(st *SubscriberStatus) { st.Restarts++; st.HaveSeq = false })
-			if s.cfg.Metrics != nil {
-				s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()
-			}
-			if s.cfg.Restarted != nil {
-				s.cfg.Restarted()
-			}
-			next = 0
-			if s.cfg.Replay != "" && msg.seq > 0 {
-				next = s.replay(ctx, 0, msg.seq)
-			}
-		case msg.seq < next:
-			continue // duplicate of an applied batch (live copy of a replayed one)
-		case msg.seq > next:
-			missing := msg.seq - next
-			s.update(func(st *SubscriberStatus) { st.Gaps++ })
-			if s.cfg.Metrics != nil {
-				s.cfg.Metrics.gaps.WithLabelValues(s.label).Inc()
-			}
-			s.log.Warn("event sequence gap", "expected", next, "got", msg.seq, "missing", missing)
-			if s.cfg.Replay != "" {
-				next = s.replay(ctx, next, msg.seq)
-			}
+		return
+	}
+	switch {
+	case st.dupOpen && msg.seq >= st.dupFrom && msg.seq < st.next:
+		return // live copy of a batch the replay already delivered
+	case !st.have:
+		if s.cfg.Replay != "" && msg.seq > 0 {
+			st.next = s.replay(ctx, 0, msg.seq)
 		}
-		if haveSeq && msg.seq < next {
-			continue // the replay already delivered it
+	case msg.seq < st.next:
+		// Sequence numbers only go backwards when a new process starts
+		// counting from 0: live batches are never duplicated, and batches
+		// replayed ahead of the live stream are filtered below.
+		s.restart(ctx, st, "event sequence went backwards")
+		if s.cfg.Replay != "" && msg.seq > 0 {
+			st.next = s.replay(ctx, 0, msg.seq)
 		}
-		haveSeq = true
-		s.deliver(msg.seq, msg.payload, false)
-		next = msg.seq + 1
+	case msg.seq > st.next:
+		missing := msg.seq - st.next
+		s.update(func(ss *SubscriberStatus) { ss.Gaps++ })
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.gaps.WithLabelValues(s.label).Inc()
+		}
+		s.log.Warn("event sequence gap", "expected", st.next, "got", msg.seq, "missing", missing)
+		if s.cfg.Replay != "" {
+			st.next = s.replay(ctx, st.next, msg.seq)
+		} else {
+			s.unrecovered(missing)
+		}
+	}
+	if st.have && msg.seq < st.next {
+		return // the replay already delivered it
+	}
+	s.deliver(msg.seq, msg.payload, false)
+	st.have, st.next, st.dupOpen = true, msg.seq+1, false
+}
+
+// restart forgets the old process: its placements are cleared by the
+// Restarted callback and the sequence starts over.
+func (s *Subscriber) restart(_ context.Context, st *stream, why string) {
+	s.log.Warn(why+": pod restarted, clearing its placements", "expected", st.next)
+	s.update(func(ss *SubscriberStatus) { ss.Restarts++; ss.HaveSeq = false })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()
+	}
+	if s.cfg.Restarted != nil {
+		s.cfg.Restarted()
+	}
+	*st = stream{}
+}
+
+// catchUp replays everything the pod buffered from the next expected batch
+// (from 0 when nothing was applied yet), without waiting for live traffic:
+// an idle pod's history is learned as soon as the connection is up.
+func (s *Subscriber) catchUp(ctx context.Context, st *stream) {
+	start := uint64(0)
+	if st.have {
+		start = st.next
+	}
+	next := s.replay(ctx, start, events.EndOfReplay)
+	if next > start {
+		st.have, st.next = true, next
+		st.dupFrom, st.dupOpen = start, true
+	}
+}
+
+func (s *Subscriber) unrecovered(n uint64) {
+	s.update(func(ss *SubscriberStatus) { ss.Unrecovered += n })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.unrecovered.WithLabelValues(s.label).Add(float64(n))
 	}
 }
 
@@ -357,6 +432,7 @@ func (s *Subscriber) replay(ctx context.Context, start, stop uint64) uint64 {
 		}
 		if seq > next {
 			s.log.Warn("replay buffer no longer holds the requested batches", "from", next, "oldest_available", seq)
+			s.unrecovered(seq - next)
 		}
 		s.deliver(seq, payload, true)
 		next = seq + 1
@@ -365,8 +441,9 @@ func (s *Subscriber) replay(ctx context.Context, start, stop uint64) uint64 {
 	if err != nil {
 		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
 	}
-	if next < stop && err == nil {
-		s.log.Warn("replay ended before the live stream resumed", "from", start, "next", next, "live", stop)
+	if stop != events.EndOfReplay && next < stop {
+		s.log.Warn("replay did not reach the live stream", "from", start, "next", next, "live", stop)
+		s.unrecovered(stop - next)
 	}
 	return next
 }
@@ -382,6 +459,7 @@ func ReplayRange(ctx context.Context, endpoint string, start uint64, timeout tim
 	}
 	defer d.Close()
 	_ = d.SetLinger(0)
+	_ = d.SetMaxmsgsize(64 << 20)
 	if err := d.Connect(endpoint); err != nil {
 		return fmt.Errorf("replay %s: %w", endpoint, err)
 	}

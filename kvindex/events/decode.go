@@ -57,6 +57,16 @@ func Decode(payload []byte) (b Batch, err error) {
 			b.Unknown++
 			continue
 		}
+		// A well-formed event whose fields make no sense is dropped on its
+		// own: the rest of the batch (often the step's GPU events next to
+		// an offloading connector's) still counts.
+		if err := checkEvent(&ev); err != nil {
+			b.Invalid++
+			if b.FirstInvalid == nil {
+				b.FirstInvalid = fmt.Errorf("event %d: %w", i, err)
+			}
+			continue
+		}
 		b.Events = append(b.Events, ev)
 	}
 	if n >= 3 {
@@ -197,7 +207,7 @@ func decodeMapEvent(d *decoder) (Event, error) {
 	if !haveType {
 		return ev, errors.New(`event map without "type"`)
 	}
-	return ev, checkEvent(&ev)
+	return ev, nil
 }
 
 // Positional field order of the array encoding, after the type tag.
@@ -238,21 +248,27 @@ func decodeArrayEvent(d *decoder) (Event, error) {
 			return ev, err
 		}
 	}
-	if ev.Kind == KindUnknown {
-		return ev, nil
-	}
-	return ev, checkEvent(&ev)
+	return ev, nil
 }
 
-// checkEvent enforces the fields without a default in vLLM's structs.
+// checkEvent enforces what vLLM's structs guarantee. An offloading
+// connector's BlockStored carries no token_ids and block_size 0 (the blocks
+// were already announced on the GPU); that is valid.
 func checkEvent(ev *Event) error {
 	switch ev.Kind {
 	case KindBlockStored:
-		if ev.BlockSize <= 0 && len(ev.BlockHashes) > 0 {
-			return fmt.Errorf("BlockStored with block_size %d", ev.BlockSize)
+		if len(ev.BlockHashes) == 0 {
+			return errors.New("BlockStored without block_hashes")
+		}
+		if len(ev.TokenIDs) > 0 && ev.BlockSize <= 0 {
+			return fmt.Errorf("BlockStored with %d token_ids and block_size %d", len(ev.TokenIDs), ev.BlockSize)
 		}
 		if ev.HasExtraKeys && len(ev.ExtraKeys) != len(ev.BlockHashes) {
 			return fmt.Errorf("BlockStored with %d extra_keys for %d blocks", len(ev.ExtraKeys), len(ev.BlockHashes))
+		}
+	case KindBlockRemoved:
+		if len(ev.BlockHashes) == 0 {
+			return errors.New("BlockRemoved without block_hashes")
 		}
 	}
 	return nil

@@ -48,10 +48,14 @@ const (
 	MediumStorage = "STORAGE"
 )
 
-// SpecFullAttention is the kv_cache_spec_kind of the KV-cache group whose
-// blocks decide a prefix-cache hit; other groups (sliding window, Mamba) of
-// hybrid models are not indexed.
-const SpecFullAttention = "full_attention"
+// KV-cache spec kinds whose groups hold the whole prefix, so their blocks
+// decide a prefix-cache hit. Other groups of hybrid models (sliding window,
+// chunked local attention, Mamba) keep only a suffix and are not indexed.
+const (
+	SpecFullAttention     = "full_attention"
+	SpecMLAAttention      = "mla_attention"
+	SpecSinkFullAttention = "sink_full_attention"
+)
 
 // Event is one decoded KV-cache event. Fields that the event kind does not
 // carry, or that the publisher left out, hold their zero value and the Has*
@@ -87,11 +91,16 @@ type Event struct {
 	HasSlidingWindow bool
 }
 
-// IsFullAttention reports whether the event belongs to the full-attention
-// KV-cache group. Publishers that predate per-group events only ever had one
-// group, so a missing spec kind counts as full attention.
-func (e *Event) IsFullAttention() bool {
-	return e.SpecKind == "" || e.SpecKind == SpecFullAttention
+// IsFullPrefix reports whether the event's KV-cache group holds the whole
+// prefix (full attention, MLA, full attention with sinks). Publishers that
+// predate per-group events only ever had one group, so a missing spec kind
+// counts as full prefix.
+func (e *Event) IsFullPrefix() bool {
+	switch e.SpecKind {
+	case "", SpecFullAttention, SpecMLAAttention, SpecSinkFullAttention:
+		return true
+	}
+	return false
 }
 
 // Batch is one EventBatch payload: [ts, events, data_parallel_rank?].
@@ -103,6 +112,10 @@ type Batch struct {
 	// Unknown counts events whose type tag this decoder does not know; they
 	// are skipped so that a newer publisher does not break ingestion.
 	Unknown int
+	// Invalid counts well-formed events whose fields contradict each other
+	// (FirstInvalid says how); they are skipped, the rest of the batch kept.
+	Invalid      int
+	FirstInvalid error
 }
 
 // EndOfReplay is the sequence number that closes a replay response.

@@ -183,7 +183,7 @@ func TestDecodeGoldenFields(t *testing.T) {
 		ev := b.Events[0]
 		if ev.Kind != KindBlockStored || len(ev.BlockHashes) != 2 || ev.BlockHashes[0] != 4816174735284439193 ||
 			ev.BlockHashes[1] != 11281961293233673850 || ev.HasParentHash || len(ev.TokenIDs) != 32 ||
-			ev.BlockSize != 16 || ev.Medium != MediumGPU || !ev.IsFullAttention() || !b.HasDPRank || b.DPRank != 0 {
+			ev.BlockSize != 16 || ev.Medium != MediumGPU || !ev.IsFullPrefix() || !b.HasDPRank || b.DPRank != 0 {
 			t.Errorf("%s: unexpected %+v", enc, ev)
 		}
 		b, err = Decode(byID["stored_minimal_dp3_"+enc].frames(t)[2])
@@ -264,16 +264,36 @@ func TestDecodeTolerance(t *testing.T) {
 	}
 }
 
+func TestDecodeSkipsInvalidEventsKeepsBatch(t *testing.T) {
+	gpu := map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "parent_block_hash": nil, "token_ids": []any{1, 2, 3, 4},
+		"block_size": 2, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	// vLLM's offloading connector: no token_ids, block_size 0, same batch.
+	offload := map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "parent_block_hash": nil, "token_ids": []any{},
+		"block_size": 0, "lora_id": nil, "medium": "CPU", "lora_name": nil}
+	invalid := []any{
+		map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "block_size": 16, "extra_keys": []any{nil}},
+		map[string]any{"type": "BlockStored", "token_ids": []any{1}, "block_size": 16},
+		map[string]any{"type": "BlockStored", "block_hashes": []any{1}, "token_ids": []any{1}, "block_size": 0},
+		[]any{"BlockRemoved", []any{}, "GPU"},
+	}
+	b, err := Decode(mustEncodeGeneric(t, []any{1.0, append([]any{gpu, offload}, invalid...), 0}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 2 || b.Events[1].Medium != MediumCPU || b.Events[1].BlockSize != 0 || b.Invalid != len(invalid) || b.FirstInvalid == nil {
+		t.Fatalf("%+v", b)
+	}
+}
+
 func TestDecodeRejects(t *testing.T) {
 	cases := map[string]any{
-		"not an array":          map[string]any{"a": 1},
-		"short batch":           []any{1.0},
-		"event without type":    []any{1.0, []any{map[string]any{"block_hashes": []any{1}}}},
-		"string token":          []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{"x"}, 16, nil, "GPU", nil}}},
-		"negative token":        []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-3}, 16, nil, "GPU", nil}}},
-		"hash is a map":         []any{1.0, []any{[]any{"BlockRemoved", []any{map[string]any{}}, "GPU"}}},
-		"extra keys mismatched": []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{1, 2}, "block_size": 16, "extra_keys": []any{nil}}}},
-		"negative rank":         []any{1.0, []any{}, -1},
+		"not an array":       map[string]any{"a": 1},
+		"short batch":        []any{1.0},
+		"event without type": []any{1.0, []any{map[string]any{"block_hashes": []any{1}}}},
+		"string token":       []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{"x"}, 16, nil, "GPU", nil}}},
+		"negative token":     []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-3}, 16, nil, "GPU", nil}}},
+		"hash is a map":      []any{1.0, []any{[]any{"BlockRemoved", []any{map[string]any{}}, "GPU"}}},
+		"negative rank":      []any{1.0, []any{}, -1},
 	}
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
