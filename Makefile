@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build test deps vet fmt-check unit fuzz bench clean testdata parity-refs bench-tokenize
+.PHONY: all build test deps vet fmt-check unit fuzz bench clean demo e2e-client testdata parity-refs bench-tokenize
 
 all: build
 
@@ -54,6 +54,17 @@ parity-refs: testdata
 # bench-tokenize compares this encoder with the HF npm binding on one core.
 bench-tokenize: testdata
 	./scripts/bench-tokenize.sh
+
+# demo builds the binary and runs `prefixrouter demo`: simulated pods on
+# loopback, the router in front, the same shared-prefix workload under the
+# precise and round-robin policies, one table. It stops everything it starts.
+demo: build
+	./$(BIN) demo
+
+# e2e-client runs the official OpenAI Node SDK (npm openai, pinned in the
+# script) against the router in front of simulated pods.
+e2e-client: build
+	./scripts/e2e-client.sh
 
 clean:
 	rm -rf bin

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/dgraph-io/ristretto/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/prefixrouter/prefixrouter/tokenize/bpe"
 )
@@ -25,6 +26,9 @@ func newSegmentCache(maxBytes int64, m *metrics) *segmentCache {
 		NumCounters: max(maxBytes/100, 1000), // ~10 counters per expected entry
 		MaxCost:     maxBytes,
 		BufferItems: 64,
+		KeyToHash: func(k string) (uint64, uint64) {
+			return binary.LittleEndian.Uint64([]byte(k[:8])), binary.LittleEndian.Uint64([]byte(k[8:16]))
+		},
 	})
 	if err != nil {
 		// Only reachable with a zero NumCounters or MaxCost, which the
@@ -50,15 +54,21 @@ type modelCache struct {
 	id uint64
 }
 
-// key prefixes the segment with the tokenizer id and whether the segment
-// starts the text (Metaspace prepend_scheme "first" encodes it differently).
+// key is the 128-bit XXH3 of the segment, seeded with the tokenizer id and
+// whether the segment starts the text (Metaspace prepend_scheme "first"
+// encodes it differently): one fast pass over the text instead of building
+// a key string and hashing it twice. Only a 2^-128 collision could hit
+// wrongly.
 func (m *modelCache) key(seg string, first bool) string {
-	b := make([]byte, 9, 9+len(seg))
-	binary.LittleEndian.PutUint64(b, m.id)
+	seed := m.id << 1
 	if first {
-		b[8] = 1
+		seed |= 1
 	}
-	return string(append(b, seg...))
+	h := xxh3.HashString128Seed(seg, seed)
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], h.Lo)
+	binary.LittleEndian.PutUint64(b[8:], h.Hi)
+	return string(b[:])
 }
 
 func (m *modelCache) Get(seg string, first bool) ([]uint32, bool) {
@@ -75,5 +85,5 @@ func (m *modelCache) Set(seg string, first bool, ids []uint32) {
 	if len(seg) > maxCachedSegment {
 		return
 	}
-	m.s.c.Set(m.key(seg, first), ids, int64(4*len(ids)+len(seg)+64))
+	m.s.c.Set(m.key(seg, first), ids, int64(4*len(ids)+64))
 }

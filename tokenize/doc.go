@@ -20,13 +20,35 @@
 //	// Mode-aware entry points for the router: local, remote or auto per model.
 //	res, err := m.TokenizeChat(ctx, req, "http://pod:8000")
 //	res, err := m.TokenizePrompt(ctx, prompt, true, "http://pod:8000")
+//	m.NeedsBaseURL(chat) // true when the call may contact the pod: pass a URL
 //
 //	b := tokenize.Bytes() // the built-in model without a registry (local only)
 //
 // A spec is NAME=PATH or NAME:MODE=PATH. PATH is a model directory
-// (tokenizer.json, optional tokenizer_config.json and chat_template.jinja), a
-// tokenizer.json file, the word "bytes" for the built-in model, or empty for
-// a remote-only model. MODE is local (default), remote or auto.
+// (tokenizer.json, optional tokenizer_config.json and chat_template.jinja),
+// a tokenizer.json file, the word "bytes" for the built-in model, or empty
+// for a remote-only model. MODE is local (default), remote or auto. A
+// directory gets transformers' semantics (add_bos_token/add_eos_token from
+// tokenizer_config.json decide BOS/EOS, as vLLM sees them); a lone
+// tokenizer.json gets HF tokenizers' own, and no chat template.
+//
+// Errors: *TemplateError when a chat template raises (the request is bad for
+// this model, as vLLM answers 400); *RemoteError for a non-2xx pod answer;
+// ErrUnknownModel, ErrNoLocal (remote-only model), ErrNoTemplate (no local
+// template: the model's chat requests go to the pod in remote/auto mode, and
+// a template that fails to compile is logged and counted at Add).
+//
+// Metrics (on Options.Registerer; labels model, mode, reason only):
+// prefixrouter_tokenize_requests_total, _errors_total, _seconds,
+// _remote_switches_total, _comparisons_total, _mode, and
+// prefixrouter_tokenize_segment_cache_{hits,misses}_total.
+//
+// Parity: the encoder matches HF tokenizers exactly on the shared corpus
+// (bpe.TestParity) — the one known residual class is code points new in
+// Unicode 16, which Go's 15.0 tables leave unassigned (bpe.TestKnownEdgeCases).
+// Builds with -tags hftokenizers encode tokenizer.json models with
+// HuggingFace's Rust library through github.com/daulet/tokenizers instead
+// (libtokenizers.a must be on the linker path); everything else is unchanged.
 //
 // ChatRequest carries messages, tools and chat_template_kwargs as raw JSON so
 // that key order survives to the template (tools | tojson depends on it).
@@ -55,7 +77,8 @@
 // "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}.
 // Prompts: POST {base}/v1/completions/render with {"model", "prompt",
 // "add_special_tokens"}. When a render endpoint answers 404 or 405 the client
-// falls back to POST {base}/tokenize with the same fields. Token ids are read
+// falls back to POST {base}/tokenize with those fields (never the whole
+// client body). Token ids are read
 // from "token_ids", "prompt_token_ids" or "tokens" of the response object (or
 // of its first element when the response is an array); a rendered prompt is
 // read from "prompt" or "prompt_text" when present.

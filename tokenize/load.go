@@ -50,6 +50,8 @@ func tokenString(raw json.RawMessage) (string, bool) {
 	return "", false
 }
 
+var errNoTemplateFile = errors.New("the model directory has no chat template")
+
 // loadLocal fills m's encoder and chat template from a model directory or a
 // tokenizer.json file.
 func loadLocal(m *Model, path string, cache bpe.SegmentCache) error {
@@ -67,6 +69,15 @@ func loadLocal(m *Model, path string, cache bpe.SegmentCache) error {
 	}
 	t.SetCache(cache)
 	m.enc = bpeEncoder{t}
+	if !st.IsDir() {
+		// A tokenizer.json named on its own means exactly that file, as HF
+		// tokenizers reads it: no transformers config, no chat template.
+		m.chatErr = errNoTemplateFile
+		if hfAvailable {
+			m.enc, err = newHFEncoder(file, false, nil, nil)
+		}
+		return err
+	}
 
 	var cfg tokenizerConfig
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
@@ -123,7 +134,7 @@ func loadLocal(m *Model, path string, cache bpe.SegmentCache) error {
 		return err
 	}
 	if src == "" {
-		m.chatErr = errors.New("the model directory has no chat template")
+		m.chatErr = errNoTemplateFile
 		return nil
 	}
 	var extra []string

@@ -1,6 +1,11 @@
 package tokenize
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the package's Prometheus series. Labels stay bounded: model
 // names come from configuration, mode and reason from fixed sets.
@@ -52,9 +57,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.errors, m.seconds, m.switches, m.comparisons, m.mode, m.cacheHits, m.cacheMisses)
+		m.requests = register(reg, m.requests)
+		m.errors = register(reg, m.errors)
+		m.seconds = register(reg, m.seconds)
+		m.switches = register(reg, m.switches)
+		m.comparisons = register(reg, m.comparisons)
+		m.mode = register(reg, m.mode)
+		m.cacheHits = register(reg, m.cacheHits)
+		m.cacheMisses = register(reg, m.cacheMisses)
 	}
 	return m
+}
+
+// register adds c to reg; when a second Registry shares the Registerer it
+// reuses the collector already there instead of panicking.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(fmt.Sprintf("tokenize: register metric: %v", err))
+	}
+	return c
 }
 
 func (m *metrics) setMode(model string, mode Mode) {

@@ -134,7 +134,7 @@ func (r *Registry) Add(name, path string, mode Mode) (*Model, error) {
 	}
 	m.mode.Store(int32(mode))
 	r.metrics.setMode(name, mode)
-	if m.chatErr != nil && mode != ModeRemote {
+	if m.chatErr != nil && !errors.Is(m.chatErr, errNoTemplateFile) && mode != ModeRemote {
 		r.metrics.switches.WithLabelValues(name, "template_compile").Inc()
 		r.log.Warn("chat template does not compile locally; chat requests for this model use the pod's render endpoint",
 			"model", name, "err", m.chatErr)
@@ -173,6 +173,20 @@ func (r *Registry) Close() {
 	if r.cache != nil {
 		r.cache.close()
 	}
+}
+
+// NeedsBaseURL reports whether a TokenizeChat (chat=true) or
+// TokenizePrompt call may contact the pod, so the caller must pass a base
+// URL: the model is remote or auto, or (chat) its template only renders
+// remotely. In auto mode the URL is used for the sampled comparisons.
+func (m *Model) NeedsBaseURL(chat bool) bool {
+	if m.reg == nil {
+		return false
+	}
+	if chat {
+		return m.chatMode() != ModeLocal
+	}
+	return m.promptMode() != ModeLocal
 }
 
 // chatMode is the effective mode for chat requests: a model whose template

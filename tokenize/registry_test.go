@@ -180,6 +180,13 @@ func TestRemoteMode(t *testing.T) {
 	if p := pod.lastPath.Load(); p != "/tokenize" || !slices.Equal(res.IDs, []uint32{7, 8, 9}) || res.Prompt != "hello" {
 		t.Fatalf("fallback: path %v res %+v", p, res)
 	}
+	// ... and the fallback sends only the prompt-shaping fields.
+	if _, err := m.TokenizeChat(ctx, req, pod.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if b := pod.lastBody.Load().(string); pod.lastPath.Load() != "/tokenize" || strings.Contains(b, `"x":1`) || !strings.Contains(b, `"messages":[{"role":"user"`) {
+		t.Fatalf("fallback chat body %s", b)
+	}
 	// Pod errors surface as RemoteError.
 	pod.noRender, pod.status = false, http.StatusBadRequest
 	_, err = m.TokenizeChat(ctx, ChatRequest{Messages: json.RawMessage(`[]`)}, pod.srv.URL)
@@ -373,6 +380,20 @@ func TestTransformersBOS(t *testing.T) {
 		{"llama3_1", []uint32{128000}, "llama3_1.add0.jsonl"},
 	}
 	reg := NewRegistry(Options{})
+	// A lone tokenizer.json keeps HF tokenizers' own post-processor.
+	if dir := fetchedModel(t, "deepseek_v3"); dir != "" {
+		m, err := reg.Add("raw", filepath.Join(dir, "tokenizer.json"), ModeLocal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := m.Encode(corpus[0], true)
+		if want := readRef(t, "deepseek_v3.add1.jsonl")[0]; !slices.Equal(got, want) {
+			t.Fatalf("tokenizer.json alone: %v, want HF's %v", got, want)
+		}
+		if _, err := m.RenderChat(ChatRequest{Messages: json.RawMessage(`[]`)}); !errors.Is(err, ErrNoTemplate) {
+			t.Fatalf("tokenizer.json alone has a template? %v", err)
+		}
+	}
 	for _, tc := range tests {
 		t.Run(tc.model, func(t *testing.T) {
 			m, err := reg.Add(tc.model, fetchedModel(t, tc.model), ModeLocal)
@@ -448,5 +469,69 @@ func TestModelChatRenders(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func TestSharedRegisterer(t *testing.T) {
+	promReg := prometheus.NewRegistry()
+	a := NewRegistry(Options{Registerer: promReg, CacheMaxBytes: -1})
+	b := NewRegistry(Options{Registerer: promReg, CacheMaxBytes: -1})
+	ma, _ := a.Add("x", "bytes", ModeLocal)
+	mb, _ := b.Add("y", "bytes", ModeLocal)
+	ctx := context.Background()
+	ma.TokenizePrompt(ctx, "a", false, "")
+	mb.TokenizePrompt(ctx, "b", false, "")
+	if got := testutil.ToFloat64(a.metrics.requests.WithLabelValues("y", "local")); got != 1 {
+		t.Fatalf("second registry's requests not on the shared collector: %v", got)
+	}
+}
+
+func TestNeedsBaseURL(t *testing.T) {
+	reg := NewRegistry(Options{CacheMaxBytes: -1})
+	local, _ := reg.Add("l", "bytes", ModeLocal)
+	auto, _ := reg.Add("a", "bytes", ModeAuto)
+	broken, _ := reg.Add("b", tinyModelDir(t, "{% if %}"), ModeLocal)
+	for _, tc := range []struct {
+		m          *Model
+		chat, want bool
+	}{
+		{local, true, false}, {local, false, false}, {auto, true, true}, {auto, false, true},
+		{broken, true, true}, {broken, false, false}, {Bytes(), true, false},
+	} {
+		if got := tc.m.NeedsBaseURL(tc.chat); got != tc.want {
+			t.Errorf("%s chat=%v: %v, want %v", tc.m.Name(), tc.chat, got, tc.want)
+		}
+	}
+}
+
+// TestSegmentCacheExact checks that cached encodings equal uncached ones,
+// including text that starts with a special token.
+func TestSegmentCacheExact(t *testing.T) {
+	dir := fetchedModel(t, "qwen3")
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizers", "corpus.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var corpus []string
+	if err := json.Unmarshal(raw, &corpus); err != nil {
+		t.Fatal(err)
+	}
+	cold := NewRegistry(Options{CacheMaxBytes: -1})
+	warm := NewRegistry(Options{})
+	defer warm.Close()
+	mc, _ := cold.Add("q", dir, ModeLocal)
+	mw, _ := warm.Add("q", dir, ModeLocal)
+	for pass := 0; pass < 2; pass++ {
+		for i, s := range corpus[:300] {
+			want, _ := mc.Encode(s, true)
+			got, err := mw.Encode(s, true)
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("pass %d line %d: cached %v, uncached %v (%v)", pass, i, got, want, err)
+			}
+		}
+		warm.cache.c.Wait()
+	}
+	if testutil.ToFloat64(warm.metrics.cacheHits) == 0 {
+		t.Fatal("the second pass never hit the cache")
 	}
 }

@@ -38,6 +38,11 @@ func (r *Registry) remoteChat(ctx context.Context, model string, req ChatRequest
 	}
 	res, err := r.post(ctx, baseURL, "/v1/chat/completions/render", body)
 	if errors.Is(err, errNotFound) {
+		// /tokenize takes only the prompt-shaping fields, never the whole
+		// completion request.
+		if body, err = chatBody(model, req); err != nil {
+			return Result{Mode: ModeRemote}, err
+		}
 		res, err = r.post(ctx, baseURL, "/tokenize", body)
 	}
 	return res, err

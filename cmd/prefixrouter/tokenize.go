@@ -22,7 +22,8 @@ func tokenizeCommand() *cli.Command {
 			"With --chat each line is {\"messages\": [...], \"add_generation_prompt\": true, \"tools\": [...],\n" +
 			"\"chat_template_kwargs\": {...}} (only messages required; add_generation_prompt defaults to true)\n" +
 			"and each output line is {\"prompt\": ..., \"token_ids\": [...]} or {\"error\": ...} when the template raises.\n" +
-			"--tokenizer is a model directory, a tokenizer.json file, or \"bytes\" for the built-in byte model.",
+			"--tokenizer is a model directory (tokenizer.json with tokenizer_config.json's BOS rules and chat template,\n" +
+			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), or \"bytes\" for the built-in model.",
 		OnUsageError: onUsageError,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "tokenizer", Usage: "model directory, tokenizer.json file, or \"bytes\" (required)", Sources: envVar("tokenizer")},

@@ -1,6 +1,7 @@
 package bpe
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -23,11 +24,27 @@ type matcher struct {
 	root     *trieNode
 	firstSet [256]bool
 	tokens   []*addedToken
+	// only is the single first byte of every token when there is one (as
+	// with "<|...|>" specials), so scanning can jump with IndexByte.
+	only    byte
+	hasOnly bool
 }
 
+// trieNode children are a small sorted-by-insertion list: fan-out is tiny
+// past the first byte, and a slice scan beats a map lookup there.
 type trieNode struct {
-	next map[byte]*trieNode
+	keys []byte
+	next []*trieNode
 	tok  int // index into tokens, -1 if no token ends here
+}
+
+func (n *trieNode) child(b byte) *trieNode {
+	for i, k := range n.keys {
+		if k == b {
+			return n.next[i]
+		}
+	}
+	return nil
 }
 
 func newMatcher(pats []string, toks []*addedToken) *matcher {
@@ -38,13 +55,11 @@ func newMatcher(pats []string, toks []*addedToken) *matcher {
 		}
 		n := m.root
 		for j := 0; j < len(p); j++ {
-			if n.next == nil {
-				n.next = map[byte]*trieNode{}
-			}
-			c, ok := n.next[p[j]]
-			if !ok {
+			c := n.child(p[j])
+			if c == nil {
 				c = &trieNode{tok: -1}
-				n.next[p[j]] = c
+				n.keys = append(n.keys, p[j])
+				n.next = append(n.next, c)
 			}
 			n = c
 		}
@@ -53,24 +68,32 @@ func newMatcher(pats []string, toks []*addedToken) *matcher {
 		}
 		m.firstSet[p[0]] = true
 	}
+	n := 0
+	for b, ok := range m.firstSet {
+		if ok {
+			n++
+			m.only = byte(b)
+		}
+	}
+	m.hasOnly = n == 1
 	return m
 }
 
-func (m *matcher) empty() bool { return m.root.next == nil }
+func (m *matcher) empty() bool { return len(m.root.keys) == 0 }
 
 // longestAt returns the longest token starting at s[i:], or -1.
 func (m *matcher) longestAt(s string, i int) (tok, end int) {
 	tok, end = -1, i
 	n := m.root
 	for j := i; j < len(s); j++ {
-		n = n.next[s[j]]
+		n = n.child(s[j])
 		if n == nil {
 			break
 		}
 		if n.tok >= 0 {
 			tok, end = n.tok, j+1
 		}
-		if n.next == nil {
+		if len(n.keys) == 0 {
 			break
 		}
 	}
@@ -92,7 +115,13 @@ func (m *matcher) find(s string, dst []segment) []segment {
 	}
 	startOffset := 0
 	for i := 0; i < len(s); {
-		if !m.firstSet[s[i]] {
+		if m.hasOnly {
+			j := strings.IndexByte(s[i:], m.only)
+			if j < 0 {
+				break
+			}
+			i += j
+		} else if !m.firstSet[s[i]] {
 			i++
 			continue
 		}

@@ -3,6 +3,7 @@ package bpe
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -97,7 +98,74 @@ func (u unicodeNorm) normalize(s string) (string, error) {
 	if u.f.IsNormalString(s) {
 		return s, nil
 	}
-	return u.f.String(s), nil
+	out := u.f.String(s)
+	// x/text/unicode/norm follows the Stream-Safe Text Format and inserts
+	// U+034F after 30 non-starters; HF (unicode-normalization) does not.
+	// Those rare inputs take the exact, slower path.
+	if strings.Count(out, "\u034F") > strings.Count(s, "\u034F") {
+		return exactNormalize(u.f, s), nil
+	}
+	return out, nil
+}
+
+// exactNormalize implements UAX #15 directly — full decomposition,
+// canonical ordering of whole non-starter runs, canonical composition —
+// using x/text only per rune and per pair, where no stream-safe limit
+// applies.
+func exactNormalize(f norm.Form, s string) string {
+	decomp, compose := norm.NFD, false
+	switch f {
+	case norm.NFC:
+		compose = true
+	case norm.NFKC:
+		decomp, compose = norm.NFKD, true
+	case norm.NFKD:
+		decomp = norm.NFKD
+	}
+	var rs []rune
+	for _, r := range s {
+		rs = append(rs, []rune(decomp.String(string(r)))...)
+	}
+	ccc := func(r rune) uint8 { return norm.NFD.PropertiesString(string(r)).CCC() }
+	// Canonical ordering: stable sort of every run of non-starters.
+	for i := 0; i < len(rs); {
+		if ccc(rs[i]) == 0 {
+			i++
+			continue
+		}
+		j := i
+		for j < len(rs) && ccc(rs[j]) != 0 {
+			j++
+		}
+		run := rs[i:j]
+		slices.SortStableFunc(run, func(a, b rune) int { return int(ccc(a)) - int(ccc(b)) })
+		i = j
+	}
+	if !compose {
+		return string(rs)
+	}
+	// Canonical composition: a character joins the last starter when no
+	// character between them blocks it.
+	out := make([]rune, 0, len(rs))
+	starter := -1
+	var lastCCC uint8
+	for _, r := range rs {
+		c := ccc(r)
+		if starter >= 0 && (lastCCC < c || (lastCCC == 0 && len(out)-1 == starter)) {
+			if p := []rune(norm.NFC.String(string([]rune{out[starter], r}))); len(p) == 1 {
+				out[starter] = p[0]
+				continue
+			}
+		}
+		if c == 0 {
+			starter = len(out)
+			lastCCC = 0
+		} else {
+			lastCCC = c
+		}
+		out = append(out, r)
+	}
+	return string(out)
 }
 
 // lowercase follows Rust's str::to_lowercase, which uses full case mappings

@@ -66,7 +66,13 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split: %w", err)
 		}
-		return splitPre{re: re, behavior: b, invert: s.Invert}, nil
+		sp := splitPre{re: re, behavior: b, invert: s.Invert}
+		if s.Pattern.Regex != nil {
+			if f, ok := fastPatterns[*s.Pattern.Regex]; ok {
+				sp.fast = &f
+			}
+		}
+		return sp, nil
 	case "ByteLevel":
 		var s struct {
 			AddPrefixSpace bool  `json:"add_prefix_space"`
@@ -145,6 +151,7 @@ func parseBehavior(s string) (behavior, error) {
 
 type splitPre struct {
 	re       *regexp2.Regexp
+	fast     *fastSplit // same matches as re, faster; nil when unknown
 	behavior behavior
 	invert   bool
 }
@@ -157,9 +164,14 @@ type span struct {
 func (sp splitPre) split(in []piece) ([]piece, error) {
 	out := make([]piece, 0, len(in)*4)
 	for _, p := range in {
-		ms, err := findAll(sp.re, p.s)
-		if err != nil {
-			return nil, err
+		var ms [][2]int
+		if sp.fast != nil {
+			ms = sp.fast.find(p.s)
+		} else {
+			var err error
+			if ms, err = findAll(sp.re, p.s); err != nil {
+				return nil, err
+			}
 		}
 		out = appendSplits(out, p, splitSpans(ms, len(p.s), sp.invert), sp.behavior)
 	}
@@ -245,7 +257,7 @@ func appendSplits(out []piece, p piece, spans []span, b behavior) []piece {
 // bytes_to_unicode), after the optional prefix space and GPT-2 regex split.
 type byteLevelPre struct {
 	addPrefixSpace bool
-	re             *regexp2.Regexp
+	re             *regexp2.Regexp // nil: use_regex false
 }
 
 func (bl byteLevelPre) split(in []piece) ([]piece, error) {
@@ -256,10 +268,7 @@ func (bl byteLevelPre) split(in []piece) ([]piece, error) {
 		}
 		subs := []piece{p}
 		if bl.re != nil {
-			ms, err := findAll(bl.re, p.s)
-			if err != nil {
-				return nil, err
-			}
+			ms := fastPatterns[gpt2Pattern].find(p.s)
 			subs = appendSplits(nil, p, splitSpans(ms, len(p.s), false), behIsolated)
 		}
 		for _, s := range subs {

@@ -359,7 +359,7 @@ func dictMethod(d *Dict, name string) Value {
 		return method(func([]Value, *Dict) (Value, error) {
 			out := &List{Items: make([]Value, len(d.keys))}
 			for i, k := range d.keys {
-				out.Items[i] = &List{Items: []Value{k, d.m[k]}}
+				out.Items[i] = &List{Items: []Value{k, d.at(k)}, Tuple: true}
 			}
 			return out, nil
 		})
@@ -375,7 +375,7 @@ func dictMethod(d *Dict, name string) Value {
 		return method(func([]Value, *Dict) (Value, error) {
 			out := &List{Items: make([]Value, len(d.keys))}
 			for i, k := range d.keys {
-				out.Items[i] = d.m[k]
+				out.Items[i] = d.at(k)
 			}
 			return out, nil
 		})
@@ -385,7 +385,7 @@ func dictMethod(d *Dict, name string) Value {
 				return nil, argErr("get", 1, len(args))
 			}
 			if k, ok := args[0].(string); ok {
-				if v, ok := d.m[k]; ok {
+				if v, ok := d.Get(k); ok {
 					return v, nil
 				}
 			}
@@ -469,12 +469,12 @@ var globals = map[string]Value{
 		for _, a := range args {
 			if d, ok := a.(*Dict); ok {
 				for _, k := range d.keys {
-					ns.d.Set(k, d.m[k])
+					ns.d.Set(k, d.at(k))
 				}
 			}
 		}
 		for _, k := range kw.keys {
-			ns.d.Set(k, kw.m[k])
+			ns.d.Set(k, kw.at(k))
 		}
 		return ns, nil
 	}),
@@ -483,12 +483,12 @@ var globals = map[string]Value{
 		for _, a := range args {
 			if src, ok := a.(*Dict); ok {
 				for _, k := range src.keys {
-					d.Set(k, src.m[k])
+					d.Set(k, src.at(k))
 				}
 			}
 		}
 		for _, k := range kw.keys {
-			d.Set(k, kw.m[k])
+			d.Set(k, kw.at(k))
 		}
 		return d, nil
 	}),
@@ -677,6 +677,8 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		switch v.(type) {
 		case nil, bool:
 			return v == args[0], nil
+		case Undefined:
+			return false, nil // every lookup makes a new Undefined object
 		}
 		return equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
 	case "lower", "upper":
@@ -713,4 +715,115 @@ func toInt(v Value, def int64) int64 {
 		}
 	}
 	return def
+}
+
+// pyPercent is Python's printf-style "fmt % args" for the conversions
+// templates use: %s %r %d %i %f %x %% with optional flags, width and
+// precision, and %(name)s with a mapping.
+func pyPercent(f string, args []Value, whole Value) (Value, error) {
+	var b strings.Builder
+	next := 0
+	for i := 0; i < len(f); i++ {
+		if f[i] != '%' {
+			b.WriteByte(f[i])
+			continue
+		}
+		i++
+		if i >= len(f) {
+			return nil, errors.New("ValueError: incomplete format")
+		}
+		var arg Value
+		named := false
+		if f[i] == '(' {
+			j := strings.IndexByte(f[i:], ')')
+			if j < 0 {
+				return nil, errors.New("ValueError: incomplete format key")
+			}
+			d, ok := whole.(*Dict)
+			if !ok {
+				return nil, errors.New("TypeError: format requires a mapping")
+			}
+			key := f[i+1 : i+j]
+			v, ok := d.Get(key)
+			if !ok {
+				return nil, fmt.Errorf("KeyError: '%s'", key)
+			}
+			arg, named = v, true
+			i += j + 1
+		}
+		spec := i
+		for i < len(f) && strings.IndexByte("-+ #0123456789.", f[i]) >= 0 {
+			i++
+		}
+		if i >= len(f) {
+			return nil, errors.New("ValueError: incomplete format")
+		}
+		conv := f[i]
+		if conv == '%' {
+			b.WriteByte('%')
+			continue
+		}
+		if !named {
+			if next >= len(args) {
+				return nil, errors.New("TypeError: not enough arguments for format string")
+			}
+			arg = args[next]
+			next++
+		}
+		flags := f[spec:i]
+		switch conv {
+		case 's':
+			b.WriteString(fmt.Sprintf("%"+flags+"s", str(arg)))
+		case 'r', 'a':
+			b.WriteString(fmt.Sprintf("%"+flags+"s", repr(arg)))
+		case 'd', 'i', 'u':
+			n, ok := asFloat(arg)
+			if !ok {
+				return nil, fmt.Errorf("TypeError: %%d format: a real number is required, not %s", typeName(arg))
+			}
+			b.WriteString(fmt.Sprintf("%"+flags+"d", int64(n)))
+		case 'f', 'F', 'e', 'E', 'g', 'G':
+			n, ok := asFloat(arg)
+			if !ok {
+				return nil, fmt.Errorf("TypeError: must be real number, not %s", typeName(arg))
+			}
+			if !strings.Contains(flags, ".") && conv != 'g' && conv != 'G' {
+				flags += ".6"
+			}
+			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
+		case 'x', 'X', 'o':
+			n, ok := asInt(arg)
+			if !ok {
+				return nil, fmt.Errorf("TypeError: %%%c format: an integer is required, not %s", conv, typeName(arg))
+			}
+			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
+		default:
+			return nil, fmt.Errorf("ValueError: unsupported format character '%c'", conv)
+		}
+	}
+	if next < len(args) && len(args) > 1 {
+		return nil, errors.New("TypeError: not all arguments converted during string formatting")
+	}
+	return b.String(), nil
+}
+
+// jinjaTitle is Jinja's title filter: words start after whitespace and
+// -({[< (unlike str.title, "it's" stays "It's").
+func jinjaTitle(s string) string {
+	var b strings.Builder
+	start := true
+	for _, r := range s {
+		if unicode.IsSpace(r) || strings.ContainsRune("-({[<", r) {
+			b.WriteRune(r)
+			start = true
+			continue
+		}
+		if start {
+			b.WriteRune(unicode.ToUpper(r))
+		} else {
+			b.WriteRune(unicode.ToLower(r))
+		}
+		start = false
+	}
+	return b.String()
 }

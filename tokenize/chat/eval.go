@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"strings"
 )
 
@@ -83,6 +85,19 @@ func (e *evaluator) exec(s stmt, f *frame) error {
 	case *textNode:
 		e.out.WriteString(s.s)
 	case *outputNode:
+		if x, ok := isPlusChain(s.e); ok {
+			strs, _, v, err := e.plusParts(x, f)
+			if err != nil {
+				return err
+			}
+			if strs == nil {
+				e.out.WriteString(str(v))
+			}
+			for _, p := range strs {
+				e.out.WriteString(p)
+			}
+			return nil
+		}
 		v, err := e.eval(s.e, f)
 		if err != nil {
 			return err
@@ -298,7 +313,7 @@ func (e *evaluator) eval(x expr, f *frame) (Value, error) {
 		if g, ok := globals[x.n]; ok {
 			return g, nil
 		}
-		return Undefined{hint: fmt.Sprintf("'%s' is undefined", x.n)}, nil
+		return Undefined{format: "'%s' is undefined", args: []any{x.n}}, nil
 	case *attrExpr:
 		obj, err := e.eval(x.obj, f)
 		if err != nil {
@@ -422,7 +437,7 @@ func (e *evaluator) eval(x expr, f *frame) (Value, error) {
 		}
 		return l, nil
 	case *tupleExpr:
-		l := &List{Items: make([]Value, len(x.items))}
+		l := &List{Items: make([]Value, len(x.items)), Tuple: true}
 		for i, it := range x.items {
 			v, err := e.eval(it, f)
 			if err != nil {
@@ -454,10 +469,14 @@ func (e *evaluator) eval(x expr, f *frame) (Value, error) {
 }
 
 func (u Undefined) err() error {
-	if u.hint == "" {
+	hint := u.hint
+	if u.format != "" {
+		hint = fmt.Sprintf(u.format, u.args...)
+	}
+	if hint == "" {
 		return errors.New("UndefinedError: value is undefined")
 	}
-	return errors.New("UndefinedError: " + u.hint)
+	return errors.New("UndefinedError: " + hint)
 }
 
 func boolInt(b bool) int64 {
@@ -524,7 +543,7 @@ func (e *evaluator) callMacro(m *macro, args []Value, kw *Dict) (Value, error) {
 				}
 				fr.vars[p] = v
 			} else {
-				fr.vars[p] = Undefined{hint: fmt.Sprintf("parameter '%s' was not provided", p)}
+				fr.vars[p] = Undefined{format: "parameter '%s' was not provided", args: []any{p}}
 			}
 		}
 	}
@@ -649,7 +668,89 @@ func pySlice(n int, b [3]*int64) ([]int, error) {
 	return out, nil
 }
 
+// evalPlusChain evaluates a left-deep a + b + c ... in Python's order but
+// without a new string per "+" (chat templates concatenate whole messages
+// this way).
+func (e *evaluator) evalPlusChain(x *binExpr, f *frame) (Value, error) {
+	strs, total, v, err := e.plusParts(x, f)
+	if err != nil || strs == nil {
+		return v, err
+	}
+	return joinStrings(strs, total), nil
+}
+
+func isPlusChain(x expr) (*binExpr, bool) {
+	b, ok := x.(*binExpr)
+	if !ok || b.op != "+" {
+		return nil, false
+	}
+	l, ok := b.l.(*binExpr)
+	return b, ok && l.op == "+"
+}
+
+// plusParts evaluates the operands of a "+" chain. While they are all
+// strings it returns them (and their total length) unjoined, so output can
+// write them directly; otherwise it returns Python's pairwise result.
+func (e *evaluator) plusParts(x *binExpr, f *frame) ([]string, int, Value, error) {
+	var ops []expr
+	for n := x; ; {
+		ops = append(ops, n.r)
+		l, ok := n.l.(*binExpr)
+		if !ok || l.op != "+" {
+			ops = append(ops, n.l)
+			break
+		}
+		n = l
+	}
+	slices.Reverse(ops)
+	strs := make([]string, 0, len(ops))
+	total := 0
+	for i, o := range ops {
+		v, err := e.eval(o, f)
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		if vs, ok := v.(string); ok {
+			strs = append(strs, vs)
+			total += len(vs)
+			continue
+		}
+		// Python's pairwise semantics from here on, in order.
+		acc := v
+		if i > 0 {
+			if acc, err = binop("+", joinStrings(strs, total), v); err != nil {
+				return nil, 0, nil, err
+			}
+		}
+		for _, o := range ops[i+1:] {
+			v, err := e.eval(o, f)
+			if err != nil {
+				return nil, 0, nil, err
+			}
+			if acc, err = binop("+", acc, v); err != nil {
+				return nil, 0, nil, err
+			}
+		}
+		return nil, 0, acc, nil
+	}
+	return strs, total, nil, nil
+}
+
+func joinStrings(strs []string, total int) string {
+	var b strings.Builder
+	b.Grow(total)
+	for _, s := range strs {
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
 func (e *evaluator) evalBin(x *binExpr, f *frame) (Value, error) {
+	if x.op == "+" {
+		if l, ok := x.l.(*binExpr); ok && l.op == "+" {
+			return e.evalPlusChain(x, f)
+		}
+	}
 	l, err := e.eval(x.l, f)
 	if err != nil {
 		return nil, err
@@ -692,8 +793,11 @@ func binop(op string, l, r Value) (Value, error) {
 			return nil, fmt.Errorf("TypeError: can only concatenate str (not \"%s\") to str", typeName(r))
 		case *List:
 			if b, ok := r.(*List); ok {
+				if a.Tuple != b.Tuple {
+					return nil, fmt.Errorf("TypeError: can only concatenate %s (not \"%s\") to %s", typeName(a), typeName(b), typeName(a))
+				}
 				items := append(append([]Value{}, a.Items...), b.Items...)
-				return &List{Items: items}, nil
+				return &List{Items: items, Tuple: a.Tuple}, nil
 			}
 			return nil, fmt.Errorf("TypeError: can only concatenate list (not \"%s\") to list", typeName(r))
 		}
@@ -716,8 +820,12 @@ func binop(op string, l, r Value) (Value, error) {
 		}
 	}
 	if op == "%" {
-		if _, ok := l.(string); ok {
-			return nil, errors.New("TypeError: printf-style string formatting is not supported")
+		if f, ok := l.(string); ok {
+			args := []Value{r}
+			if t, ok := r.(*List); ok && t.Tuple {
+				args = t.Items
+			}
+			return pyPercent(f, args, r)
 		}
 	}
 	ai, aInt := asInt(l)
@@ -841,7 +949,7 @@ func equal(a, b Value) bool {
 		return ok && a == bs
 	case *List:
 		bl, ok := b.(*List)
-		if !ok || len(a.Items) != len(bl.Items) {
+		if !ok || a.Tuple != bl.Tuple || len(a.Items) != len(bl.Items) {
 			return false
 		}
 		for i := range a.Items {
@@ -856,14 +964,31 @@ func equal(a, b Value) bool {
 			return false
 		}
 		for _, k := range a.keys {
-			bv, ok := bd.m[k]
-			if !ok || !equal(a.m[k], bv) {
+			bv, ok := bd.Get(k)
+			if !ok || !equal(a.at(k), bv) {
 				return false
 			}
 		}
 		return true
+	case *Namespace, *loopInfo, *macro:
+		return a == b // identity, as Python compares these objects
+	case callable:
+		// Globals are single objects (range == range); methods are bound
+		// anew on every access, so they never compare equal.
+		bc, ok := b.(callable)
+		return ok && isGlobal(a) && reflect.ValueOf(a).Pointer() == reflect.ValueOf(bc).Pointer()
 	}
-	return a == b
+	return false
+}
+
+func isGlobal(c callable) bool {
+	p := reflect.ValueOf(c).Pointer()
+	for _, g := range globals {
+		if gc, ok := g.(callable); ok && reflect.ValueOf(gc).Pointer() == p {
+			return true
+		}
+	}
+	return false
 }
 
 func compare(op string, l, r Value) (bool, error) {
@@ -940,7 +1065,7 @@ func contains(hay, needle Value) (bool, error) {
 		if !ok {
 			return false, nil
 		}
-		_, found := h.m[k]
+		_, found := h.Get(k)
 		return found, nil
 	case *Namespace:
 		return contains(h.d, needle)
@@ -959,15 +1084,15 @@ func getAttr(obj Value, name string) (Value, error) {
 		if m := dictMethod(o, name); m != nil {
 			return m, nil
 		}
-		if v, ok := o.m[name]; ok {
+		if v, ok := o.Get(name); ok {
 			return v, nil
 		}
-		return Undefined{hint: fmt.Sprintf("'dict object' has no attribute '%s'", name)}, nil
+		return Undefined{format: "'dict object' has no attribute '%s'", args: []any{name}}, nil
 	case *Namespace:
-		if v, ok := o.d.m[name]; ok {
+		if v, ok := o.d.Get(name); ok {
 			return v, nil
 		}
-		return Undefined{hint: fmt.Sprintf("'Namespace object' has no attribute '%s'", name)}, nil
+		return Undefined{format: "'Namespace object' has no attribute '%s'", args: []any{name}}, nil
 	case *loopInfo:
 		return o.attr(name), nil
 	case string:
@@ -979,7 +1104,7 @@ func getAttr(obj Value, name string) (Value, error) {
 			return m, nil
 		}
 	}
-	return Undefined{hint: fmt.Sprintf("'%s object' has no attribute '%s'", typeName(obj), name)}, nil
+	return Undefined{format: "'%s object' has no attribute '%s'", args: []any{typeName(obj), name}}, nil
 }
 
 // getItem is Jinja's obj[idx]: items first, then attributes.
@@ -989,14 +1114,14 @@ func getItem(obj Value, idx Value) (Value, error) {
 		return nil, o.err()
 	case *Dict:
 		if k, ok := idx.(string); ok {
-			if v, ok := o.m[k]; ok {
+			if v, ok := o.Get(k); ok {
 				return v, nil
 			}
 			if m := dictMethod(o, k); m != nil {
 				return m, nil
 			}
 		}
-		return Undefined{hint: fmt.Sprintf("'dict object' has no attribute %s", repr(idx))}, nil
+		return Undefined{format: "'dict object' has no attribute %s", args: []any{repr(idx)}}, nil
 	case *List:
 		if i, ok := asInt(idx); ok {
 			n := int64(len(o.Items))
@@ -1006,7 +1131,7 @@ func getItem(obj Value, idx Value) (Value, error) {
 			if i >= 0 && i < n {
 				return o.Items[i], nil
 			}
-			return Undefined{hint: fmt.Sprintf("list object has no element %s", repr(idx))}, nil
+			return Undefined{format: "list object has no element %s", args: []any{repr(idx)}}, nil
 		}
 	case string:
 		if i, ok := asInt(idx); ok {
@@ -1018,7 +1143,7 @@ func getItem(obj Value, idx Value) (Value, error) {
 			if i >= 0 && i < n {
 				return string(rs[i]), nil
 			}
-			return Undefined{hint: fmt.Sprintf("str object has no element %s", repr(idx))}, nil
+			return Undefined{format: "str object has no element %s", args: []any{repr(idx)}}, nil
 		}
 	case *Namespace, *loopInfo:
 		if k, ok := idx.(string); ok {
@@ -1028,7 +1153,7 @@ func getItem(obj Value, idx Value) (Value, error) {
 	if k, ok := idx.(string); ok {
 		return getAttr(obj, k)
 	}
-	return Undefined{hint: fmt.Sprintf("'%s object' has no attribute %s", typeName(obj), repr(idx))}, nil
+	return Undefined{format: "'%s object' has no attribute %s", args: []any{typeName(obj), repr(idx)}}, nil
 }
 
 func (l *loopInfo) attr(name string) Value {
@@ -1070,5 +1195,5 @@ func (l *loopInfo) attr(name string) Value {
 			return args[i%len(args)], nil
 		})
 	}
-	return Undefined{hint: fmt.Sprintf("'LoopContext object' has no attribute '%s'", name)}
+	return Undefined{format: "'LoopContext object' has no attribute '%s'", args: []any{name}}
 }

@@ -41,7 +41,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		sortKeys := truthy(kwOr(kw, nil, 0, "sort_keys", false))
 		if u, ok := v.(Undefined); ok {
-			return nil, fmt.Errorf("TypeError: Object of type Undefined is not JSON serializable (%s)", u.hint)
+			return nil, fmt.Errorf("TypeError: Object of type Undefined is not JSON serializable (%v)", u.err())
 		}
 		return toJSON(v, indent, sortKeys)
 	case "default", "d":
@@ -91,7 +91,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		case "lower":
 			return strings.ToLower(s), nil
 		case "title":
-			return pyTitle(s), nil
+			return jinjaTitle(s), nil
 		}
 		return pyCapitalize(s), nil
 	case "replace":
@@ -192,7 +192,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		out := &List{}
 		for _, k := range keys {
-			out.Items = append(out.Items, &List{Items: []Value{k, d.m[k]}})
+			out.Items = append(out.Items, &List{Items: []Value{k, d.at(k)}, Tuple: true})
 		}
 		return out, nil
 	case "reverse":
@@ -366,7 +366,8 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		case "floor":
 			return math.Floor(x*p) / p, nil
 		}
-		return math.Round(x*p) / p, nil
+		// Python's round: half to even.
+		return math.RoundToEven(x*p) / p, nil
 	case "sum":
 		items, err := iterate(v)
 		if err != nil {
@@ -408,6 +409,20 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			}
 		}
 		return best, nil
+	case "format":
+		f, err := strIn(name, v)
+		if err != nil {
+			return nil, err
+		}
+		if kw.Len() > 0 {
+			return pyPercent(f, nil, kw)
+		}
+		return pyPercent(f, args, nil)
+	case "attr":
+		if len(args) != 1 {
+			return nil, argErr("attr", 1, len(args))
+		}
+		return getAttr(v, str(args[0]))
 	case "wordcount":
 		return int64(len(strings.FieldsFunc(str(v), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsNumber(r) && r != '_' }))), nil
 	case "center":

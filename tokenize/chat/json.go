@@ -2,6 +2,7 @@ package chat
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -205,15 +206,10 @@ func (p *jsonParser) str() (string, error) {
 	if bytes.IndexByte(seg, '\\') >= 0 {
 		return p.strSlow(start)
 	}
-	ascii := true
-	for _, c := range seg {
-		if c < 0x20 {
-			p.i += bytes.IndexByte(seg, c)
-			return "", p.errf("control character in string")
-		}
-		if c >= 0x80 {
-			ascii = false
-		}
+	ascii, ctrl := scanBytes(seg)
+	if ctrl >= 0 {
+		p.i += ctrl
+		return "", p.errf("control character in string")
 	}
 	p.i += j + 1
 	if !ascii && !utf8.Valid(seg) {
@@ -313,4 +309,32 @@ func fixUTF8(s string) string {
 		i += n
 	}
 	return b.String()
+}
+
+// scanBytes reports whether seg is all ASCII and the offset of its first
+// control byte (< 0x20), or -1; eight bytes at a time, as message texts
+// are most of a chat request.
+func scanBytes(seg []byte) (ascii bool, ctrl int) {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	var high uint64
+	i := 0
+	for ; i+8 <= len(seg); i += 8 {
+		w := binary.LittleEndian.Uint64(seg[i:])
+		high |= w
+		// A byte below 0x20 sets its high bit in (w - 0x20..) &^ w.
+		if (w-0x20*lo)&^w&hi != 0 {
+			for j := i; j < i+8; j++ {
+				if seg[j] < 0x20 {
+					return false, j
+				}
+			}
+		}
+	}
+	for ; i < len(seg); i++ {
+		if seg[i] < 0x20 {
+			return false, i
+		}
+		high |= uint64(seg[i])
+	}
+	return high&hi == 0, -1
 }

@@ -13,6 +13,7 @@ package chat
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,7 @@ type Template struct {
 	// MaxSteps bounds evaluation work per render (0: 10 million steps,
 	// far above any real chat); a template that loops past it fails.
 	MaxSteps int
+	sizeHint atomic.Int64 // largest output so far, to size the next one
 }
 
 // Compile parses a template source.
@@ -47,6 +49,7 @@ type Vars = Dict
 // "TemplateError: ..." for raise_exception).
 func (t *Template) Render(vars *Vars) (string, error) {
 	var out strings.Builder
+	out.Grow(int(t.sizeHint.Load()))
 	root := &frame{vars: make(map[string]Value, vars.Len())}
 	for _, k := range vars.Keys() {
 		v, _ := vars.Get(k)
@@ -60,6 +63,12 @@ func (t *Template) Render(vars *Vars) (string, error) {
 	if e.maxSteps <= 0 {
 		e.maxSteps = defaultMaxSteps
 	}
+	defer func() {
+		// Remember the output size so the next render allocates once.
+		if n := int64(out.Len()); n > t.sizeHint.Load() && n < maxOutput {
+			t.sizeHint.Store(n)
+		}
+	}()
 	if err := e.render(t.body, root); err != nil {
 		switch err {
 		case errBreak, errContinue:

@@ -17,33 +17,82 @@ type Value = any
 // Undefined is a missing variable, attribute or item. Printing it gives "",
 // testing it gives false; using it in arithmetic or taking its attribute is
 // an UndefinedError, as in Jinja2's default Undefined.
-type Undefined struct{ hint string }
+type Undefined struct {
+	hint string
+	// format and args build the hint only when an error needs it: missing
+	// attributes are common and usually harmless.
+	format string
+	args   []any
+}
 
 // List is a Python list (immutable inside templates, as in transformers'
 // ImmutableSandboxedEnvironment).
-type List struct{ Items []Value }
-
-// Dict is a Python dict that keeps insertion order.
-type Dict struct {
-	keys []string
-	m    map[string]Value
+type List struct {
+	Items []Value
+	// Tuple marks a Python tuple (from literals, dict.items(), dictsort):
+	// it prints as (a, b) and never equals a list.
+	Tuple bool
 }
 
+// Dict is a Python dict that keeps insertion order. Small dicts (chat
+// messages) scan a slice; an index map appears past smallDict keys.
+type Dict struct {
+	keys []string
+	vals []Value
+	idx  map[string]int
+}
+
+const smallDict = 8
+
 // NewDict returns an empty ordered dict.
-func NewDict() *Dict { return &Dict{m: map[string]Value{}} }
+func NewDict() *Dict { return &Dict{} }
+
+func (d *Dict) index(k string) int {
+	if d.idx != nil {
+		if i, ok := d.idx[k]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, kk := range d.keys {
+		if kk == k {
+			return i
+		}
+	}
+	return -1
+}
 
 // Set inserts or replaces a key, keeping first-insertion order.
 func (d *Dict) Set(k string, v Value) {
-	if _, ok := d.m[k]; !ok {
-		d.keys = append(d.keys, k)
+	if i := d.index(k); i >= 0 {
+		d.vals[i] = v
+		return
 	}
-	d.m[k] = v
+	d.keys = append(d.keys, k)
+	d.vals = append(d.vals, v)
+	switch {
+	case d.idx != nil:
+		d.idx[k] = len(d.keys) - 1
+	case len(d.keys) > smallDict:
+		d.idx = make(map[string]int, 2*len(d.keys))
+		for i, kk := range d.keys {
+			d.idx[kk] = i
+		}
+	}
 }
 
 // Get looks a key up.
 func (d *Dict) Get(k string) (Value, bool) {
-	v, ok := d.m[k]
-	return v, ok
+	if i := d.index(k); i >= 0 {
+		return d.vals[i], true
+	}
+	return nil, false
+}
+
+// at returns the value of an existing key.
+func (d *Dict) at(k string) Value {
+	v, _ := d.Get(k)
+	return v
 }
 
 // Keys returns the keys in insertion order.
@@ -59,7 +108,7 @@ type callable func(e *evaluator, args []Value, kwargs *Dict) (Value, error)
 
 // typeName is Python's type name, for error messages.
 func typeName(v Value) string {
-	switch v.(type) {
+	switch v := v.(type) {
 	case nil:
 		return "NoneType"
 	case Undefined:
@@ -73,6 +122,9 @@ func typeName(v Value) string {
 	case string:
 		return "str"
 	case *List:
+		if v.Tuple {
+			return "tuple"
+		}
 		return "list"
 	case *Dict:
 		return "dict"
@@ -147,14 +199,21 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 	case string:
 		b.WriteString(pyStrRepr(v))
 	case *List:
-		b.WriteByte('[')
+		open, end := byte('['), "]"
+		if v.Tuple {
+			open, end = '(', ")"
+			if len(v.Items) == 1 {
+				end = ",)"
+			}
+		}
+		b.WriteByte(open)
 		for i, it := range v.Items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
 			writeRepr(b, it, depth+1)
 		}
-		b.WriteByte(']')
+		b.WriteString(end)
 	case *Dict:
 		b.WriteByte('{')
 		for i, k := range v.keys {
@@ -163,7 +222,7 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 			}
 			b.WriteString(pyStrRepr(k))
 			b.WriteString(": ")
-			writeRepr(b, v.m[k], depth+1)
+			writeRepr(b, v.at(k), depth+1)
 		}
 		b.WriteByte('}')
 	case *Namespace:
@@ -340,7 +399,7 @@ func writeJSON(b *strings.Builder, v Value, indent *int, sortKeys bool, level in
 			nl(level + 1)
 			writeJSONString(b, k)
 			b.WriteString(": ")
-			if err := writeJSON(b, v.m[k], indent, sortKeys, level+1); err != nil {
+			if err := writeJSON(b, v.at(k), indent, sortKeys, level+1); err != nil {
 				return err
 			}
 		}
