@@ -54,14 +54,14 @@ func (m *Monitor) checkCacheConfigs(all []*target) map[string]ModelConfig {
 					return
 				}
 				if want == "" {
-					msg := fmt.Sprintf("model %s: %s %s on %s, pods disagree with no majority", mod, field, have, TargetName(t.ts.ID))
+					msg := fmt.Sprintf("model %s: %s %s on %s, pods disagree with no majority", mod, field, have, t.ts.ID.String())
 					conflicts[t] = append(conflicts[t], msg)
 					mc.Conflicts = append(mc.Conflicts, msg)
 					addModel(t, mod)
 					return
 				}
 				if have != want {
-					msg := fmt.Sprintf("model %s: %s %s on %s, expected %s (%s)", mod, field, have, TargetName(t.ts.ID), want, why)
+					msg := fmt.Sprintf("model %s: %s %s on %s, expected %s (%s)", mod, field, have, t.ts.ID.String(), want, why)
 					conflicts[t] = append(conflicts[t], msg)
 					mc.Conflicts = append(mc.Conflicts, msg)
 					addModel(t, mod)

@@ -3,6 +3,8 @@ package health
 import (
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // TestCacheConfigDisagreement: pods of one model must agree on block size
@@ -58,7 +60,7 @@ func TestCacheConfigDisagreement(t *testing.T) {
 				if tt.wantConflict[i] {
 					want = 1
 				}
-				v, ok := env.gauge(t, "prefixrouter_health_cache_config_conflict", map[string]string{"target": fp.srv.URL, "model": tt.pods[i].model})
+				v, ok := env.gauge(t, "prefixrouter_health_cache_config_conflict", map[string]string{"target": fp.name(0), "model": tt.pods[i].model})
 				if !ok || v != want {
 					t.Fatalf("pod %d: conflict metric %v (present %v), want %v", i, v, ok, want)
 				}
@@ -78,7 +80,7 @@ func TestCacheConfigDisagreement(t *testing.T) {
 				byName[tv.Target] = tv
 			}
 			for i, fp := range pods {
-				if tv := byName[fp.srv.URL]; (tv.Conflict != "") != tt.wantConflict[i] {
+				if tv := byName[fp.name(0)]; (tv.Conflict != "") != tt.wantConflict[i] {
 					t.Fatalf("debug view conflict for %s: %q", tv.Target, tv.Conflict)
 				}
 			}
@@ -100,5 +102,79 @@ func TestCacheConfigHeals(t *testing.T) {
 	env.tick()
 	if tg := env.target(t, b.id(0)); tg.ConfigConflict != "" || tg.State != StateRoutable {
 		t.Fatalf("after fixing: %q %s", tg.ConfigConflict, tg.State)
+	}
+}
+
+// TestPrefixCachingDisabled: a pod running without prefix caching publishes
+// no KV events and gives no hits. It stays routable but degraded with its
+// own reason, its event stream is not trusted, and both show in the debug
+// view and the metrics; it heals when the pod is restarted with caching on.
+func TestPrefixCachingDisabled(t *testing.T) {
+	withFlag := func(value string) string {
+		exp := vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 16, "sha256")
+		if value == "-" { // label absent
+			return strings.ReplaceAll(exp, `enable_prefix_caching="True",`, "")
+		}
+		return strings.ReplaceAll(exp, `enable_prefix_caching="True"`, `enable_prefix_caching="`+value+`"`)
+	}
+	tests := []struct {
+		value    string
+		disabled bool
+	}{
+		{value: "True"},
+		{value: "False", disabled: true},
+		{value: "false", disabled: true},
+		{value: "-"},
+		{value: "None"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.value, func(t *testing.T) {
+			pod := newFakePod(t, "m")
+			pod.setMetrics(withFlag(tt.value))
+			env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
+			env.events.set(pod.id(0), func(*kvindex.SubscriberStatus) {})
+			env.tick()
+			tg := env.target(t, pod.id(0))
+			wantState, wantReason, wantVerdict, wantGauge := StateRoutable, ReasonOK, VerdictFresh, 0.0
+			if tt.disabled {
+				wantState, wantReason, wantVerdict, wantGauge = StateDegraded, ReasonPrefixCachingOff, VerdictStale, 1
+			}
+			if tg.State != wantState || tg.Reason != wantReason || !tg.CanRoute() {
+				t.Fatalf("state %s/%s (%s), can route %v; want %s/%s, routable", tg.State, tg.Reason, tg.Detail, tg.CanRoute(), wantState, wantReason)
+			}
+			if tg.Events.Verdict != wantVerdict {
+				t.Fatalf("event verdict %s (%s), want %s", tg.Events.Verdict, tg.Events.Detail, wantVerdict)
+			}
+			if tt.disabled && (!strings.Contains(tg.Detail, "--enable-prefix-caching") || !strings.Contains(tg.Events.Detail, "prefix caching is disabled")) {
+				t.Fatalf("details do not say why: %q / %q", tg.Detail, tg.Events.Detail)
+			}
+			if v, ok := env.gauge(t, "prefixrouter_health_prefix_caching_disabled", map[string]string{"target": pod.name(0)}); !ok || v != wantGauge {
+				t.Fatalf("prefix_caching_disabled gauge %v (present %v), want %v", v, ok, wantGauge)
+			}
+			if v, ok := env.gauge(t, "prefixrouter_health_target_state", map[string]string{"target": pod.name(0), "state": string(wantState), "reason": string(wantReason)}); !ok || v != 1 {
+				t.Fatalf("target_state %s/%s missing", wantState, wantReason)
+			}
+			if tv := env.m.Debug().Targets[0]; tv.PrefixCachingDisabled != tt.disabled || tv.Reason != wantReason {
+				t.Fatalf("debug view: prefix_caching_disabled %v, reason %s", tv.PrefixCachingDisabled, tv.Reason)
+			}
+			if !tt.disabled {
+				return
+			}
+			pod.setMetrics(withFlag("True"))
+			env.tick()
+			if tg := env.target(t, pod.id(0)); tg.State != StateRoutable || tg.Events.Verdict != VerdictFresh {
+				t.Fatalf("after enabling: %s/%s, events %s", tg.State, tg.Reason, tg.Events.Verdict)
+			}
+		})
+	}
+
+	// Disabled caching outranks a block-size conflict (without a cache, the
+	// block size decides nothing); the conflict is still reported.
+	a, b := newFakePod(t, "m"), newFakePod(t, "m")
+	b.setMetrics(strings.ReplaceAll(vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 32, "sha256"), `"True"`, `"False"`))
+	env := newTestMonitor(t, Config{Endpoints: []string{a.spec(""), b.spec("")}, BlockSize: 16}, Deps{})
+	env.tick()
+	if tg := env.target(t, b.id(0)); tg.Reason != ReasonPrefixCachingOff || tg.ConfigConflict == "" {
+		t.Fatalf("both problems: reason %s, conflict %q", tg.Reason, tg.ConfigConflict)
 	}
 }

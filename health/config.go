@@ -60,10 +60,12 @@ type Config struct {
 	ScrapeTimeout  time.Duration
 	LoadStaleAfter time.Duration
 
-	// EventsStaleAfter: a target that answered requests carrying at least
-	// EventsMinUncachedTokens uncached prompt tokens (first byte seen) and
-	// has published no KV event for this long is stale. Also how long a
-	// sequence gap without replay keeps a target stale.
+	// EventsStaleAfter: a target is stale when requests that filled new
+	// full KV blocks were answered (first byte seen), carried at least
+	// EventsMinUncachedTokens uncached prompt tokens between them, and no
+	// KV event has been received since the earliest of them was dispatched
+	// this long ago. Also how long batches lost for good (kvindex's
+	// Unrecovered) keep a target stale after the last loss.
 	// Flags --events-stale-after, --events-min-uncached-tokens.
 	EventsStaleAfter        time.Duration
 	EventsMinUncachedTokens int

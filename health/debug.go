@@ -44,6 +44,9 @@ type TargetView struct {
 	EventStream EventStreamView `json:"event_stream"`
 	Cache       CacheConfig     `json:"cache_config"`
 	Conflict    string          `json:"cache_config_conflict,omitempty"`
+	// PrefixCachingDisabled is shown on its own: the state's reason names
+	// only the most severe problem.
+	PrefixCachingDisabled bool `json:"prefix_caching_disabled,omitempty"`
 }
 
 // ProbeView is the /health probe state of the target's endpoint.
@@ -93,11 +96,14 @@ type EventStreamView struct {
 	LastSeq            uint64    `json:"last_seq"`
 	HaveSeq            bool      `json:"have_seq"`
 	Gaps               uint64    `json:"gaps"`
+	Unrecovered        uint64    `json:"unrecovered_batches"`
+	UnrecoveredAt      time.Time `json:"unrecovered_at,omitzero"`
 	Restarts           uint64    `json:"restarts"`
 	QueueDepth         int       `json:"queue_depth"`
 	RoutedInWindow     uint64    `json:"routed_in_window"`
 	AwaitingSince      time.Time `json:"awaiting_event_since,omitzero"`
 	UncachedSinceEvent int64     `json:"uncached_tokens_since_event"`
+	ExpectedBlocks     int64     `json:"expected_blocks_since_event"`
 }
 
 // Debug returns the debug view. It takes the registry lock briefly; it is
@@ -160,11 +166,14 @@ func (m *Monitor) Debug() DebugView {
 				Verdict: t.Events.Verdict, Detail: t.Events.Detail, Connected: t.Events.Connected,
 				Replaying: t.Events.Replaying, LastEvent: t.Events.LastEvent, LastSeq: t.Events.LastSeq,
 				HaveSeq: t.Events.HaveSeq, Gaps: t.Events.Gaps, Restarts: t.Events.Restarts,
-				QueueDepth: t.Events.QueueDepth, RoutedInWindow: t.Events.RoutedInWindow,
+				Unrecovered: t.Events.Unrecovered, UnrecoveredAt: t.Events.UnrecoveredAt,
+				ExpectedBlocks: t.Events.ExpectedBlocksSinceEvent,
+				QueueDepth:     t.Events.QueueDepth, RoutedInWindow: t.Events.RoutedInWindow,
 				AwaitingSince: t.Events.AwaitingSince, UncachedSinceEvent: t.Events.UncachedSinceEvent,
 			},
-			Cache:    t.Cache,
-			Conflict: t.ConfigConflict,
+			Cache:                 t.Cache,
+			Conflict:              t.ConfigConflict,
+			PrefixCachingDisabled: t.Cache.PrefixCachingDisabled(),
 		}
 		if tv.Breaker.State != "closed" {
 			tv.Breaker.OpenUntil = time.Unix(0, l.breakerUntil.Load()).UTC()

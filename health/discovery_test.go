@@ -25,7 +25,7 @@ type recorder struct {
 func (r *recorder) fn(c Change) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := string(c.Kind) + " " + TargetName(c.Target.ID)
+	s := string(c.Kind) + " " + c.Target.ID.String()
 	if c.Kind == Updated {
 		s += " " + c.Previous.Events + "->" + c.Target.Events
 	}
@@ -62,8 +62,8 @@ func TestDNSDiscovery(t *testing.T) {
 
 	env.m.resolveAll(env.ctx)
 	if got, want := rec.take(), []string{
-		"added http://10.1.0.1:8000", "added http://10.1.0.1:8000#1",
-		"added http://10.1.0.2:8000", "added http://10.1.0.2:8000#1",
+		"added http://10.1.0.1:8000#0", "added http://10.1.0.1:8000#1",
+		"added http://10.1.0.2:8000#0", "added http://10.1.0.2:8000#1",
 	}; !slices.Equal(got, want) {
 		t.Fatalf("changes %v, want %v", got, want)
 	}
@@ -77,8 +77,8 @@ func TestDNSDiscovery(t *testing.T) {
 	res.set("vllm.default.svc", "10.1.0.2", "10.1.0.3")
 	env.m.resolveAll(env.ctx)
 	if got, want := rec.take(), []string{
-		"added http://10.1.0.3:8000", "added http://10.1.0.3:8000#1",
-		"removed http://10.1.0.1:8000", "removed http://10.1.0.1:8000#1",
+		"added http://10.1.0.3:8000#0", "added http://10.1.0.3:8000#1",
+		"removed http://10.1.0.1:8000#0", "removed http://10.1.0.1:8000#1",
 	}; !slices.Equal(got, want) {
 		t.Fatalf("changes %v, want %v", got, want)
 	}
@@ -136,7 +136,7 @@ func TestDNSDiscovery(t *testing.T) {
 	env.m.resolveAll(env.ctx)
 	var late recorder
 	env.m.Subscribe(late.fn)
-	if got := late.take(); !slices.Equal(got, []string{"added http://10.1.0.9:8000", "added http://10.1.0.9:8000#1"}) {
+	if got := late.take(); !slices.Equal(got, []string{"added http://10.1.0.9:8000#0", "added http://10.1.0.9:8000#1"}) {
 		t.Fatalf("late subscriber got %v", got)
 	}
 }
@@ -191,18 +191,18 @@ func TestEndpointsFileEdited(t *testing.T) {
 			name:    "add one, shrink dp, change events port",
 			content: "- http://10.2.0.1:8000?events=tcp://10.2.0.1:6000\n- http://10.2.0.2:8000\n- http://10.2.0.3:8000\n",
 			want: []string{
-				"added http://10.2.0.3:8000",
+				"added http://10.2.0.3:8000#0",
 				"removed http://10.2.0.2:8000#1",
-				"updated http://10.2.0.1:8000 tcp://10.2.0.1:5557->tcp://10.2.0.1:6000",
+				"updated http://10.2.0.1:8000#0 tcp://10.2.0.1:5557->tcp://10.2.0.1:6000",
 				// Rank 0 of the shrunk endpoint: its DP changed.
-				"updated http://10.2.0.2:8000 tcp://10.2.0.2:5557->tcp://10.2.0.2:5557",
+				"updated http://10.2.0.2:8000#0 tcp://10.2.0.2:5557->tcp://10.2.0.2:5557",
 			},
 		},
 		{name: "unchanged content", content: "- http://10.2.0.1:8000?events=tcp://10.2.0.1:6000\n- http://10.2.0.2:8000\n- http://10.2.0.3:8000\n"},
 		{name: "broken edit keeps targets", content: "- http://10.2.0.1:8000?dp=zero\n", wantErr: "dp"},
 		{name: "blank file keeps targets", content: "", wantErr: "empty"},
-		{name: "json works too", content: `{"endpoints": ["http://10.2.0.3:8000"]}`, want: []string{"removed http://10.2.0.1:8000", "removed http://10.2.0.2:8000"}},
-		{name: "explicit empty list removes all", content: "[]", want: []string{"removed http://10.2.0.3:8000"}},
+		{name: "json works too", content: `{"endpoints": ["http://10.2.0.3:8000"]}`, want: []string{"removed http://10.2.0.1:8000#0", "removed http://10.2.0.2:8000#0"}},
+		{name: "explicit empty list removes all", content: "[]", want: []string{"removed http://10.2.0.3:8000#0"}},
 	}
 	for _, s := range steps {
 		write(s.content)

@@ -2,7 +2,6 @@ package health
 
 import (
 	"fmt"
-	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -54,51 +53,32 @@ func ParseDNSSpec(s string) (DNSSpec, error) {
 	if err != nil {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: options: %w", s, err)
 	}
-	for _, key := range slices.Sorted(maps.Keys(q)) {
-		vals := q[key]
-		if key != "model" && len(vals) > 1 {
-			return DNSSpec{}, fmt.Errorf("--discover-dns %q: option %q given %d times", s, key, len(vals))
+	err = eachOption(q, func(key string, vals []string) error {
+		if shared, err := parseSharedOption(key, vals, &d.DP, &d.Models, &d.Role); shared {
+			return err
 		}
-		v := vals[0]
-		switch key {
+		var err error
+		switch v := vals[0]; key {
 		case "events-port":
 			if d.EventsPort, err = parsePort(v); err != nil {
-				return DNSSpec{}, fmt.Errorf("--discover-dns %q: events-port: %w", s, err)
+				return fmt.Errorf("events-port: %w", err)
 			}
 		case "replay-port":
 			if d.ReplayPort, err = parsePort(v); err != nil {
-				return DNSSpec{}, fmt.Errorf("--discover-dns %q: replay-port: %w", s, err)
-			}
-		case "dp":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > MaxDataParallel {
-				return DNSSpec{}, fmt.Errorf("--discover-dns %q: dp=%q: want an integer in 1..%d", s, v, MaxDataParallel)
-			}
-			d.DP = n
-		case "model":
-			for _, m := range vals {
-				if err := checkModelName(m); err != nil {
-					return DNSSpec{}, fmt.Errorf("--discover-dns %q: model: %w", s, err)
-				}
-				if !slices.Contains(d.Models, m) {
-					d.Models = append(d.Models, m)
-				}
-			}
-		case "role":
-			switch Role(strings.ToLower(v)) {
-			case RoleBoth, RolePrefill, RoleDecode:
-				d.Role = Role(strings.ToLower(v))
-			default:
-				return DNSSpec{}, fmt.Errorf("--discover-dns %q: role=%q: want prefill, decode or both", s, v)
+				return fmt.Errorf("replay-port: %w", err)
 			}
 		case "scheme":
 			if v != "http" && v != "https" {
-				return DNSSpec{}, fmt.Errorf("--discover-dns %q: scheme=%q: want http or https", s, v)
+				return fmt.Errorf("scheme=%q: want http or https", v)
 			}
 			d.Scheme = v
 		default:
-			return DNSSpec{}, fmt.Errorf("--discover-dns %q: unknown option %q (known: events-port, replay-port, dp, model, role, scheme)", s, key)
+			return fmt.Errorf("unknown option %q (known: events-port, replay-port, dp, model, role, scheme)", key)
 		}
+		return nil
+	})
+	if err != nil {
+		return DNSSpec{}, fmt.Errorf("--discover-dns %q: %w", s, err)
 	}
 	for name, p := range map[string]int{"events-port": d.EventsPort, "replay-port": d.ReplayPort} {
 		if p != 0 && p+d.DP-1 > 65535 {

@@ -18,13 +18,16 @@
 //     combined with the router's own in-flight accounting (atomics) into one
 //     immutable Snapshot that the router reads without locks;
 //   - event-stream freshness per target (fresh, stale, disconnected,
-//     replaying), judged from the kvindex subscriber status and the router's
-//     own routing volume, so that an idle pod is told apart from a broken
-//     pipe;
-//   - cache-config discovery (vllm:cache_config_info) and disagreement
-//     detection between pods of one model and with configured flags;
+//     replaying), judged from the kvindex subscriber status (including
+//     batches lost for good) and the router's own accounting: a request
+//     that filled new full blocks awaits any event received since its
+//     dispatch, so that an idle pod is told apart from a broken pipe;
+//   - cache-config discovery (vllm:cache_config_info): disagreement between
+//     pods of one model and with configured flags, and pods running without
+//     prefix caching;
 //   - the per-target debug view served by the router's admin API, and the
-//     prefixrouter_health_* Prometheus metrics.
+//     prefixrouter_health_* Prometheus metrics, labelled by
+//     kvindex.TargetID.String() like kvindex's own series.
 //
 // health imports kvindex for its types only; it knows nothing of HTTP
 // routing, tokenization or the placement index.

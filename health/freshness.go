@@ -10,13 +10,14 @@ import (
 // judgeFreshness updates t.fresh from the subscriber status and the
 // router's own accounting. Called with m.mu held.
 //
-// The rule that tells an idle pod from a broken pipe: a KV event is only
-// expected after the pod has computed something, i.e. after a request with
-// uncached prompt tokens got its first byte back. FirstByte starts the clock
-// (live.awaitingSince); any event received after that stops it. A target is
-// stale when the clock has run for longer than EventsStaleAfter and at least
-// EventsMinUncachedTokens uncached tokens were answered meanwhile. A pod
-// that receives no routes never starts the clock and stays fresh.
+// The rule that tells an idle pod from a broken pipe (expect.go): a KV event
+// is only expected after the pod computed at least one new full block for a
+// request the router dispatched and got a first byte for. Any event received
+// since that request's dispatch confirms it. A target is stale when the
+// earliest unconfirmed request was dispatched more than EventsStaleAfter ago
+// and the unconfirmed requests carried at least EventsMinUncachedTokens
+// uncached tokens. A pod that receives no routes awaits nothing and stays
+// fresh, however long it stays quiet.
 func (m *Monitor) judgeFreshness(t *target, now time.Time) {
 	l := t.live
 	var status kvindex.SubscriberStatus
@@ -38,40 +39,51 @@ func (m *Monitor) judgeFreshness(t *target, now time.Time) {
 	}
 	routed := n - t.routes[0].n
 
-	// An event after the first unanswered first byte stops the clock.
-	aw := l.awaitingSince.Load()
-	if aw != 0 && ok && !status.LastEvent.IsZero() && status.LastEvent.UnixNano() >= aw {
-		u := l.uncachedSinceEvent.Load()
-		if l.awaitingSince.CompareAndSwap(aw, 0) {
-			l.uncachedSinceEvent.Add(-u)
-		}
-		aw = l.awaitingSince.Load()
+	// Requests awaiting their events.
+	t.await.absorb(l.expect.drain())
+	if ok && !status.LastEvent.IsZero() {
+		t.await.settle(status.LastEvent.UnixNano())
 	}
-	uncached := l.uncachedSinceEvent.Load()
+	aw := t.await.summary(now.UnixNano())
 
-	// Sequence continuity: a gap the subscriber could not repair by replay.
+	// Unrecoverable loss: batches the subscriber knows it missed and could
+	// not replay. A counter lower than last seen belongs to a new subscriber
+	// counting from zero, so all of it is new.
 	if ok {
-		if status.Gaps > t.lastGaps && t.seenStatus {
-			t.gapAt = now
+		grew := status.Unrecovered - t.lastUnrecovered
+		if status.Unrecovered < t.lastUnrecovered {
+			grew = status.Unrecovered
 		}
-		t.lastGaps = status.Gaps
-		t.seenStatus = true
+		if grew > 0 {
+			if now.Sub(t.unrecoveredAt) >= m.cfg.EventsStaleAfter {
+				t.unrecoveredN = 0
+			}
+			t.unrecoveredN += grew
+			t.unrecoveredAt = now
+		}
+		t.lastUnrecovered = status.Unrecovered
 	}
+	lossRecent := !t.unrecoveredAt.IsZero() && now.Sub(t.unrecoveredAt) < m.cfg.EventsStaleAfter
 
 	f := Freshness{
-		LastEvent:          status.LastEvent,
-		LastSeq:            status.LastSeq,
-		HaveSeq:            status.HaveSeq,
-		Connected:          status.Connected,
-		Replaying:          status.Replaying,
-		QueueDepth:         status.QueueDepth,
-		Gaps:               status.Gaps,
-		Restarts:           status.Restarts,
-		RoutedInWindow:     routed,
-		UncachedSinceEvent: uncached,
+		LastEvent:                status.LastEvent,
+		LastSeq:                  status.LastSeq,
+		HaveSeq:                  status.HaveSeq,
+		Connected:                status.Connected,
+		Replaying:                status.Replaying,
+		QueueDepth:               status.QueueDepth,
+		Gaps:                     status.Gaps,
+		Unrecovered:              status.Unrecovered,
+		Restarts:                 status.Restarts,
+		RoutedInWindow:           routed,
+		UncachedSinceEvent:       aw.uncached,
+		ExpectedBlocksSinceEvent: aw.blocks,
 	}
-	if aw != 0 {
-		f.AwaitingSince = time.Unix(0, aw)
+	if aw.since != 0 {
+		f.AwaitingSince = time.Unix(0, aw.since)
+	}
+	if lossRecent {
+		f.UnrecoveredAt = t.unrecoveredAt
 	}
 	switch {
 	case !ok:
@@ -80,14 +92,22 @@ func (m *Monitor) judgeFreshness(t *target, now time.Time) {
 		f.Verdict, f.Detail = VerdictDisconnected, fmt.Sprintf("subscriber not connected to %s", t.ts.Events)
 	case status.Replaying:
 		f.Verdict, f.Detail = VerdictReplaying, "replay in progress"
+	case t.cache.PrefixCachingDisabled():
+		// Such a pod publishes no KV events and holds nothing a later
+		// request could hit: nothing predicted on it will be confirmed.
+		f.Verdict, f.Detail = VerdictStale, "prefix caching is disabled on the pod (enable_prefix_caching="+t.cache.PrefixCaching+"): it publishes no KV events"
 	case status.QueueDepth > m.cfg.EventsMaxQueueDepth:
 		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("subscriber backlog of %d batches (limit %d)", status.QueueDepth, m.cfg.EventsMaxQueueDepth)
-	case !t.gapAt.IsZero() && t.ts.Replay == "" && now.Sub(t.gapAt) < m.cfg.EventsStaleAfter:
-		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("sequence gap at %s and no replay socket: the index missed events",
-			t.gapAt.UTC().Format(time.RFC3339))
-	case aw != 0 && now.Sub(time.Unix(0, aw)) > m.cfg.EventsStaleAfter && uncached >= int64(m.cfg.EventsMinUncachedTokens):
-		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("%d uncached prompt tokens answered since %s with no KV event for %s",
-			uncached, time.Unix(0, aw).UTC().Format(time.RFC3339), now.Sub(time.Unix(0, aw)).Round(time.Millisecond))
+	case lossRecent:
+		why := "replay could not bring them back"
+		if t.ts.Replay == "" {
+			why = "no replay socket to ask"
+		}
+		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("%d event batch(es) lost for good, the last at %s (%s): the index may miss stores or hold removed blocks; stale until %s pass without a new loss",
+			t.unrecoveredN, t.unrecoveredAt.UTC().Format(time.RFC3339), why, m.cfg.EventsStaleAfter)
+	case aw.due != 0 && now.Sub(time.Unix(0, aw.due)) > m.cfg.EventsStaleAfter && aw.uncached >= int64(m.cfg.EventsMinUncachedTokens):
+		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("%d uncached prompt tokens (%d full blocks) answered with no KV event received since their dispatch at %s (%s ago)",
+			aw.uncached, aw.blocks, time.Unix(0, aw.due).UTC().Format(time.RFC3339), now.Sub(time.Unix(0, aw.due)).Round(time.Millisecond))
 	case status.LastEvent.IsZero() && routed == 0:
 		f.Verdict, f.Detail = VerdictFresh, "idle: no routes and no events"
 	case status.LastEvent.IsZero():
@@ -100,7 +120,7 @@ func (m *Monitor) judgeFreshness(t *target, now time.Time) {
 		if f.Verdict == VerdictStale || f.Verdict == VerdictDisconnected {
 			lvl = m.log.Warn
 		}
-		lvl("event stream verdict", "target", TargetName(t.ts.ID), "verdict", f.Verdict, "previous", t.fresh.Verdict, "detail", f.Detail)
+		lvl("event stream verdict", "target", t.ts.ID.String(), "verdict", f.Verdict, "previous", t.fresh.Verdict, "detail", f.Detail)
 	}
 	t.fresh = f
 }

@@ -1,6 +1,8 @@
 package health
 
 import (
+	"cmp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,10 @@ func TestEventFreshness(t *testing.T) {
 		want     Verdict
 	}
 	quiet := step{want: VerdictFresh}
+	// lose is what kvindex reports when n batches are missing for good.
+	lose := func(n uint64) func(*kvindex.SubscriberStatus) {
+		return func(s *kvindex.SubscriberStatus) { s.Gaps++; s.Unrecovered += n }
+	}
 	repeat := func(n int, s step) []step {
 		out := make([]step, n)
 		for i := range out {
@@ -116,21 +122,77 @@ func TestEventFreshness(t *testing.T) {
 			wantDetail: "backlog",
 		},
 		{
+			// kvindex counts a gap it cannot replay as unrecovered batches.
 			name: "sequence gap without replay socket: stale for the bound",
 			steps: cat(
 				[]step{{event: true, want: VerdictFresh}},
-				[]step{{event: true, status: func(s *kvindex.SubscriberStatus) { s.Gaps++ }, want: VerdictStale}},
+				[]step{{event: true, status: lose(3), want: VerdictStale}},
+				repeat(9, step{event: true, want: VerdictStale}),
+				[]step{{event: true, want: VerdictFresh}},
+			),
+			wantDetail: "last event",
+		},
+		{
+			name:   "sequence gap repaired by replay: the replaying flag speaks",
+			replay: true,
+			steps: []step{
+				{event: true, want: VerdictFresh},
+				{event: true, status: func(s *kvindex.SubscriberStatus) { s.Gaps++; s.Replaying = true }, want: VerdictReplaying},
+				{event: true, status: func(s *kvindex.SubscriberStatus) { s.Replaying = false; s.Replayed += 3 }, want: VerdictFresh},
+			},
+		},
+		{
+			name:   "replay could not bring the batches back: stale despite the replay socket",
+			replay: true,
+			steps: cat(
+				[]step{{event: true, want: VerdictFresh}},
+				[]step{{event: true, status: lose(500), want: VerdictStale}},
+				repeat(4, step{routes: 5, uncached: 64, event: true, want: VerdictStale}),
+			),
+			wantDetail: "500 event batch(es) lost for good",
+		},
+		{
+			name:   "unrecovered loss heals once the window passes with events flowing",
+			replay: true,
+			steps: cat(
+				[]step{{routes: 5, uncached: 64, event: true, status: lose(2), want: VerdictStale}},
+				repeat(9, step{routes: 5, uncached: 64, event: true, want: VerdictStale}),
+				repeat(5, step{routes: 5, uncached: 64, event: true, want: VerdictFresh}),
+			),
+			wantDetail: "last event",
+		},
+		{
+			name:   "a new loss inside the window extends it",
+			replay: true,
+			steps: cat(
+				[]step{{event: true, status: lose(1), want: VerdictStale}},
+				repeat(5, step{event: true, want: VerdictStale}),
+				[]step{{event: true, status: lose(1), want: VerdictStale}},
 				repeat(9, step{event: true, want: VerdictStale}),
 				[]step{{event: true, want: VerdictFresh}},
 			),
 		},
 		{
-			name:   "sequence gap with replay socket: the replaying flag speaks",
+			name: "loss, then idle: fresh after the window (no routes, nothing awaited)",
+			steps: cat(
+				[]step{{event: true, status: lose(4), want: VerdictStale}},
+				repeat(9, step{want: VerdictStale}),
+				repeat(5, quiet),
+			),
+		},
+		{
+			name:   "a restarted subscriber counts from zero: its first loss is new",
 			replay: true,
-			steps: []step{
-				{event: true, want: VerdictFresh},
-				{event: true, status: func(s *kvindex.SubscriberStatus) { s.Gaps++ }, want: VerdictFresh},
-			},
+			steps: cat(
+				[]step{{event: true, status: lose(7), want: VerdictStale}},
+				repeat(9, step{event: true, want: VerdictStale}),
+				[]step{
+					{event: true, want: VerdictFresh},
+					{event: true, status: func(s *kvindex.SubscriberStatus) { s.Unrecovered = 0 }, want: VerdictFresh},
+					{event: true, status: lose(1), want: VerdictStale},
+				},
+			),
+			wantDetail: "1 event batch(es) lost",
 		},
 	}
 	for _, tt := range tests {
@@ -181,7 +243,7 @@ func TestEventFreshness(t *testing.T) {
 			if tt.wantDetail != "" && !strings.Contains(tg.Events.Detail, tt.wantDetail) {
 				t.Fatalf("detail %q, want containing %q", tg.Events.Detail, tt.wantDetail)
 			}
-			if v, ok := env.gauge(t, "prefixrouter_health_events_verdict", map[string]string{"target": pod.srv.URL, "verdict": string(tg.Events.Verdict)}); !ok || v != 1 {
+			if v, ok := env.gauge(t, "prefixrouter_health_events_verdict", map[string]string{"target": pod.name(0), "verdict": string(tg.Events.Verdict)}); !ok || v != 1 {
 				t.Fatalf("verdict metric missing for %s", tg.Events.Verdict)
 			}
 		})
@@ -211,5 +273,183 @@ func TestRoutingWindow(t *testing.T) {
 	}
 	if got := env.target(t, pod.id(0)).Events.RoutedInWindow; got != 15 {
 		t.Fatalf("routed in window after 5 quiet seconds %d, want 15", got)
+	}
+}
+
+// TestEventAwaitClock plays request timelines against a fake clock to pin
+// down when a request's KV event is awaited. vLLM publishes a step's events
+// before it returns the step's outputs, so the confirming batch normally
+// lands before the first byte; any batch received since the request's
+// dispatch confirms it. Only requests that fill a new full block publish
+// anything. Times are offsets from the start; the subscriber is connected.
+func TestEventAwaitClock(t *testing.T) {
+	type op struct {
+		at   time.Duration
+		kind string // dispatch, first, finish, event, check
+		req  int    // dispatch, first, finish
+		// dispatch: prompt and uncached tokens
+		prompt, uncached int
+		// check: the verdict, and optionally the awaited clock start
+		want          Verdict
+		awaitingSince time.Duration // -1: nothing awaited; 0: not checked
+	}
+	const s = time.Second
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	dispatch := func(at time.Duration, req, prompt, uncached int) op {
+		return op{at: at, kind: "dispatch", req: req, prompt: prompt, uncached: uncached}
+	}
+	first := func(at time.Duration, req int) op { return op{at: at, kind: "first", req: req} }
+	finish := func(at time.Duration, req int) op { return op{at: at, kind: "finish", req: req} }
+	event := func(at time.Duration) op { return op{at: at, kind: "event"} }
+	check := func(at time.Duration, want Verdict) op { return op{at: at, kind: "check", want: want} }
+	checkAwait := func(at time.Duration, want Verdict, since time.Duration) op {
+		return op{at: at, kind: "check", want: want, awaitingSince: since}
+	}
+	tests := []struct {
+		name      string
+		blockSize int // the pod's cache config (16 when 0)
+		ops       []op
+	}{
+		{
+			name: "event 5ms before the first byte, then idle: fresh for good",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), event(1*s + ms(200)), first(1*s+ms(205), 1), finish(2*s, 1),
+				checkAwait(5*s, VerdictFresh, -1), check(12*s, VerdictFresh), check(31*s, VerdictFresh), check(10*time.Minute, VerdictFresh),
+			},
+		},
+		{
+			name: "chunked prefill: blocks announced long before the first byte",
+			ops: []op{
+				dispatch(1*s, 1, 8000, 8000), event(3 * s), first(8*s, 1), finish(9*s, 1),
+				check(20*s, VerdictFresh), check(40*s, VerdictFresh),
+			},
+		},
+		{
+			name: "event after the first byte still confirms",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), first(1*s+ms(100), 1), event(1*s + ms(150)), finish(2*s, 1),
+				check(30*s, VerdictFresh),
+			},
+		},
+		{
+			name: "an event received before dispatch confirms nothing",
+			ops: []op{
+				event(ms(500)), dispatch(1*s, 1, 1000, 1000), first(1*s+ms(200), 1), finish(2*s, 1),
+				checkAwait(10*s+ms(900), VerdictFresh, 1*s), check(11*s+ms(100), VerdictStale), check(60*s, VerdictStale),
+				event(61 * s), check(61*s+ms(1), VerdictFresh),
+			},
+		},
+		{
+			name: "an event for an earlier request does not confirm a later one",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), event(1*s + ms(500)), dispatch(2*s, 2, 1000, 1000),
+				first(1*s+ms(600), 1), first(2*s+ms(500), 2), finish(3*s, 1), finish(3*s, 2),
+				checkAwait(11*s+ms(900), VerdictFresh, 2*s), check(12*s+ms(100), VerdictStale),
+			},
+		},
+		{
+			name: "the earliest unconfirmed dispatch starts the clock, whatever the order of first bytes",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), dispatch(2*s, 2, 1000, 1000),
+				first(3*s, 2), first(4*s, 1),
+				checkAwait(10*s, VerdictFresh, 1*s), check(11*s+ms(100), VerdictStale),
+			},
+		},
+		{
+			name: "requests that only extend a partial block publish nothing: never awaited",
+			ops: func() []op {
+				var ops []op
+				for i := range 100 { // 8 uncached tokens after 992 cached: block 62 stays partial
+					at := 1*s + time.Duration(i)*ms(100)
+					ops = append(ops, dispatch(at, i, 1000, 8), first(at+ms(50), i), finish(at+ms(60), i))
+				}
+				return append(ops, checkAwait(30*s, VerdictFresh, -1))
+			}(),
+		},
+		{
+			name: "nine uncached tokens complete a block: awaited",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 9), first(1*s+ms(50), 1), finish(2*s, 1),
+				checkAwait(11*s, VerdictFresh, 1*s), check(11*s+ms(100), VerdictStale),
+			},
+		},
+		{
+			name:      "the pod's block size decides: 40 tokens fill no 64-token block",
+			blockSize: 64,
+			ops: []op{
+				dispatch(1*s, 1, 1000, 40), first(1*s+ms(50), 1), finish(2*s, 1),
+				checkAwait(30*s, VerdictFresh, -1),
+			},
+		},
+		{
+			name: "a prefill longer than the bound: its events get a moment after the first byte",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), first(12*s, 1),
+				check(12*s+ms(100), VerdictFresh), event(12*s + ms(150)), check(13*s+ms(500), VerdictFresh),
+			},
+		},
+		{
+			name: "a prefill longer than the bound on a broken pipe: stale once the moment passed",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), first(12*s, 1),
+				check(12*s+ms(100), VerdictFresh), check(13*s+ms(100), VerdictStale),
+			},
+		},
+		{
+			name: "no first byte, no expectation (failed or cancelled prefill)",
+			ops: []op{
+				dispatch(1*s, 1, 1000, 1000), finish(2*s, 1), check(30*s, VerdictFresh),
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := newFakePod(t, "m")
+			if tt.blockSize != 0 {
+				pod.setLoad(0, 0, 0, tt.blockSize, "sha256")
+			}
+			env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, EventsStaleAfter: 10 * time.Second, EventsMinUncachedTokens: 1}, Deps{})
+			id := pod.id(0)
+			env.events.set(id, func(*kvindex.SubscriberStatus) {})
+			env.tick()
+			start := env.clock.Now()
+			tg := env.target(t, id)
+			flights := map[int]*Flight{}
+			ops := slices.Clone(tt.ops)
+			slices.SortStableFunc(ops, func(a, b op) int { return cmp.Compare(a.at, b.at) })
+			for _, o := range ops {
+				if d := start.Add(o.at).Sub(env.clock.Now()); d > 0 {
+					env.clock.Advance(d)
+				}
+				switch o.kind {
+				case "dispatch":
+					f := tg.Dispatch(o.prompt, o.uncached)
+					flights[o.req] = &f
+				case "first":
+					flights[o.req].FirstByte()
+				case "finish":
+					flights[o.req].Finish(OutcomeSuccess)
+				case "event":
+					env.events.set(id, func(st *kvindex.SubscriberStatus) {
+						st.LastEvent = env.clock.Now()
+						st.LastSeq++
+						st.HaveSeq = true
+						st.Batches++
+					})
+				case "check":
+					env.m.evaluate()
+					got := env.target(t, id).Events
+					if got.Verdict != o.want {
+						t.Fatalf("at %s: verdict %s (%s), want %s", o.at, got.Verdict, got.Detail, o.want)
+					}
+					switch {
+					case o.awaitingSince < 0 && !got.AwaitingSince.IsZero():
+						t.Fatalf("at %s: awaiting since %s, want nothing awaited", o.at, got.AwaitingSince.Sub(start))
+					case o.awaitingSince > 0 && !got.AwaitingSince.Equal(start.Add(o.awaitingSince)):
+						t.Fatalf("at %s: awaiting since %s, want %s", o.at, got.AwaitingSince.Sub(start), o.awaitingSince)
+					}
+				}
+			}
+		})
 	}
 }

@@ -117,6 +117,9 @@ func (p *fakePod) id(rank int) kvindex.TargetID {
 	return kvindex.TargetID{Endpoint: p.srv.URL, Rank: rank}
 }
 
+// name is the target label of one rank: the same string kvindex uses.
+func (p *fakePod) name(rank int) string { return p.id(rank).String() }
+
 // vllmExposition renders load gauges per engine and a cache_config_info
 // sample per engine, as vLLM's prometheus_client output looks.
 func vllmExposition(engines map[int][3]float64, blockSize int, algo string) string {

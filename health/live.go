@@ -61,10 +61,14 @@ type live struct {
 	upstream   atomic.Uint64 // upstream failures
 	lastRoute  atomic.Int64  // unix nanos of the last dispatch
 
-	// Event expectation: the first first-byte not yet followed by an event,
-	// and the uncached tokens answered since.
-	awaitingSince      atomic.Int64
-	uncachedSinceEvent atomic.Int64
+	// expect receives one expectation per answered request that should
+	// have made the pod publish BlockStored; the monitor drains it when it
+	// judges freshness (see expect.go).
+	expect expectInbox
+	// blockSize is the pod's KV block size in tokens as the monitor last
+	// learned it (0: unknown, defaultBlockSize is assumed). Read at
+	// dispatch to count the full blocks a request will fill.
+	blockSize atomic.Int64
 
 	consecFail    atomic.Int64
 	breaker       atomic.Uint32
@@ -83,18 +87,27 @@ type live struct {
 // (optional) then Finish exactly once, from one goroutine at a time; repeated
 // calls are ignored. The zero Flight is a no-op.
 type Flight struct {
-	l        *live
-	prompt   int64
-	uncached int64
-	trial    bool
-	answered bool
-	done     bool
+	l          *live
+	prompt     int64
+	uncached   int64
+	blocks     int64 // full blocks the pod is expected to fill (and announce)
+	dispatched int64 // unix nanos
+	trial      bool
+	answered   bool
+	done       bool
 }
 
 func (l *live) dispatch(prompt, uncached int) Flight {
 	prompt = max(prompt, 0)
 	uncached = min(max(uncached, 0), prompt)
-	f := Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
+	now := l.sh.now().UnixNano()
+	f := Flight{
+		l:          l,
+		prompt:     int64(prompt),
+		uncached:   int64(uncached),
+		blocks:     newFullBlocks(int64(prompt), int64(uncached), l.blockSize.Load()),
+		dispatched: now,
+	}
 	if l.breaker.Load() == breakerHalfOpen && l.trialInFlight.CompareAndSwap(false, true) {
 		f.trial = true
 	}
@@ -103,13 +116,35 @@ func (l *live) dispatch(prompt, uncached int) Flight {
 	l.queuedPrompt.Add(f.prompt)
 	l.queuedUncached.Add(f.uncached)
 	l.dispatched.Add(1)
-	l.lastRoute.Store(l.sh.now().UnixNano())
+	l.lastRoute.Store(now)
 	return f
 }
 
+// defaultBlockSize is vLLM's block size on CUDA when --block-size is not
+// given; used until the pod's vllm:cache_config_info (or the router's flag)
+// says otherwise.
+const defaultBlockSize = 16
+
+// newFullBlocks is the number of full KV blocks a request with prompt
+// tokens, of which uncached are expected to be computed, will add to the
+// pod's prefix cache: vLLM hashes and announces (BlockStored) full blocks
+// only, so a request that merely extends a partial block publishes nothing
+// and must not be awaited. The cached tokens are a prefix, so the new full
+// blocks are those of the whole prompt minus those of the cached prefix.
+func newFullBlocks(prompt, uncached, blockSize int64) int64 {
+	if blockSize <= 0 {
+		blockSize = defaultBlockSize
+	}
+	cached := prompt - uncached
+	return prompt/blockSize - cached/blockSize
+}
+
 // FirstByte records that the target's first response byte arrived: its
-// prefill is done, so its prompt tokens leave the queue, and a KV event for
-// the computed blocks is now expected.
+// prefill is done, so its prompt tokens leave the queue, and the KV events
+// for the blocks it filled are now due. vLLM publishes a step's events
+// before it returns the step's outputs, so those events normally reach the
+// router before this first byte does: any event received since dispatch
+// counts for this request, not only one received after now.
 func (f *Flight) FirstByte() {
 	if f.l == nil || f.answered || f.done {
 		return
@@ -120,11 +155,14 @@ func (f *Flight) FirstByte() {
 	l.queuedPrompt.Add(-f.prompt)
 	l.queuedUncached.Add(-f.uncached)
 	l.answered.Add(1)
-	if f.uncached > 0 {
-		l.uncachedSinceEvent.Add(f.uncached)
-		if l.awaitingSince.Load() == 0 {
-			l.awaitingSince.CompareAndSwap(0, l.sh.now().UnixNano())
-		}
+	if f.blocks > 0 {
+		l.expect.push(expectation{
+			dispatched: f.dispatched,
+			until:      f.dispatched,
+			answered:   l.sh.now().UnixNano(),
+			uncached:   f.uncached,
+			blocks:     f.blocks,
+		})
 	}
 }
 

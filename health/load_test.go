@@ -20,7 +20,7 @@ func TestScrapedLoadGoesStale(t *testing.T) {
 	if b.Running != 3 || b.Waiting != 7 || b.KVUsage != 0.42 || b.Stale || b.At.IsZero() {
 		t.Fatalf("busy after scrape: %+v", b)
 	}
-	name := map[string]string{"target": pod.srv.URL}
+	name := map[string]string{"target": pod.name(0)}
 	if v, _ := env.gauge(t, "prefixrouter_health_load_requests_waiting", name); v != 7 {
 		t.Fatalf("waiting gauge %v", v)
 	}
@@ -238,7 +238,7 @@ func TestInFlightAccounting(t *testing.T) {
 	}
 	wg.Wait()
 	check("after concurrent traffic", 0, 0, 0, 0)
-	if v, _ := env.gauge(t, "prefixrouter_health_dispatched_total", map[string]string{"target": pod.srv.URL}); v != 2+1600 {
+	if v, _ := env.gauge(t, "prefixrouter_health_dispatched_total", map[string]string{"target": pod.name(0)}); v != 2+1600 {
 		t.Fatalf("dispatched_total %v", v)
 	}
 }

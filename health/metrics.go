@@ -21,6 +21,7 @@ type metrics struct {
 	inflight, prefilling, queuedUncached                      *prometheus.Desc
 	dispatched, upstreamFailures, breakerOpens, probeFailures *prometheus.Desc
 	scrapeFailures, transitions, conflict, targets            *prometheus.Desc
+	prefixCachingOff                                          *prometheus.Desc
 }
 
 func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
@@ -59,6 +60,7 @@ func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
 		transitions:      d("state_transitions_total", "Changes of the target's state.", t),
 		conflict:         d("cache_config_conflict", "1 when the target's cache config disagrees with its model's peers or the flags.", t, "model"),
 		targets:          d("targets", "Targets per state.", "state"),
+		prefixCachingOff: d("prefix_caching_disabled", "1 when the pod reports enable_prefix_caching=False: it publishes no KV events and gives no cache hits (absent: cache config not scraped).", t),
 	}
 	if reg == nil {
 		return mt, nil
@@ -76,7 +78,7 @@ func (mt *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mt.state, mt.verdict, mt.eventAge, mt.queueDepth, mt.routed,
 		mt.running, mt.waiting, mt.kvUsage, mt.loadAge, mt.loadStale, mt.inflight, mt.prefilling,
 		mt.queuedUncached, mt.dispatched, mt.upstreamFailures, mt.breakerOpens, mt.probeFailures,
-		mt.scrapeFailures, mt.transitions, mt.conflict, mt.targets} {
+		mt.scrapeFailures, mt.transitions, mt.conflict, mt.targets, mt.prefixCachingOff} {
 		ch <- d
 	}
 }
@@ -101,7 +103,7 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	perState := map[State]int{StateRoutable: 0, StateDegraded: 0, StateDown: 0, StateDraining: 0}
 	for _, t := range snap.Targets {
-		n := t.Name
+		n := t.Name // ID.String(): the label kvindex uses too
 		l := t.live
 		perState[t.State]++
 		g(mt.state, 1, n, string(t.State), string(t.Reason))
@@ -127,6 +129,9 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 		c(mt.probeFailures, l.probeFailures.Load(), n)
 		c(mt.scrapeFailures, l.scrapeFailures.Load(), n)
 		c(mt.transitions, l.transitions.Load(), n)
+		if t.Cache.Known {
+			g(mt.prefixCachingOff, b2f(t.Cache.PrefixCachingDisabled()), n)
+		}
 		if t.State != StateDraining {
 			for _, mod := range t.Models {
 				g(mt.conflict, b2f(slices.Contains(t.conflictModels, mod)), n, mod)

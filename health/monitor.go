@@ -120,11 +120,14 @@ type target struct {
 	load  Load
 	cache CacheConfig
 
-	fresh      Freshness
-	lastGaps   uint64
-	seenStatus bool
-	gapAt      time.Time
-	routes     []routeSample
+	fresh  Freshness
+	await  awaitLedger
+	routes []routeSample
+	// Unrecoverable loss: the subscriber's Unrecovered counter as last
+	// seen, when it last grew, and by how much since the window opened.
+	lastUnrecovered uint64
+	unrecoveredAt   time.Time
+	unrecoveredN    uint64
 
 	state          State
 	reason         Reason
@@ -335,7 +338,7 @@ func (m *Monitor) setSource(source string, specs map[string]Spec) {
 		}
 	}
 	for _, c := range changes {
-		m.log.Info("target "+string(c.Kind), "target", TargetName(c.Target.ID), "events", c.Target.Events, "source", source)
+		m.log.Info("target "+string(c.Kind), "target", c.Target.ID.String(), "events", c.Target.Events, "source", source)
 		for _, id := range slices.Sorted(maps.Keys(m.subs)) {
 			m.subs[id](c)
 		}
@@ -444,7 +447,7 @@ func (m *Monitor) reapLocked(now time.Time) bool {
 		for _, t := range ep.targets {
 			if t.draining && (t.live.inflight.Load() <= 0 || now.Sub(t.drainSince) >= m.cfg.DrainTimeout) {
 				if n := t.live.inflight.Load(); n > 0 {
-					m.log.Warn("drain timed out", "target", TargetName(t.ts.ID), "in_flight", n)
+					m.log.Warn("drain timed out", "target", t.ts.ID.String(), "in_flight", n)
 				}
 				changed = true
 				continue
@@ -529,6 +532,7 @@ func (m *Monitor) rebuildLocked() {
 	}
 	snap.Models = m.checkCacheConfigs(all)
 	for _, t := range all {
+		t.live.blockSize.Store(int64(m.blockSizeOf(t, snap.Models)))
 		if t.fresh.Verdict == "" {
 			m.judgeFreshness(t, now)
 		}
@@ -543,7 +547,7 @@ func (m *Monitor) rebuildLocked() {
 			if st == StateDown || st == StateDegraded {
 				lvl = slog.LevelWarn
 			}
-			m.log.Log(context.Background(), lvl, "target state", "target", TargetName(t.ts.ID),
+			m.log.Log(context.Background(), lvl, "target state", "target", t.ts.ID.String(),
 				"state", st, "reason", reason, "detail", detail, "previous", t.state)
 			t.state, t.reason = st, reason
 		}
@@ -551,7 +555,7 @@ func (m *Monitor) rebuildLocked() {
 		pub := &Target{
 			ID:             t.ts.ID,
 			Spec:           t.ts,
-			Name:           TargetName(t.ts.ID),
+			Name:           t.ts.ID.String(),
 			Source:         t.ep.source,
 			State:          st,
 			Reason:         reason,
@@ -575,6 +579,25 @@ func (m *Monitor) rebuildLocked() {
 		}
 	}
 	m.snap.Store(snap)
+}
+
+// blockSizeOf is the block size a target's requests are counted in: the
+// pod's own cache config, else the router's flag, else the size its model's
+// pods agree on; 0 when none is known (dispatch then assumes vLLM's
+// default).
+func (m *Monitor) blockSizeOf(t *target, models map[string]ModelConfig) int {
+	if t.cache.Known && t.cache.BlockSize > 0 {
+		return t.cache.BlockSize
+	}
+	if m.cfg.BlockSize > 0 {
+		return m.cfg.BlockSize
+	}
+	for _, mod := range t.models() {
+		if bs := models[mod].BlockSize; bs > 0 {
+			return bs
+		}
+	}
+	return 0
 }
 
 // models returns the models the target serves.
@@ -617,6 +640,13 @@ func (m *Monitor) stateOf(t *target) (State, Reason, string) {
 	}
 	if t.live.breakerState() == "half_open" {
 		return StateDegraded, ReasonCircuitHalf, "circuit half-open: one trial request at a time"
+	}
+	if t.cache.PrefixCachingDisabled() {
+		// Before a block-size or hash conflict: without prefix caching
+		// those settings decide nothing.
+		return StateDegraded, ReasonPrefixCachingOff, fmt.Sprintf(
+			"prefix caching is disabled on the pod (vllm:cache_config_info enable_prefix_caching=%s): no KV events, no cache hits; start vLLM with --enable-prefix-caching",
+			t.cache.PrefixCaching)
 	}
 	if t.conflict != "" {
 		return StateDegraded, ReasonConfigConflict, t.conflict

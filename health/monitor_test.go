@@ -59,7 +59,7 @@ func TestMetricsRegistration(t *testing.T) {
 			}
 		}
 	}
-	if v, ok := env.gauge(t, "prefixrouter_health_target_state", map[string]string{"target": pod.srv.URL, "state": "routable", "reason": "ok"}); !ok || v != 1 {
+	if v, ok := env.gauge(t, "prefixrouter_health_target_state", map[string]string{"target": pod.name(0), "state": "routable", "reason": "ok"}); !ok || v != 1 {
 		t.Fatal("target_state routable/ok missing")
 	}
 	if v, _ := env.gauge(t, "prefixrouter_health_targets", map[string]string{"state": "routable"}); v != 1 {
@@ -156,4 +156,46 @@ func mustSpec(t *testing.T, s string) Spec {
 		t.Fatal(err)
 	}
 	return spec
+}
+
+// TestTargetLabelIsKVIndexID: every per-target series, the snapshot name
+// and the debug view use kvindex.TargetID.String() ("endpoint#rank", rank 0
+// included), the label kvindex's subscriber puts on prefixrouter_kv_*, so
+// the two families join on target.
+func TestTargetLabelIsKVIndexID(t *testing.T) {
+	pod := newFakePod(t, "m")
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("dp=2")}}, Deps{})
+	env.tick()
+	want := map[string]bool{pod.id(0).String(): true, pod.id(1).String(): true}
+	if !want[pod.srv.URL+"#0"] {
+		t.Fatalf("kvindex renders rank 0 as %q", pod.id(0).String())
+	}
+	for _, tg := range env.m.Snapshot().Targets {
+		if tg.Name != tg.ID.String() {
+			t.Errorf("snapshot name %q, want %q", tg.Name, tg.ID.String())
+		}
+	}
+	for _, tv := range env.m.Debug().Targets {
+		if !want[tv.Target] {
+			t.Errorf("debug view target %q is not a kvindex label", tv.Target)
+		}
+	}
+	fams, err := env.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if v := label(m, "target"); v != "" {
+				if !want[v] {
+					t.Errorf("%s{target=%q} is not a kvindex label", f.GetName(), v)
+				}
+				seen[v] = true
+			}
+		}
+	}
+	if len(seen) != 2 {
+		t.Fatalf("series for targets %v, want both ranks", seen)
+	}
 }

@@ -48,7 +48,7 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 	return body, nil
 }
 
-// activeEndpointsLocked lists endpoints with at least one non-draining rank.
+// activeEndpoints lists endpoints with at least one non-draining rank.
 func (m *Monitor) activeEndpoints() []*endpoint {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -61,12 +61,15 @@ func (m *Monitor) activeEndpoints() []*endpoint {
 	return out
 }
 
-// probeAll probes every active endpoint concurrently, waits for all, and
-// rebuilds the snapshot.
-func (m *Monitor) probeAll(ctx context.Context) {
+// forEachActive runs fn on every active endpoint concurrently, waits for
+// all, and rebuilds the snapshot once, so a round of probes or scrapes
+// publishes one snapshot rather than one per endpoint. Nothing is published
+// when ctx ended: the results of an interrupted round are not the targets'
+// fault.
+func (m *Monitor) forEachActive(ctx context.Context, fn func(context.Context, *endpoint)) {
 	var wg sync.WaitGroup
 	for _, ep := range m.activeEndpoints() {
-		wg.Go(func() { m.probe(ctx, ep) })
+		wg.Go(func() { fn(ctx, ep) })
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
@@ -76,6 +79,9 @@ func (m *Monitor) probeAll(ctx context.Context) {
 	m.rebuildLocked()
 	m.mu.Unlock()
 }
+
+// probeAll probes every active endpoint (GET /health).
+func (m *Monitor) probeAll(ctx context.Context) { m.forEachActive(ctx, m.probe) }
 
 // probe runs GET /health on one endpoint, applies the thresholds, and
 // refreshes the model list of an up endpoint when due.
@@ -176,21 +182,8 @@ func parseModels(body []byte) ([]string, error) {
 	return out, nil
 }
 
-// scrapeAll scrapes every active endpoint's /metrics concurrently and
-// rebuilds the snapshot.
-func (m *Monitor) scrapeAll(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, ep := range m.activeEndpoints() {
-		wg.Go(func() { m.scrape(ctx, ep) })
-	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		return
-	}
-	m.mu.Lock()
-	m.rebuildLocked()
-	m.mu.Unlock()
-}
+// scrapeAll scrapes every active endpoint's GET /metrics.
+func (m *Monitor) scrapeAll(ctx context.Context) { m.forEachActive(ctx, m.scrape) }
 
 // scrape reads one endpoint's vLLM gauges and cache config and assigns them
 // to its ranks. On failure the previous values stay, ageing towards stale.

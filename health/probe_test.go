@@ -215,7 +215,7 @@ func TestBreaker(t *testing.T) {
 	if tg = env.target(t, pod.id(0)); tg.State != StateRoutable {
 		t.Fatalf("after closing: %s/%s", tg.State, tg.Reason)
 	}
-	if v, _ := env.gauge(t, "prefixrouter_health_breaker_opens_total", map[string]string{"target": pod.srv.URL}); v != 2 {
+	if v, _ := env.gauge(t, "prefixrouter_health_breaker_opens_total", map[string]string{"target": pod.name(0)}); v != 2 {
 		t.Fatalf("breaker_opens_total = %v, want 2", v)
 	}
 }
@@ -262,9 +262,9 @@ func TestDebugViewJSON(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		up.srv.URL:        "routable/ok",
-		up.srv.URL + "#1": "routable/ok",
-		down.srv.URL:      "down/probe_failed",
+		up.name(0):   "routable/ok",
+		up.name(1):   "routable/ok",
+		down.name(0): "down/probe_failed",
 	}
 	for k, w := range want {
 		if got[k] != w {

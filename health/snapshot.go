@@ -1,6 +1,7 @@
 package health
 
 import (
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -35,6 +36,12 @@ const (
 	ReasonCircuitHalf    Reason = "circuit_half_open"
 	ReasonMetricsStale   Reason = "metrics_stale"
 	ReasonConfigConflict Reason = "cache_config_conflict"
+	// ReasonPrefixCachingOff: the pod runs without prefix caching
+	// (vllm:cache_config_info enable_prefix_caching=False). It serves
+	// requests, but publishes no KV events and never gives a cache hit, so
+	// prefix-aware routing gains nothing there: an operator should fix its
+	// flags.
+	ReasonPrefixCachingOff Reason = "prefix_caching_disabled"
 )
 
 // Verdict is the freshness of a target's KV-event stream. Only Fresh means
@@ -77,15 +84,23 @@ type Freshness struct {
 	Replaying  bool
 	QueueDepth int
 	Gaps       uint64
-	Restarts   uint64
+	// Unrecovered is the subscriber's count of batches known missing that
+	// replay could not bring back; UnrecoveredAt is when it last grew, set
+	// while that is within EventsStaleAfter (the target is stale meanwhile).
+	Unrecovered   uint64
+	UnrecoveredAt time.Time
+	Restarts      uint64
 	// RoutedInWindow is the number of requests the router dispatched to the
 	// target over the routing window.
 	RoutedInWindow uint64
-	// AwaitingSince is the first answered request (first byte) not yet
-	// followed by an event; zero when nothing is awaited.
+	// AwaitingSince is the earliest dispatch of an answered request that
+	// filled at least one new full block and for which no KV event has been
+	// received since; zero when nothing is awaited.
 	AwaitingSince time.Time
-	// UncachedSinceEvent is the uncached prompt tokens answered since then.
-	UncachedSinceEvent int64
+	// UncachedSinceEvent and ExpectedBlocksSinceEvent are the uncached
+	// prompt tokens and new full blocks of the requests awaiting an event.
+	UncachedSinceEvent       int64
+	ExpectedBlocksSinceEvent int64
 }
 
 // Trusted reports whether predictions and confirmed placements on the
@@ -99,6 +114,20 @@ type CacheConfig struct {
 	NumGPUBlocks  int    `json:"num_gpu_blocks,omitempty"`
 	HashAlgo      string `json:"prefix_caching_hash_algo,omitempty"`
 	PrefixCaching string `json:"enable_prefix_caching,omitempty"`
+}
+
+// PrefixCachingDisabled reports whether the pod said it runs without prefix
+// caching. vLLM renders the flag with Python's str(bool) ("True"/"False");
+// an absent or unrecognised value is not judged.
+func (c CacheConfig) PrefixCachingDisabled() bool {
+	if !c.Known {
+		return false
+	}
+	switch strings.ToLower(strings.TrimSpace(c.PrefixCaching)) {
+	case "false", "0", "no", "off":
+		return true
+	}
+	return false
 }
 
 // ModelConfig is the agreed cache configuration of one model's targets.
@@ -116,7 +145,7 @@ type ModelConfig struct {
 type Target struct {
 	ID     kvindex.TargetID
 	Spec   TargetSpec
-	Name   string // TargetName(ID)
+	Name   string // ID.String(), the target label shared with kvindex
 	Source string // "flag", "file" or "dns"
 	State  State
 	Reason Reason
@@ -177,7 +206,10 @@ func (t *Target) Busy() Busy {
 
 // Dispatch records that the router sent a request to the target with
 // promptTokens tokens, uncachedTokens of which it expects the pod to compute
-// (pass promptTokens when unknown). The returned Flight must be finished.
+// (pass promptTokens when unknown). The cached tokens are taken as a prefix:
+// once the first byte arrives, the full blocks beyond it are expected to be
+// announced by a KV event (see expect.go). The returned Flight must be
+// finished.
 func (t *Target) Dispatch(promptTokens, uncachedTokens int) Flight {
 	if t == nil {
 		return Flight{}

@@ -139,47 +139,27 @@ func ParseSpec(s string) (Spec, error) {
 	if err != nil {
 		return Spec{}, fmt.Errorf("endpoint %q: query: %w", s, err)
 	}
-	keys := slices.Sorted(maps.Keys(q))
-	for _, key := range keys {
-		vals := q[key]
-		if key != "model" && len(vals) > 1 {
-			return Spec{}, fmt.Errorf("endpoint %q: option %q given %d times", s, key, len(vals))
+	err = eachOption(q, func(key string, vals []string) error {
+		if shared, err := parseSharedOption(key, vals, &spec.DP, &spec.Models, &spec.Role); shared {
+			return err
 		}
-		v := vals[0]
+		var err error
 		switch key {
 		case "events":
-			if spec.Events, err = parseZMQAddr(v); err != nil {
-				return Spec{}, fmt.Errorf("endpoint %q: events: %w", s, err)
+			if spec.Events, err = parseZMQAddr(vals[0]); err != nil {
+				return fmt.Errorf("events: %w", err)
 			}
 		case "replay":
-			if spec.Replay, err = parseZMQAddr(v); err != nil {
-				return Spec{}, fmt.Errorf("endpoint %q: replay: %w", s, err)
-			}
-		case "dp":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > MaxDataParallel {
-				return Spec{}, fmt.Errorf("endpoint %q: dp=%q: want an integer in 1..%d", s, v, MaxDataParallel)
-			}
-			spec.DP = n
-		case "model":
-			for _, m := range vals {
-				if err := checkModelName(m); err != nil {
-					return Spec{}, fmt.Errorf("endpoint %q: model: %w", s, err)
-				}
-				if !slices.Contains(spec.Models, m) {
-					spec.Models = append(spec.Models, m)
-				}
-			}
-		case "role":
-			switch Role(strings.ToLower(v)) {
-			case RoleBoth, RolePrefill, RoleDecode:
-				spec.Role = Role(strings.ToLower(v))
-			default:
-				return Spec{}, fmt.Errorf("endpoint %q: role=%q: want prefill, decode or both", s, v)
+			if spec.Replay, err = parseZMQAddr(vals[0]); err != nil {
+				return fmt.Errorf("replay: %w", err)
 			}
 		default:
-			return Spec{}, fmt.Errorf("endpoint %q: unknown option %q (known: events, replay, dp, model, role)", s, key)
+			return fmt.Errorf("unknown option %q (known: events, replay, dp, model, role)", key)
 		}
+		return nil
+	})
+	if err != nil {
+		return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
 	}
 	if spec.Events == "" {
 		spec.Events = "tcp://" + net.JoinHostPort(strings.ToLower(host), strconv.Itoa(DefaultEventsPort))
@@ -257,13 +237,60 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 	return out, nil
 }
 
-// TargetName renders a TargetID as the bounded label used in metrics and
-// the debug view: the endpoint, with "#rank" appended for rank > 0.
-func TargetName(id kvindex.TargetID) string {
-	if id.Rank == 0 {
-		return id.Endpoint
+// TargetName renders a TargetID as its label in metrics, logs and the debug
+// view. It is id.String() ("endpoint#rank", rank always present), the form
+// kvindex uses, so prefixrouter_kv_* and prefixrouter_health_* series join on
+// their target label.
+//
+// Deprecated: use id.String().
+func TargetName(id kvindex.TargetID) string { return id.String() }
+
+// eachOption calls fn for every option of a spec's query, in key order, after
+// rejecting repeated options (only model may repeat).
+func eachOption(q url.Values, fn func(key string, vals []string) error) error {
+	for _, key := range slices.Sorted(maps.Keys(q)) {
+		vals := q[key]
+		if key != "model" && len(vals) > 1 {
+			return fmt.Errorf("option %q given %d times", key, len(vals))
+		}
+		if err := fn(key, vals); err != nil {
+			return err
+		}
 	}
-	return id.Endpoint + "#" + strconv.Itoa(id.Rank)
+	return nil
+}
+
+// parseSharedOption applies the options endpoint specs and DNS specs share
+// (dp, model, role), so both syntaxes accept and reject the same values. It
+// reports whether key was one of them; the error does not name the spec.
+func parseSharedOption(key string, vals []string, dp *int, models *[]string, role *Role) (bool, error) {
+	switch key {
+	case "dp":
+		n, err := strconv.Atoi(vals[0])
+		if err != nil || n < 1 || n > MaxDataParallel {
+			return true, fmt.Errorf("dp=%q: want an integer in 1..%d", vals[0], MaxDataParallel)
+		}
+		*dp = n
+	case "model":
+		for _, m := range vals {
+			if err := checkModelName(m); err != nil {
+				return true, fmt.Errorf("model: %w", err)
+			}
+			if !slices.Contains(*models, m) {
+				*models = append(*models, m)
+			}
+		}
+	case "role":
+		switch r := Role(strings.ToLower(vals[0])); r {
+		case RoleBoth, RolePrefill, RoleDecode:
+			*role = r
+		default:
+			return true, fmt.Errorf("role=%q: want prefill, decode or both", vals[0])
+		}
+	default:
+		return false, nil
+	}
+	return true, nil
 }
 
 // parseZMQAddr validates a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH.

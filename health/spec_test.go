@@ -90,11 +90,12 @@ func TestSpecTargetsPerRank(t *testing.T) {
 	if !reflect.DeepEqual(ts, want) {
 		t.Fatalf("Targets() =\n%+v\nwant\n%+v", ts, want)
 	}
-	if got := TargetName(ts[2].ID); got != "http://10.0.0.7:8000#2" {
-		t.Fatalf("TargetName = %q", got)
-	}
-	if got := TargetName(ts[0].ID); got != "http://10.0.0.7:8000" {
-		t.Fatalf("TargetName = %q", got)
+	// The label is kvindex's, rank always present, so health and kv series
+	// join; TargetName stays for callers as the same string.
+	for i, want := range []string{"http://10.0.0.7:8000#0", "http://10.0.0.7:8000#1", "http://10.0.0.7:8000#2"} {
+		if got := TargetName(ts[i].ID); got != want || got != ts[i].ID.String() {
+			t.Fatalf("TargetName(rank %d) = %q, want %q (= ID.String())", i, got, want)
+		}
 	}
 }
 
@@ -266,4 +267,53 @@ func FuzzParseEndpointsFile(f *testing.F) {
 			seen[s.Endpoint] = true
 		}
 	})
+}
+
+// TestSharedOptionsAgree: dp, model and role mean the same in an endpoint
+// spec and a --discover-dns entry: same values accepted, same results, same
+// error text after each syntax's prefix.
+func TestSharedOptionsAgree(t *testing.T) {
+	tests := []struct {
+		query   string
+		wantErr string
+		dp      int
+		models  []string
+		role    Role
+	}{
+		{query: "", dp: 1, role: RoleBoth},
+		{query: "dp=4", dp: 4, role: RoleBoth},
+		{query: "dp=256", dp: 256, role: RoleBoth},
+		{query: "dp=0", wantErr: `dp="0": want an integer in 1..256`},
+		{query: "dp=257", wantErr: `dp="257": want an integer in 1..256`},
+		{query: "dp=two", wantErr: `dp="two"`},
+		{query: "dp=1&dp=2", wantErr: `option "dp" given 2 times`},
+		{query: "model=a&model=b&model=a", dp: 1, models: []string{"a", "b"}, role: RoleBoth},
+		{query: "model=", wantErr: "model: empty model name"},
+		{query: "model=%01", wantErr: "control character"},
+		{query: "role=Prefill", dp: 1, role: RolePrefill},
+		{query: "role=decode", dp: 1, role: RoleDecode},
+		{query: "role=router", wantErr: `role="router": want prefill, decode or both`},
+		{query: "role=both&role=decode", wantErr: `option "role" given 2 times`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			s, serr := ParseSpec("http://10.0.0.7:8000?" + tt.query)
+			d, derr := ParseDNSSpec("vllm:8000?" + tt.query)
+			for name, err := range map[string]error{"endpoint": serr, "dns": derr} {
+				if tt.wantErr == "" && err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+					t.Fatalf("%s: err %v, want containing %q", name, err, tt.wantErr)
+				}
+			}
+			if tt.wantErr != "" {
+				return
+			}
+			if s.DP != tt.dp || d.DP != tt.dp || s.Role != tt.role || d.Role != tt.role ||
+				!reflect.DeepEqual(s.Models, tt.models) || !reflect.DeepEqual(d.Models, tt.models) {
+				t.Fatalf("endpoint %+v, dns %+v; want dp %d models %v role %s", s, d, tt.dp, tt.models, tt.role)
+			}
+		})
+	}
 }
