@@ -87,6 +87,9 @@ type LoadView struct {
 	Waiting              int     `json:"waiting"`
 	KVUsage              float64 `json:"kv_cache_usage"`
 	Stale                bool    `json:"scrape_stale"`
+	// Events is the target's event-stream verdict (fresh, stale,
+	// disconnected, replaying), which weights its confirmed run.
+	Events string `json:"events"`
 }
 
 // Candidate is one target considered for a request.
@@ -100,8 +103,9 @@ type Candidate struct {
 	// SpeculativeBlocks extends the run with predicted placements (the seam
 	// for the speculative policy; zero for now).
 	SpeculativeBlocks int
-	// Trusted says the target's event stream is fresh enough for its
-	// placements to count.
+	// Trust weights the confirmed run by the health of the target's event
+	// stream (see confirmedTrust); Trusted says predictions may count.
+	Trust   float64
 	Trusted bool
 	// ApproxChunks is the approximate policy's matched prefix chunks.
 	ApproxChunks int
@@ -146,6 +150,7 @@ func loadOf(t *health.Target) LoadView {
 	return LoadView{
 		InFlight: b.InFlight, Prefilling: b.Prefilling, QueuedUncachedTokens: b.QueuedUncachedTokens,
 		Running: b.Running, Waiting: b.Waiting, KVUsage: b.KVUsage, Stale: b.Stale,
+		Events: string(t.Events.Verdict),
 	}
 }
 
@@ -160,16 +165,33 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 		}
 		running = math.Max(running, float64(l.Running))
 	}
-	cached := 0.0
+	blocks := cd.Weighted * cd.Trust
 	if cd.Trusted {
-		cached = (cd.Weighted + float64(cd.SpeculativeBlocks)) * float64(blockSize)
+		blocks += float64(cd.SpeculativeBlocks)
 	}
+	cached := blocks * float64(blockSize)
 	cached = math.Min(cached, float64(promptTokens))
 	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
 	if !l.Stale && l.KVUsage > c.cost.KVThreshold && c.cost.KVThreshold < 1 {
 		cost += c.cost.KVPressure * float64(promptTokens) * (l.KVUsage - c.cost.KVThreshold) / (1 - c.cost.KVThreshold)
 	}
 	return cost
+}
+
+// confirmedTrust weights a target's confirmed run by its event stream's
+// verdict. A fresh or replaying stream (replay only adds what was missed)
+// counts fully; a stale one may have missed stores and removals alike, so its
+// run counts half; a disconnected one counts nothing: the pod may have
+// restarted and lost everything without the router hearing of it.
+// Predictions (speculative) are stricter: only a fresh stream confirms them.
+func confirmedTrust(v health.Verdict) float64 {
+	switch v {
+	case health.VerdictFresh, health.VerdictReplaying:
+		return 1
+	case health.VerdictStale:
+		return 0.5
+	}
+	return 0
 }
 
 // leastLoadCost counts requests: the router's own in flight, or the pod's
@@ -231,7 +253,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	i := minCost(cands, usable)
 	cd := &cands[i]
 	switch {
-	case cd.ConfirmedBlocks > 0 && cd.Trusted:
+	case cd.ConfirmedBlocks > 0 && cd.Trust > 0:
 		return decision{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
 	case blockSize == 0:
 		return decision{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}

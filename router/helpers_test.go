@@ -9,17 +9,25 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// quietLogger discards logs unless ROUTER_TEST_LOG is set.
+func quietLogger() *slog.Logger {
+	if os.Getenv("ROUTER_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 // fastHealth returns a health configuration that notices changes within a
 // few tens of milliseconds, for tests.
@@ -92,17 +100,30 @@ func routableCount(r *Router, model string) int {
 	return n
 }
 
+// freshCount is the number of routable targets of model whose event stream
+// is fresh.
+func freshCount(r *Router, model string) int {
+	n := 0
+	for _, t := range r.mon.Snapshot().ForModel(model) {
+		if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+			n++
+		}
+	}
+	return n
+}
+
 // fakePod is a minimal vLLM stand-in on real HTTP: /health, /v1/models,
 // /metrics with cache_config_info, and a completions handler the test
 // supplies. It counts the requests that reach the API endpoints.
 type fakePod struct {
-	name      string
-	srv       *httptest.Server
-	pub       *publish.Publisher
-	hits      atomic.Int64
-	blockSize int
-	models    []string
-	handle    atomic.Pointer[http.HandlerFunc]
+	name         string
+	srv          *httptest.Server
+	pub          *publish.Publisher
+	hits         atomic.Int64 // completions and chat requests
+	tokenizeHits atomic.Int64
+	blockSize    int
+	models       []string
+	handle       atomic.Pointer[http.HandlerFunc]
 }
 
 func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, models ...string) *fakePod {
@@ -141,7 +162,13 @@ func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, model
 	}
 	mux.HandleFunc("/v1/completions", api)
 	mux.HandleFunc("/v1/chat/completions", api)
-	mux.HandleFunc("/tokenize", api)
+	mux.HandleFunc("/tokenize", func(w http.ResponseWriter, r *http.Request) {
+		// vLLM's answer shape; the router's remote tokenization and the
+		// /tokenize forward both land here.
+		p.tokenizeHits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, `{"count":4,"max_model_len":8192,"tokens":[1,2,3,4],"pod":%q}`, p.name)
+	})
 	p.srv = httptest.NewServer(mux)
 	t.Cleanup(p.srv.Close)
 	return p
@@ -200,6 +227,26 @@ func dryRun(t testing.TB, r *Router, path, body string) DryRun {
 func candidate(d DryRun, endpoint string) DryCandidate {
 	for _, c := range d.Candidates {
 		if c.Target == endpoint {
+			return c
+		}
+	}
+	return DryCandidate{}
+}
+
+// targetName is the name the router gives rank 0 of an endpoint (debug
+// headers, metric labels).
+func targetName(endpoint string) string {
+	return health.TargetName(kvindex.TargetID{Endpoint: endpoint})
+}
+
+// decisionName is the dry run's chosen target by name.
+func decisionName(d DryRun) string {
+	return health.TargetName(kvindex.TargetID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank})
+}
+
+func candidateByName(d DryRun, name string) DryCandidate {
+	for _, c := range d.Candidates {
+		if health.TargetName(kvindex.TargetID{Endpoint: c.Target, Rank: c.Rank}) == name {
 			return c
 		}
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -116,12 +117,15 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 	if err != nil {
 		return &BadRequest{Message: "request body is not valid JSON: " + err.Error()}
 	}
+	if err := strictJSON(body); err != nil {
+		return err
+	}
 	o, err := v.Object()
 	if err != nil {
 		return &BadRequest{Message: "request body must be a JSON object"}
 	}
 
-	mv := o.Get("model")
+	mv := member(o, "model")
 	if mv == nil || mv.Type() == fastjson.TypeNull {
 		return badParam("model", "you must provide a model parameter")
 	}
@@ -137,7 +141,7 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 	if r.Stream, err = optBool(o, "stream", false); err != nil {
 		return err
 	}
-	if so := o.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
+	if so := member(o, "stream_options"); so != nil && so.Type() != fastjson.TypeNull {
 		soo, err := so.Object()
 		if err != nil {
 			return badParam("stream_options", "must be an object")
@@ -146,7 +150,7 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 			return badParam("stream_options.include_usage", "must be a boolean")
 		}
 	}
-	if sv := o.Get("cache_salt"); sv != nil && sv.Type() != fastjson.TypeNull {
+	if sv := member(o, "cache_salt"); sv != nil && sv.Type() != fastjson.TypeNull {
 		sb, err := sv.StringBytes()
 		if err != nil {
 			return badParam("cache_salt", "must be a string")
@@ -163,7 +167,7 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 		if r.AddSpecialTokens, err = optBool(o, "add_special_tokens", true); err != nil {
 			return err
 		}
-		return parsePrompt(o.Get("prompt"), r)
+		return parsePrompt(member(o, "prompt"), body, r)
 	case EndpointChat:
 		if r.AddSpecialTokens, err = optBool(o, "add_special_tokens", false); err != nil {
 			return err
@@ -174,7 +178,7 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 }
 
 func optBool(o *fastjson.Object, key string, def bool) (bool, error) {
-	v := o.Get(key)
+	v := member(o, key)
 	if v == nil || v.Type() == fastjson.TypeNull {
 		return def, nil
 	}
@@ -187,7 +191,7 @@ func optBool(o *fastjson.Object, key string, def bool) (bool, error) {
 	return false, badParam(key, "must be a boolean")
 }
 
-func parsePrompt(v *fastjson.Value, r *Request) error {
+func parsePrompt(v *fastjson.Value, body []byte, r *Request) error {
 	if v == nil || v.Type() == fastjson.TypeNull {
 		return badParam("prompt", "you must provide a prompt")
 	}
@@ -210,7 +214,12 @@ func parsePrompt(v *fastjson.Value, r *Request) error {
 	}
 	switch arr[0].Type() {
 	case fastjson.TypeNumber:
-		// One prompt as token ids.
+		// One prompt as token ids. Plain decimal ids are read straight
+		// from the body; anything else takes the checked path below.
+		if ids, ok := scanIDs(r.PromptIDs[:0], rawMember(body, "prompt")); ok && len(ids) == len(arr) {
+			r.PromptIDs, r.HasIDs, r.BatchSize = ids, true, 1
+			return nil
+		}
 		ids, err := appendIDs(r.PromptIDs[:0], arr, "prompt")
 		if err != nil {
 			return err
@@ -292,7 +301,7 @@ func checkIDs(arr []*fastjson.Value, param string) error {
 }
 
 func parseChat(o *fastjson.Object, body []byte, r *Request) error {
-	mv := o.Get("messages")
+	mv := member(o, "messages")
 	if mv == nil || mv.Type() == fastjson.TypeNull {
 		return badParam("messages", "you must provide messages")
 	}
@@ -308,14 +317,14 @@ func parseChat(o *fastjson.Object, body []byte, r *Request) error {
 		if err != nil {
 			return badParam(fmt.Sprintf("messages[%d]", i), "must be an object")
 		}
-		role := mo.Get("role")
+		role := member(mo, "role")
 		if role == nil {
 			return badParam(fmt.Sprintf("messages[%d].role", i), "is required")
 		}
 		if role.Type() != fastjson.TypeString {
 			return badParam(fmt.Sprintf("messages[%d].role", i), "must be a string")
 		}
-		if c := mo.Get("content"); c != nil {
+		if c := member(mo, "content"); c != nil {
 			switch c.Type() {
 			case fastjson.TypeString, fastjson.TypeArray, fastjson.TypeNull:
 			default:
@@ -323,18 +332,18 @@ func parseChat(o *fastjson.Object, body []byte, r *Request) error {
 			}
 		}
 	}
-	r.Chat.Messages = json.RawMessage(mv.MarshalTo(nil))
-	if tv := o.Get("tools"); tv != nil && tv.Type() != fastjson.TypeNull {
+	r.Chat.Messages = json.RawMessage(rawMember(body, "messages"))
+	if tv := member(o, "tools"); tv != nil && tv.Type() != fastjson.TypeNull {
 		if tv.Type() != fastjson.TypeArray {
 			return badParam("tools", "must be an array")
 		}
-		r.Chat.Tools = json.RawMessage(tv.MarshalTo(nil))
+		r.Chat.Tools = json.RawMessage(rawMember(body, "tools"))
 	}
-	if kv := o.Get("chat_template_kwargs"); kv != nil && kv.Type() != fastjson.TypeNull {
+	if kv := member(o, "chat_template_kwargs"); kv != nil && kv.Type() != fastjson.TypeNull {
 		if kv.Type() != fastjson.TypeObject {
 			return badParam("chat_template_kwargs", "must be an object")
 		}
-		r.Chat.ChatTemplateKwargs = json.RawMessage(kv.MarshalTo(nil))
+		r.Chat.ChatTemplateKwargs = json.RawMessage(rawMember(body, "chat_template_kwargs"))
 	}
 	if r.Chat.AddGenerationPrompt, err = optBool(o, "add_generation_prompt", true); err != nil {
 		return err
@@ -344,13 +353,13 @@ func parseChat(o *fastjson.Object, body []byte, r *Request) error {
 	}
 	if r.Chat.AddGenerationPrompt && r.Chat.ContinueFinalMessage {
 		// vLLM refuses the combination; so do we, before a pod sees it.
-		if v := o.Get("add_generation_prompt"); v != nil && v.Type() == fastjson.TypeTrue {
+		if v := member(o, "add_generation_prompt"); v != nil && v.Type() == fastjson.TypeTrue {
 			return badParam("continue_final_message", "cannot be combined with add_generation_prompt=true")
 		}
 		// Implicit add_generation_prompt default gives way.
 		r.Chat.AddGenerationPrompt = false
 	}
-	if ct := o.Get("chat_template"); ct != nil && ct.Type() != fastjson.TypeNull {
+	if ct := member(o, "chat_template"); ct != nil && ct.Type() != fastjson.TypeNull {
 		if ct.Type() != fastjson.TypeString {
 			return badParam("chat_template", "must be a string")
 		}
@@ -373,7 +382,7 @@ func ParseModelField(body []byte) (string, error) {
 	if v.Type() != fastjson.TypeObject {
 		return "", &BadRequest{Message: "request body must be a JSON object"}
 	}
-	mv := v.Get("model")
+	mv := member(v.GetObject(), "model")
 	if mv == nil || mv.Type() == fastjson.TypeNull {
 		return "", nil
 	}
@@ -382,4 +391,300 @@ func ParseModelField(body []byte) (string, error) {
 		return "", badParam("model", "must be a string")
 	}
 	return string(b), nil
+}
+
+// rawMember returns the raw bytes of a top-level member's value in a JSON
+// object that has already been validated, without re-serializing it: the
+// chat template must see the client's key order, and copying a long
+// conversation through a re-encoder costs more than the rest of the parse.
+// It returns nil when the key is absent. Duplicate keys: the last wins, as in
+// Python's json.loads (what the pod uses).
+func rawMember(body []byte, key string) []byte {
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil
+	}
+	i++
+	var found []byte
+	for {
+		i = skipWS(body, i)
+		if i >= len(body) || body[i] == '}' {
+			return found
+		}
+		if body[i] == ',' {
+			i++
+			continue
+		}
+		ks := i
+		i = skipValue(body, i)
+		k := body[ks:i]
+		i = skipWS(body, i)
+		if i >= len(body) || body[i] != ':' {
+			return found
+		}
+		i = skipWS(body, i+1)
+		vs := i
+		i = skipValue(body, i)
+		if keyEquals(k, key) {
+			found = body[vs:i]
+		}
+	}
+}
+
+// keyEquals compares a raw JSON string token with key; keys with escapes
+// are decoded first (rare).
+func keyEquals(raw []byte, key string) bool {
+	if len(raw) < 2 {
+		return false
+	}
+	inner := raw[1 : len(raw)-1]
+	if bytesIndexByte(inner, '\\') < 0 {
+		return string(inner) == key
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return false
+	}
+	return s == key
+}
+
+func bytesIndexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index just past the JSON value starting at i.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		i++
+		for i < len(b) {
+			switch b[i] {
+			case '\\':
+				i += 2
+				continue
+			case '"':
+				return i + 1
+			}
+			i++
+		}
+		return i
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipValue(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t' {
+		i++
+	}
+	return i
+}
+
+// scanIDs reads a JSON array of plain non-negative decimal integers below
+// 2^32 ("[1, 2,3]"); ok is false for anything else (signs, fractions,
+// exponents, other types), which the caller then checks value by value.
+func scanIDs(dst []uint32, raw []byte) ([]uint32, bool) {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return dst, false
+	}
+	i = skipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return dst, false
+	}
+	for {
+		start := i
+		var n uint64
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+			n = n*10 + uint64(raw[i]-'0')
+			if n > math.MaxUint32 {
+				return dst, false
+			}
+			i++
+		}
+		if i == start || (raw[start] == '0' && i-start > 1) || len(dst) >= maxPromptIDs {
+			return dst, false
+		}
+		dst = append(dst, uint32(n))
+		i = skipWS(raw, i)
+		if i >= len(raw) {
+			return dst, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipWS(raw, i+1)
+		case ']':
+			return dst, true
+		default:
+			return dst, false
+		}
+	}
+}
+
+// strictJSON rejects what fastjson tolerates but JSON (RFC 8259, and the
+// pod's parser) does not: raw control characters and unknown escapes in
+// strings, leading zeros, bare words such as NaN or Inf, and malformed
+// signs and fractions. fastjson has already checked the structure; this is
+// one table-driven pass over the bytes.
+func strictJSON(body []byte) error {
+	bad := func(i int, what string) error {
+		return &BadRequest{Message: fmt.Sprintf("request body is not valid JSON: %s at offset %d", what, i)}
+	}
+	n := len(body)
+	var prev byte // last significant byte outside strings
+	for i := 0; i < n; i++ {
+		c := body[i]
+		switch outClass[c] {
+		case clsPlain:
+			prev = c
+			continue
+		case clsSpace:
+			continue
+		case clsQuote:
+			// A string: skip plain bytes fast, check escapes and controls.
+			i++
+			for i < n {
+				for i < n && !strSpecial[body[i]] {
+					i++
+				}
+				if i >= n {
+					return bad(i, "unterminated string")
+				}
+				c := body[i]
+				if c == '"' {
+					break
+				}
+				if c < 0x20 {
+					return bad(i, fmt.Sprintf("control character 0x%02x in a string", c))
+				}
+				// backslash
+				if i+1 >= n {
+					return bad(i, "unterminated escape")
+				}
+				switch body[i+1] {
+				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+					i += 2
+				case 'u':
+					if i+5 >= n || !isHex(body[i+2]) || !isHex(body[i+3]) || !isHex(body[i+4]) || !isHex(body[i+5]) {
+						return bad(i, "bad \\u escape")
+					}
+					i += 6
+				default:
+					return bad(i, "invalid escape")
+				}
+			}
+			prev = '"'
+			continue
+		}
+		var next byte
+		if i+1 < n {
+			next = body[i+1]
+		}
+		tokenStart := prev == 0 || prev == '[' || prev == ',' || prev == ':'
+		switch {
+		case c == '0':
+			if (tokenStart || prev == '-') && isDigit(next) {
+				return bad(i, "leading zero")
+			}
+		case c == '-':
+			if !(tokenStart || prev == 'e' || prev == 'E') || !isDigit(next) {
+				return bad(i, "malformed minus")
+			}
+		case c == '+':
+			if !(prev == 'e' || prev == 'E') {
+				return bad(i, "misplaced plus")
+			}
+		case c == '.':
+			if !isDigit(prev) || !isDigit(next) {
+				return bad(i, "malformed fraction")
+			}
+		case c == 'e' || c == 'E':
+			if !isDigit(prev) || !(isDigit(next) || next == '+' || next == '-') {
+				return bad(i, "malformed exponent")
+			}
+		case c == 't' || c == 'f' || c == 'n':
+			lit := "null"
+			if c == 't' {
+				lit = "true"
+			} else if c == 'f' {
+				lit = "false"
+			}
+			if !tokenStart || !bytes.HasPrefix(body[i:], []byte(lit)) {
+				return bad(i, "unexpected word")
+			}
+			i += len(lit) - 1
+			c = 'l' // nothing but a separator may follow a literal
+		default:
+			return bad(i, "unexpected character")
+		}
+		prev = c
+	}
+	return nil
+}
+
+const (
+	clsCheck uint8 = iota // needs a closer look (numbers' edges, words)
+	clsPlain              // structure and digits 1-9
+	clsSpace
+	clsQuote
+)
+
+var outClass, strSpecial = func() (out [256]uint8, str [256]bool) {
+	for _, c := range []byte("{}[]:,123456789") {
+		out[c] = clsPlain
+	}
+	for _, c := range []byte(" \t\r\n") {
+		out[c] = clsSpace
+	}
+	out['"'] = clsQuote
+	for c := 0; c < 0x20; c++ {
+		str[c] = true
+	}
+	str['"'], str['\\'] = true, true
+	return
+}()
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func isHex(c byte) bool { return isDigit(c) || (c|0x20 >= 'a' && c|0x20 <= 'f') }
+
+// member returns the last value of key in o: with duplicate keys the pod's
+// parser (Python's json) keeps the last one, and so must the router, or it
+// would route one prompt and forward another.
+func member(o *fastjson.Object, key string) *fastjson.Value {
+	var last *fastjson.Value
+	o.Visit(func(k []byte, v *fastjson.Value) {
+		if string(k) == key {
+			last = v
+		}
+	})
+	return last
 }

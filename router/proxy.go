@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
 
 	"github.com/prefixrouter/prefixrouter/health"
 )
@@ -237,13 +238,23 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		chunkPool.Put(bufp)
 		return r.failedBeforeByte(ctx, req, c, finish, tname, rerr)
 	}
-	if resp.StatusCode >= 500 && attempt < r.cfg.MaxRetries && pl.hasAlternative() {
-		// A 5xx is the pod's failure; another target may do better.
-		resp.Body.Close()
-		chunkPool.Put(bufp)
-		finish(health.OutcomeUpstreamError)
-		r.met.upstreamErrors.WithLabelValues(tname, "status_5xx").Inc()
-		return attemptRetryable
+	if attempt < r.cfg.MaxRetries && pl.hasAlternative() {
+		reason := ""
+		switch {
+		case resp.StatusCode >= 500:
+			reason = "status_5xx" // the pod's failure; another may do better
+		case resp.StatusCode < 300 && sseErrorFirst(buf[:n]):
+			// vLLM streams a failure in prefill as a 200 whose first event
+			// is an error: nothing was generated, so nothing is lost.
+			reason = "stream_error_event"
+		}
+		if reason != "" {
+			resp.Body.Close()
+			chunkPool.Put(bufp)
+			finish(health.OutcomeUpstreamError)
+			r.met.upstreamErrors.WithLabelValues(tname, reason).Inc()
+			return attemptRetryable
+		}
 	}
 	flight.FirstByte()
 	ttft := time.Since(start)
@@ -466,4 +477,28 @@ func (r *Router) forwardSimple(ctx *fasthttp.RequestCtx, t *health.Target, path,
 	copyResponseHeaders(&ctx.Response.Header, resp.Header)
 	ctx.Response.Header.Set("X-Request-Id", id)
 	ctx.SetBody(b)
+}
+
+// sseErrorFirst reports whether a stream's first bytes are an SSE event
+// carrying a top-level "error" object, as vLLM sends when a streamed
+// request fails before its first token.
+func sseErrorFirst(b []byte) bool {
+	b = bytes.TrimLeft(b, " \r\n")
+	rest, ok := bytes.CutPrefix(b, []byte("data:"))
+	if !ok {
+		return false
+	}
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 || line[0] != '{' {
+		return false
+	}
+	p := parserPool.Get()
+	defer parserPool.Put(p)
+	v, err := p.ParseBytes(line)
+	if err != nil {
+		return false
+	}
+	e := v.Get("error")
+	return e != nil && e.Type() == fastjson.TypeObject && v.Get("choices") == nil
 }

@@ -39,7 +39,8 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 			// its decode peer, not from clients.
 			continue
 		}
-		c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: t.Events.Trusted(), Load: loadOf(t)}
+		c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: t.Events.Trusted(),
+			Trust: confirmedTrust(t.Events.Verdict), Load: loadOf(t)}
 		if c.Routable {
 			routable++
 		}
@@ -51,7 +52,9 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 
 	ks := r.pl.keyer.Load()
 	needIDs := r.cfg.Policy == PolicyPrecise
-	pt, err := r.tok.prompt(ctx, req, r.cat, needIDs, func() string {
+	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
+	defer cancel()
+	pt, err := r.tok.prompt(tctx, req, r.cat, needIDs, func() string {
 		// Remote tokenization asks a routable pod of the model.
 		if t, e := r.pickAny(snap, req.Model); e == nil {
 			return t.ID.Endpoint
@@ -94,10 +97,13 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 // predictedCached is the number of prompt tokens the router expects the
 // chosen candidate to serve from cache: its trusted confirmed run.
 func (pl *routePlan) predictedCached(c *Candidate) int {
-	if !c.Trusted || pl.blockSize == 0 {
+	if c.Trust == 0 || pl.blockSize == 0 {
 		return 0
 	}
-	n := (c.ConfirmedBlocks + c.SpeculativeBlocks) * pl.blockSize
+	n := c.ConfirmedBlocks * pl.blockSize
+	if c.Trusted {
+		n += c.SpeculativeBlocks * pl.blockSize
+	}
 	// vLLM never serves the whole prompt from cache: the last token is
 	// always computed, so hits stop at the last full block before it.
 	if pl.tokens.count > 0 {

@@ -42,6 +42,9 @@ type Config struct {
 	// (and for entries that name no mode): local models without files are
 	// routed on load alone; remote and auto ask the pod.
 	Tokenization tokenize.Mode
+	// TokenizeTimeout bounds a remote tokenization before routing; past it
+	// the request is routed on load alone (flag --tokenize-timeout).
+	TokenizeTimeout time.Duration
 
 	// MaxBodyBytes bounds request bodies (413 beyond).
 	MaxBodyBytes int
@@ -75,6 +78,7 @@ func DefaultConfig() Config {
 		Policy:           PolicyPrecise,
 		Cost:             DefaultCostConfig(),
 		Tokenization:     tokenize.ModeAuto,
+		TokenizeTimeout:  2 * time.Second,
 		MaxBodyBytes:     32 << 20,
 		ConnectTimeout:   3 * time.Second,
 		FirstByteTimeout: 10 * time.Minute,
@@ -93,6 +97,9 @@ func (c *Config) fill() {
 	}
 	if c.Cost == (CostConfig{}) {
 		c.Cost = d.Cost
+	}
+	if c.TokenizeTimeout <= 0 {
+		c.TokenizeTimeout = d.TokenizeTimeout
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = d.MaxBodyBytes
@@ -310,3 +317,8 @@ type fasthttpLogger struct{ log *slog.Logger }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
 }
+
+// KeysReady reports whether block keys are configured (block size and
+// algorithm known, given or learned), i.e. whether the precise policy can
+// see cache hits yet.
+func (r *Router) KeysReady() bool { return r.pl.keyer.Load() != nil }

@@ -62,7 +62,7 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)
-	waitFor(t, "both pods routable", func() bool { return routableCount(r, "m") == 2 })
+	waitFor(t, "both pods routable with fresh event streams", func() bool { return freshCount(r, "m") == 2 })
 
 	h, err := kvindex.NewHasher(kvindex.AlgoSHA256, "0", bs)
 	if err != nil {
@@ -88,10 +88,13 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 			storeBlocks(t, step.store, h, ids, events.KindBlockStored)
 			waitFor(t, "index to confirm the placement", func() bool {
 				d := dryRun(t, r, "/v1/completions", body)
-				return candidate(d, step.want.srv.URL).ConfirmedBlocks == 16 && candidate(d, step.wantOther.srv.URL).ConfirmedBlocks == 0 &&
-					d.Decision.Target == step.want.srv.URL
+				w, o := candidate(d, step.want.srv.URL), candidate(d, step.wantOther.srv.URL)
+				return w.ConfirmedBlocks == 16 && o.ConfirmedBlocks == 0 && w.Cost < o.Cost
 			})
 			d := dryRun(t, r, "/v1/completions", body)
+			if d.Decision.Target != step.want.srv.URL || d.Decision.Rank != 0 || d.Decision.Reason == "" {
+				t.Fatalf("dry run decision %+v, want %s", d.Decision, step.want.srv.URL)
+			}
 			if d.Blocks != 16 || d.PromptTokens != 64 || d.BlockSize != bs {
 				t.Fatalf("dry run: blocks %d prompt_tokens %d block_size %d, want 16 64 4", d.Blocks, d.PromptTokens, d.BlockSize)
 			}
@@ -101,8 +104,8 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 				if code != 200 {
 					t.Fatalf("status %d: %s", code, out)
 				}
-				if got := hdr.Get("X-Prefixrouter-Target"); got != step.want.srv.URL {
-					t.Fatalf("routed to %s, want %s (the pod holding the blocks)", got, step.want.srv.URL)
+				if got := hdr.Get("X-Prefixrouter-Target"); got != targetName(step.want.srv.URL) {
+					t.Fatalf("routed to %s, want %s (the pod holding the blocks); reason %q confirmed %q; dry run %+v", got, step.want.srv.URL, hdr.Get("X-Prefixrouter-Reason"), hdr.Get("X-Prefixrouter-Confirmed-Blocks"), dryRun(t, r, "/v1/completions", body))
 				}
 				if hdr.Get("X-Prefixrouter-Confirmed-Blocks") != "16" {
 					t.Fatalf("confirmed blocks header %q", hdr.Get("X-Prefixrouter-Confirmed-Blocks"))
@@ -379,7 +382,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 				if code != 200 || !strings.Contains(string(b), "good") {
 					t.Fatalf("request %d: status %d body %s", i, code, b)
 				}
-				if hdr.Get("X-Prefixrouter-Target") != good.srv.URL {
+				if hdr.Get("X-Prefixrouter-Target") != targetName(good.srv.URL) {
 					t.Fatalf("answered by %s", hdr.Get("X-Prefixrouter-Target"))
 				}
 			}
@@ -446,10 +449,6 @@ func TestGracefulShutdownDrains(t *testing.T) {
 func TestModelsUnionAndForwarding(t *testing.T) {
 	a := newFakePod(t, "A", 16, false, "alpha")
 	b := newFakePod(t, "B", 16, false, "beta")
-	b.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		fmt.Fprint(w, `{"count":2,"tokens":[1,2],"pod":"B"}`)
-	})
 	cfg := DefaultConfig()
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)
@@ -475,8 +474,39 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"pod":"B"`) || hdr.Get("X-Request-Id") == "" {
 		t.Fatalf("tokenize: %d %s", code, body)
 	}
-	if a.hits.Load() != 0 {
+	if a.tokenizeHits.Load() != 0 {
 		t.Fatal("tokenize for beta reached the alpha pod")
+	}
+
+	// The operator's view of the targets.
+	resp, err = http.Get("http://" + r.AdminAddr() + "/debug/targets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view struct {
+		Policy string `json:"policy"`
+		Keys   struct {
+			Configured bool `json:"configured"`
+		} `json:"block_keys"`
+		Health struct {
+			Ready   bool `json:"ready"`
+			Targets []struct {
+				Target string   `json:"target"`
+				State  string   `json:"state"`
+				Reason string   `json:"reason"`
+				Models []string `json:"models"`
+			} `json:"targets"`
+		} `json:"health"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&view)
+	resp.Body.Close()
+	if err != nil || view.Policy != "precise" || !view.Health.Ready || len(view.Health.Targets) != 2 {
+		t.Fatalf("debug targets: %+v (%v)", view, err)
+	}
+	for _, tg := range view.Health.Targets {
+		if tg.State != "routable" || tg.Reason == "" || len(tg.Models) != 1 {
+			t.Fatalf("target view %+v", tg)
+		}
 	}
 }
 

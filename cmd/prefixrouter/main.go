@@ -68,6 +68,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Commands: []*cli.Command{
 			hashCommand(),
 			serveCommand(),
+			demoCommand(),
 			simCommand(),
 			eventsCommand(),
 			tokenizeCommand(),

@@ -60,6 +60,7 @@ func serveCommand() *cli.Command {
 			strs("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)"),
 			str("tokenization", "mode for models without a mode of their own: local, remote or auto", d.Tokenization.String()),
 
+			dur("tokenize-timeout", "bound on a remote tokenization before routing (past it: route on load)", d.TokenizeTimeout),
 			num("max-body-bytes", "largest accepted request body (413 beyond)", d.MaxBodyBytes),
 			&cli.BoolFlag{Name: "debug-headers", Usage: "add X-Prefixrouter-* headers naming the chosen target (exposes internal addresses)", Sources: envVar("debug-headers")},
 			dur("connect-timeout", "dialing a target", d.ConnectTimeout),
@@ -170,6 +171,7 @@ func serveConfig(cmd *cli.Command) (router.Config, error) {
 	if cfg.Tokenization, err = tokenize.ParseMode(cmd.String("tokenization")); err != nil {
 		return cfg, usageError("--tokenization: %v", err)
 	}
+	cfg.TokenizeTimeout = cmd.Duration("tokenize-timeout")
 	if cfg.MaxBodyBytes = cmd.Int("max-body-bytes"); cfg.MaxBodyBytes <= 0 {
 		return cfg, usageError("--max-body-bytes must be positive")
 	}

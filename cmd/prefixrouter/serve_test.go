@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+)
+
+func TestServeUsageErrors(t *testing.T) {
+	cases := []struct {
+		name     string
+		args     []string
+		errMatch string
+	}{
+		{"no targets", nil, "no targets"},
+		{"bad policy", []string{"--endpoint", "http://127.0.0.1:1", "--policy", "random"}, "--policy"},
+		{"speculative not yet", []string{"--endpoint", "http://127.0.0.1:1", "--policy", "speculative"}, "speculative"},
+		{"bad endpoint", []string{"--endpoint", "ftp://x?dp=zero"}, "--endpoint"},
+		{"bad hash algo", []string{"--endpoint", "http://127.0.0.1:1", "--hash-algo", "md5"}, "--hash-algo"},
+		{"bad block size", []string{"--endpoint", "http://127.0.0.1:1", "--block-size", "-1"}, "--block-size"},
+		{"bad tokenization", []string{"--endpoint", "http://127.0.0.1:1", "--tokenization", "psychic"}, "--tokenization"},
+		{"bad tokenizer path", []string{"--endpoint", "http://127.0.0.1:1", "--tokenizer", "m=/nonexistent/dir"}, "--tokenizer"},
+		{"bad duration", []string{"--endpoint", "http://127.0.0.1:1", "--idle-timeout", "soon"}, "idle-timeout"},
+		{"bad log level", []string{"--endpoint", "http://127.0.0.1:1", "--log-level", "loud"}, "--log-level"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, errOut, code := runCLI(t, "", append([]string{"serve"}, c.args...)...)
+			if code != exitUsage || !strings.Contains(errOut, c.errMatch) || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("code %d stderr %q: want exit 2 and one line mentioning %q", code, errOut, c.errMatch)
+			}
+		})
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestServeEndToEnd runs `prefixrouter serve` in front of simulated pods,
+// sends a request through it and stops it with its context (SIGTERM).
+func TestServeEndToEnd(t *testing.T) {
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := sim.StartFleet(context.Background(), sim.Config{Pods: 2, Profile: prof, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	addr, admin := freePort(t), freePort(t)
+	args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--log-level", "error",
+		"--tokenizer", prof.Model + "=bytes", "--health-probe-interval", "100ms", "--health-probe-timeout", "100ms"}
+	for _, ep := range fleet.Endpoints() {
+		args = append(args, "--endpoint", ep)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- run(ctx, append([]string{"prefixrouter"}, args...), strings.NewReader(""), io.Discard, &stderr)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("router never ready; stderr %q", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"`+prof.Model+`","prompt":"hello fleet","max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&c)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || c.Usage.PromptTokens != 12 {
+		t.Fatalf("status %d usage %+v err %v", resp.StatusCode, c.Usage, err)
+	}
+	m, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(m.Body)
+	m.Body.Close()
+	for _, name := range []string{"prefixrouter_requests_total", "prefixrouter_health_", "go_goroutines"} {
+		if !strings.Contains(string(body), name) {
+			t.Fatalf("/metrics lacks %s", name)
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+}
+
+// TestDemoCommand runs a small demo and checks the table.
+func TestDemoCommand(t *testing.T) {
+	out, errOut, code := runCLI(t, "", "demo", "--pods", "2", "--groups", "2", "--requests", "3", "--prefix-tokens", "256", "--concurrency", "2")
+	if code != 0 {
+		t.Fatalf("demo exited %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[1], "policy") || !strings.HasPrefix(lines[2], "precise") || !strings.HasPrefix(lines[3], "round-robin") {
+		t.Fatalf("demo output:\n%s", out)
+	}
+	for _, l := range lines[2:] {
+		if f := strings.Fields(l); len(f) < 4 || f[1]+f[2] == "00" {
+			t.Fatalf("demo row routed nothing: %q", l)
+		}
+		if !strings.Contains(l, " 0  ") { // failed column
+			t.Fatalf("demo row has failures: %q", l)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package router
+
+import (
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+func cand(name string, confirmed int, verdict health.Verdict, l LoadView) Candidate {
+	return Candidate{
+		Target:          &health.Target{ID: kvindex.TargetID{Endpoint: name}},
+		Routable:        true,
+		ConfirmedBlocks: confirmed, Weighted: float64(confirmed),
+		Trust: confirmedTrust(verdict), Trusted: verdict == health.VerdictFresh,
+		Load: l,
+	}
+}
+
+// TestPreciseCost pins the cost model of DESIGN.md section 4 on small
+// fleets where the right answer is clear.
+func TestPreciseCost(t *testing.T) {
+	idle := LoadView{}
+	cases := []struct {
+		name   string
+		cands  []Candidate
+		prompt int
+		want   string
+	}{
+		{"longest confirmed run wins when idle", []Candidate{
+			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictFresh, idle), cand("c", 0, health.VerdictFresh, idle)},
+			1000, "b"},
+		{"a replaying stream still counts", []Candidate{
+			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictReplaying, idle)},
+			1000, "b"},
+		{"a disconnected stream does not count", []Candidate{
+			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictDisconnected, idle)},
+			1000, "a"},
+		{"the holder's queue outweighs its hit", []Candidate{
+			cand("a", 0, health.VerdictFresh, idle),
+			cand("b", 40, health.VerdictFresh, LoadView{InFlight: 3, Prefilling: 3, QueuedUncachedTokens: 5000})},
+			1000, "a"},
+		{"a small queue does not", []Candidate{
+			cand("a", 0, health.VerdictFresh, idle),
+			cand("b", 40, health.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100})},
+			1000, "b"},
+		{"scraped waiting requests count when fresh", []Candidate{
+			cand("a", 0, health.VerdictFresh, LoadView{Waiting: 10}),
+			cand("b", 0, health.VerdictFresh, idle)},
+			100, "b"},
+		{"stale scrapes are ignored", []Candidate{
+			cand("a", 0, health.VerdictFresh, LoadView{Waiting: 10, Running: 50, Stale: true}),
+			cand("b", 0, health.VerdictFresh, LoadView{InFlight: 1})},
+			100, "a"},
+		{"a nearly full KV cache costs", []Candidate{
+			cand("a", 4, health.VerdictFresh, LoadView{KVUsage: 0.99}),
+			cand("b", 0, health.VerdictFresh, LoadView{KVUsage: 0.2})},
+			1000, "b"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ch := newChooser(PolicyPrecise, DefaultCostConfig())
+			d := ch.choose(c.cands, c.prompt, 16, false)
+			if d.idx < 0 || c.cands[d.idx].Target.ID.Endpoint != c.want {
+				for _, cd := range c.cands {
+					t.Logf("%s cost %.1f", cd.Target.ID.Endpoint, cd.Cost)
+				}
+				t.Fatalf("chose %d, want %s", d.idx, c.want)
+			}
+		})
+	}
+}
+
+func TestPoliciesAndTies(t *testing.T) {
+	mk := func() []Candidate {
+		return []Candidate{cand("a", 0, health.VerdictFresh, LoadView{}), cand("b", 0, health.VerdictFresh, LoadView{}), cand("c", 0, health.VerdictFresh, LoadView{})}
+	}
+	// Round-robin cycles; a dry run (peek) does not advance it.
+	rr := newChooser(PolicyRoundRobin, DefaultCostConfig())
+	var got []int
+	for i := 0; i < 4; i++ {
+		peek := rr.choose(mk(), 10, 16, true).idx
+		real := rr.choose(mk(), 10, 16, false).idx
+		if peek != real {
+			t.Fatalf("dry run said %d, the request went to %d", peek, real)
+		}
+		got = append(got, real)
+	}
+	if got[0] != 0 || got[1] != 1 || got[2] != 2 || got[3] != 0 {
+		t.Fatalf("round-robin order %v", got)
+	}
+	// Least load, and excluded or unroutable candidates are never chosen.
+	ll := newChooser(PolicyLeastLoad, DefaultCostConfig())
+	cs := mk()
+	cs[0].Load.InFlight, cs[1].Load.InFlight, cs[2].Load.InFlight = 3, 1, 0
+	cs[2].Routable = false
+	if d := ll.choose(cs, 10, 16, false); d.idx != 1 {
+		t.Fatalf("least-load chose %d", d.idx)
+	}
+	cs[1].excluded = true
+	if d := ll.choose(cs, 10, 16, false); d.idx != 0 {
+		t.Fatalf("least-load with exclusions chose %d", d.idx)
+	}
+	cs[0].excluded = true
+	if d := ll.choose(cs, 10, 16, false); d.idx != -1 {
+		t.Fatalf("nothing routable but chose %d", d.idx)
+	}
+	// Equal costs spread over every candidate.
+	seen := map[int]bool{}
+	pr := newChooser(PolicyPrecise, DefaultCostConfig())
+	for i := 0; i < 200 && len(seen) < 3; i++ {
+		seen[pr.choose(mk(), 10, 16, false).idx] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("ties did not spread: %v", seen)
+	}
+}
+
+// TestApproximatePolicy: the character-chunk table sends a repeated prefix
+// back where it went and forgets a removed target.
+func TestApproximatePolicy(t *testing.T) {
+	ch := newChooser(PolicyApproximate, DefaultCostConfig())
+	text := make([]byte, 64*20)
+	for i := range text {
+		text[i] = byte('a' + i%26)
+	}
+	chunks := approxChunks(nil, text)
+	if len(chunks) != 20 {
+		t.Fatalf("%d chunks", len(chunks))
+	}
+	cs := []Candidate{cand("a", 0, health.VerdictFresh, LoadView{}), cand("b", 0, health.VerdictFresh, LoadView{})}
+	ch.approx.record(cs[1].Target.ID, chunks[:12])
+	ch.approx.match(cs, chunks)
+	if cs[0].ApproxChunks != 0 || cs[1].ApproxChunks != 12 {
+		t.Fatalf("matches %d %d", cs[0].ApproxChunks, cs[1].ApproxChunks)
+	}
+	if d := ch.choose(cs, 320, 16, false); d.idx != 1 {
+		t.Fatalf("approximate chose %d", d.idx)
+	}
+	ch.approx.forget(cs[1].Target.ID)
+	ch.approx.match(cs, chunks)
+	if cs[1].ApproxChunks != 0 {
+		t.Fatal("forgotten target still matches")
+	}
+	// Capacity bounds the table.
+	small := newApproxTable(8)
+	small.record(cs[0].Target.ID, chunks)
+	if len(small.m) > 8 {
+		t.Fatalf("table holds %d hashes, capacity 8", len(small.m))
+	}
+}

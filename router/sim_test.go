@@ -1,0 +1,213 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+)
+
+// startFleet starts simulated vLLM pods (real HTTP and ZMQ on loopback).
+func startFleet(t *testing.T, pods int, faults sim.Faults, loras ...string) *sim.Fleet {
+	t.Helper()
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: pods, Profile: prof, Faults: faults, LoRAs: loras, Logger: quietLogger()})
+	if err != nil {
+		t.Fatalf("fleet: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+type completion struct {
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// TestSimSharedPrefixLandsOnHolder: against simulated pods publishing real
+// KV events, requests sharing a long prefix go to the pod that computed it,
+// the pod reports the cached tokens the router predicted (or more, when an
+// event is still in flight), and the dry run names the same pod — in both
+// key modes, and for a LoRA adapter (whose name is an extra key of every
+// block: a router that left it out would find nothing).
+func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
+	for _, mode := range []struct {
+		name  string
+		seed  bool
+		model string
+	}{{"token-derived keys", false, "sim-tiny"}, {"vLLM-exact keys", true, "sim-tiny"}, {"LoRA adapter, exact keys", true, "sql-adapter"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			f := startFleet(t, 3, sim.Faults{}, "sql-adapter")
+			cfg := DefaultConfig()
+			cfg.Policy = PolicyPrecise
+			cfg.DebugHeaders = true
+			if mode.seed {
+				cfg.HashSeed, cfg.HasHashSeed = "0", true // the simulator's PYTHONHASHSEED
+			}
+			var eps []string
+			for _, ep := range f.Endpoints() {
+				// The simulator's spec names only the base model; adapters
+				// are listed as models of their own, as operators do.
+				eps = append(eps, ep+"&model=sql-adapter")
+			}
+			cfg.Health = fastHealth(eps...)
+			r := startRouter(t, cfg, "sim-tiny=bytes")
+			waitFor(t, "3 fresh pods", func() bool { return freshCount(r, mode.model) == 3 })
+			waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })
+
+			prefix := strings.Repeat("You are a meticulous assistant for a fleet operator. ", 30) // 1,590 bytes
+			chat := func(q int) string {
+				return fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, mode.model, prefix, q)
+			}
+			base := "http://" + r.Addr()
+			code, hdr, b := post(t, base+"/v1/chat/completions", chat(0))
+			if code != 200 {
+				t.Fatalf("warm-up: %d %s", code, b)
+			}
+			holder := hdr.Get("X-Prefixrouter-Target")
+			waitFor(t, "the holder's blocks to be confirmed", func() bool {
+				d := dryRun(t, r, "/v1/chat/completions", chat(1))
+				return decisionName(d) == holder && candidateByName(d, holder).ConfirmedBlocks >= len(prefix)/16
+			})
+			for q := 1; q <= 6; q++ {
+				d := dryRun(t, r, "/v1/chat/completions", chat(q))
+				code, hdr, b := post(t, base+"/v1/chat/completions", chat(q))
+				if code != 200 {
+					t.Fatalf("request %d: %d %s", q, code, b)
+				}
+				got := hdr.Get("X-Prefixrouter-Target")
+				if got != holder || decisionName(d) != got {
+					t.Fatalf("request %d: routed to %s, dry run said %s, prefix holder is %s", q, got, decisionName(d), holder)
+				}
+				var c completion
+				if err := json.Unmarshal(b, &c); err != nil {
+					t.Fatal(err)
+				}
+				predicted, _ := strconv.Atoi(hdr.Get("X-Prefixrouter-Predicted-Cached-Tokens"))
+				cached := c.Usage.PromptTokensDetails.CachedTokens
+				if cached < len(prefix)/16*16-16 || predicted > cached || predicted < len(prefix)/16*16-16 {
+					t.Fatalf("request %d: pod reports %d cached tokens, router predicted %d (prefix %d bytes)", q, cached, predicted, len(prefix))
+				}
+			}
+			// Outcomes are exported per target and model, and nothing of the
+			// prompt leaks into the labels.
+			resp, err := http.Get("http://" + r.AdminAddr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range []string{
+				`prefixrouter_reported_cached_tokens_total{model="` + mode.model + `",policy="precise",target="` + holder + `"}`,
+				`prefixrouter_predicted_cached_tokens_total{model="` + mode.model + `",policy="precise",target="` + holder + `"}`,
+				`prefixrouter_cache_predictions_total{model="` + mode.model + `",outcome="exact",policy="precise",target="` + holder + `"}`,
+			} {
+				if !strings.Contains(string(m), want) {
+					t.Fatalf("/metrics lacks %s", want)
+				}
+			}
+			if strings.Contains(string(m), "meticulous") || strings.Contains(string(m), "question 1") {
+				t.Fatal("prompt text in /metrics")
+			}
+		})
+	}
+}
+
+// TestSimDeadAndFailingPods: a dead pod is taken out of rotation, and a pod
+// whose requests fail in prefill is retried elsewhere before the client sees
+// a byte.
+func TestSimDeadAndFailingPods(t *testing.T) {
+	t.Run("dead pod avoided", func(t *testing.T) {
+		f := startFleet(t, 2, sim.Faults{})
+		cfg := DefaultConfig()
+		cfg.Policy = PolicyRoundRobin
+		cfg.DebugHeaders = true
+		cfg.Health = fastHealth(f.Endpoints()...)
+		r := startRouter(t, cfg, "sim-tiny=bytes")
+		waitFor(t, "2 routable pods", func() bool { return routableCount(r, "sim-tiny") == 2 })
+		if err := f.Pods[0].SetFaults(context.Background(), sim.Faults{Dead: true}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the dead pod to leave rotation", func() bool { return routableCount(r, "sim-tiny") == 1 })
+		for i := 0; i < 6; i++ {
+			code, hdr, b := post(t, "http://"+r.Addr()+"/v1/completions", `{"model":"sim-tiny","prompt":"hello","max_tokens":2}`)
+			if code != 200 || hdr.Get("X-Prefixrouter-Target") != targetName(f.Pods[1].URL()) {
+				t.Fatalf("request %d: %d via %s: %s", i, code, hdr.Get("X-Prefixrouter-Target"), b)
+			}
+		}
+	})
+	t.Run("prefill failures retried", func(t *testing.T) {
+		f := startFleet(t, 2, sim.Faults{})
+		cfg := DefaultConfig()
+		cfg.Policy = PolicyRoundRobin
+		cfg.DebugHeaders = true
+		cfg.Health = fastHealth(f.Endpoints()...)
+		cfg.Health.BreakerFailures = 1000
+		r := startRouter(t, cfg, "sim-tiny=bytes")
+		waitFor(t, "2 routable pods", func() bool { return routableCount(r, "sim-tiny") == 2 })
+		if err := f.Pods[0].SetFaults(context.Background(), sim.Faults{FailPrefill: 1}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 6; i++ {
+			stream := i%2 == 0
+			code, hdr, b := post(t, "http://"+r.Addr()+"/v1/completions",
+				fmt.Sprintf(`{"model":"sim-tiny","prompt":"hello %d","max_tokens":2,"stream":%v}`, i, stream))
+			if code != 200 || hdr.Get("X-Prefixrouter-Target") != targetName(f.Pods[1].URL()) || strings.Contains(string(b), `"error"`) {
+				t.Fatalf("request %d (stream %v): %d via %s: %s", i, stream, code, hdr.Get("X-Prefixrouter-Target"), b)
+			}
+		}
+	})
+}
+
+// TestSimDataParallelRanks: a dp=2 pod is two targets; the router pins each
+// request to the rank it chose with X-data-parallel-rank, so a prefix
+// computed on one rank is found there again (without the header the pod
+// would place requests itself and the hits would scatter).
+func TestSimDataParallelRanks(t *testing.T) {
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: 1, DP: 2, Profile: prof, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	cfg := DefaultConfig()
+	cfg.DebugHeaders = true
+	cfg.Health = fastHealth(f.Endpoints()...)
+	r := startRouter(t, cfg, "sim-tiny=bytes")
+	waitFor(t, "2 fresh ranks", func() bool { return freshCount(r, "sim-tiny") == 2 })
+	waitFor(t, "block keys", r.KeysReady)
+	for _, salt := range []string{"a", "b", "c", "d"} {
+		body := fmt.Sprintf(`{"model":"sim-tiny","max_tokens":2,"cache_salt":%q,"prompt":%q}`, salt, strings.Repeat("rank pinning matters. ", 40))
+		_, hdr, _ := post(t, "http://"+r.Addr()+"/v1/completions", body)
+		holder := hdr.Get("X-Prefixrouter-Target")
+		waitFor(t, "confirmation on "+holder, func() bool {
+			d := dryRun(t, r, "/v1/completions", body)
+			return decisionName(d) == holder
+		})
+		code, hdr, b := post(t, "http://"+r.Addr()+"/v1/completions", body)
+		var c completion
+		if err := json.Unmarshal(b, &c); err != nil || code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+		if hdr.Get("X-Prefixrouter-Target") != holder || c.Usage.PromptTokensDetails.CachedTokens == 0 {
+			t.Fatalf("salt %s: second request via %s (first %s) with %d cached tokens", salt, hdr.Get("X-Prefixrouter-Target"), holder, c.Usage.PromptTokensDetails.CachedTokens)
+		}
+	}
+}
