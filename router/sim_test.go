@@ -48,7 +48,16 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 		name  string
 		seed  bool
 		model string
-	}{{"token-derived keys", false, "sim-tiny"}, {"vLLM-exact keys", true, "sim-tiny"}, {"LoRA adapter, exact keys", true, "sql-adapter"}} {
+		tok   string // --tokenizer spec
+	}{
+		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes"},
+		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes"},
+		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes"},
+		// No local tokenizer: ids come from the pods' render endpoints.
+		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote="},
+		// Local ids, a sample checked against the pods in the background.
+		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes"},
+	} {
 		t.Run(mode.name, func(t *testing.T) {
 			f := startFleet(t, 3, sim.Faults{}, "sql-adapter")
 			cfg := DefaultConfig()
@@ -64,7 +73,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 				eps = append(eps, ep+"&model=sql-adapter")
 			}
 			cfg.Health = fastHealth(eps...)
-			r := startRouter(t, cfg, "sim-tiny=bytes")
+			r := startRouter(t, cfg, mode.tok)
 			waitFor(t, "3 fresh pods", func() bool { return freshCount(r, mode.model) == 3 })
 			waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
 			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })

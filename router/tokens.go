@@ -93,17 +93,21 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 	if m == nil {
 		return est, nil
 	}
-	local := m.HasLocal() && m.Mode() != tokenize.ModeRemote
+	chat := req.Endpoint == EndpointChat
+	local := m.EffectiveMode(chat) != tokenize.ModeRemote
 	if !need && !local {
 		return est, nil
 	}
+	// Auto mode compares a sample of local results with the pod's, and a
+	// model whose template only renders remotely needs the pod: both want
+	// a base URL even when the ids come from the local tokenizer.
 	url := ""
-	if !local {
+	if m.NeedsBaseURL(chat) {
 		url = base()
 	}
 	var res tokenize.Result
 	var err error
-	if req.Endpoint == EndpointChat {
+	if chat {
 		res, err = m.TokenizeChat(ctx, req.Chat, url)
 	} else {
 		res, err = m.TokenizePrompt(ctx, req.PromptText, req.AddSpecialTokens, url)

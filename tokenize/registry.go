@@ -189,6 +189,16 @@ func (m *Model) NeedsBaseURL(chat bool) bool {
 	return m.promptMode() != ModeLocal
 }
 
+// EffectiveMode is the mode a TokenizeChat (chat=true) or TokenizePrompt
+// call really runs in: a model whose template or encoder cannot run locally
+// is served remote whatever it was configured as.
+func (m *Model) EffectiveMode(chat bool) Mode {
+	if chat {
+		return m.chatMode()
+	}
+	return m.promptMode()
+}
+
 // chatMode is the effective mode for chat requests: a model whose template
 // cannot render locally is served remote.
 func (m *Model) chatMode() Mode {
