@@ -109,8 +109,15 @@ func TestParseVLLMMetrics(t *testing.T) {
 		running map[string]float64
 		kv      map[string]float64
 		cache   map[string]CacheConfig
+		start   float64
 		wantErr bool
 	}{
+		{
+			name:    "process start time",
+			in:      "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7890958e+09\nvllm:num_requests_running 0\n",
+			running: map[string]float64{"": 0},
+			start:   1.7890958e+09,
+		},
 		{
 			name:    "vllm exposition",
 			in:      vllmExposition(map[int][3]float64{0: {3, 1, 0.5}}, 32, "xxhash"),
@@ -158,6 +165,9 @@ func TestParseVLLMMetrics(t *testing.T) {
 				if l := pm.load[k]; l == nil || l.kv != v || !l.haveKV {
 					t.Errorf("kv[%q] = %+v, want %v", k, l, v)
 				}
+			}
+			if pm.processStart != tt.start {
+				t.Errorf("process start %v, want %v", pm.processStart, tt.start)
 			}
 			for k, v := range tt.cache {
 				if pm.cache[k] != v {

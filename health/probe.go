@@ -233,11 +233,12 @@ func (m *Monitor) scrape(ctx context.Context, ep *endpoint) {
 		// values age towards stale.
 		if ok {
 			t.load = Load{
-				Running: int(l.running),
-				Waiting: int(l.waiting),
-				KVUsage: l.kv,
-				At:      now,
-				PodWide: podWide,
+				Running:      int(l.running),
+				Waiting:      int(l.waiting),
+				KVUsage:      l.kv,
+				At:           now,
+				PodWide:      podWide,
+				ProcessStart: pm.processStart,
 			}
 		}
 		if cc, ok := pm.cache[rank]; ok {

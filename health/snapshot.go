@@ -69,6 +69,10 @@ type Load struct {
 	// PodWide is set when the pod did not label its gauges per engine and
 	// the endpoint has several ranks: the values cover the whole pod.
 	PodWide bool
+	// ProcessStart is the pod's process_start_time_seconds (0: unknown). A
+	// change means the pod restarted even if its event sequence numbers
+	// did not reveal it.
+	ProcessStart float64
 }
 
 // Freshness is the verdict on a target's event stream with its evidence.

@@ -21,9 +21,13 @@ const (
 	metricKVUsage     = "vllm:kv_cache_usage_perc"
 	metricKVUsageOld  = "vllm:gpu_cache_usage_perc"
 	metricCacheConfig = "vllm:cache_config_info"
+	// metricProcessStart comes from the Prometheus client's process
+	// collector that vLLM's /metrics includes: a new value means a new
+	// process, whose KV cache holds nothing the old one announced.
+	metricProcessStart = "process_start_time_seconds"
 )
 
-var wantedFamilies = []string{metricRunning, metricWaiting, metricKVUsage, metricKVUsageOld, metricCacheConfig}
+var wantedFamilies = []string{metricRunning, metricWaiting, metricKVUsage, metricKVUsageOld, metricCacheConfig, metricProcessStart}
 
 type engineLoad struct {
 	running, waiting, kv float64
@@ -35,6 +39,9 @@ type engineLoad struct {
 type podMetrics struct {
 	load  map[string]*engineLoad
 	cache map[string]CacheConfig
+	// processStart is the API server process's start time (Unix seconds,
+	// 0 when not exposed).
+	processStart float64
 }
 
 // anyCache returns the cache config of the lowest engine label.
@@ -122,6 +129,13 @@ func parseVLLMMetrics(body []byte) (podMetrics, error) {
 				v = min(max(v, 0), 1)
 				l.kv = max(l.kv, v)
 				l.haveKV = true
+			}
+		}
+	}
+	if fam, ok := fams[metricProcessStart]; ok {
+		for _, mt := range fam.GetMetric() {
+			if v := mt.GetGauge().GetValue(); v > 0 && !math.IsInf(v, 0) {
+				pm.processStart = v
 			}
 		}
 	}

@@ -166,11 +166,14 @@ func asAPIError(err error) *apiError {
 
 // newSeq builds an engine request; its prompt's block hashes are computed
 // here, on the caller's goroutine, so the engine loop does not.
-func (p *Pod) newSeq(id string, ids []uint32, pr *prepared, notify chan struct{}) (*seq, error) {
+func (p *Pod) newSeq(e *engine, id string, ids []uint32, pr *prepared, notify chan struct{}) (*seq, error) {
 	extras := kvindex.RequestExtras{LoRAName: pr.lora, CacheSalt: pr.salt}
 	bs := p.prof.BlockSize
 	total := len(ids) + pr.maxTok
-	hashes, err := p.hasher.Digests(make([]kvindex.Digest, 0, total/bs+1), ids, extras)
+	// Each rank is its own EngineCore process: with a random root its
+	// hashes are its own.
+	hasher := e.hasher.Load()
+	hashes, err := hasher.Digests(make([]kvindex.Digest, 0, total/bs+1), ids, extras)
 	if err != nil {
 		return nil, fmt.Errorf("hashing prompt: %w", err)
 	}
@@ -178,7 +181,7 @@ func (p *Pod) newSeq(id string, ids []uint32, pr *prepared, notify chan struct{}
 	copy(tokens, ids)
 	return &seq{
 		id: id, tokens: tokens, promptLen: len(ids), maxTokens: pr.maxTok,
-		extras: extras, loraID: pr.loraID, hashes: hashes,
+		extras: extras, loraID: pr.loraID, hashes: hashes, hasher: hasher,
 		out: &output{notify: notify},
 	}, nil
 }
@@ -188,7 +191,7 @@ func (p *Pod) run(ctx context.Context, rank int, idPrefix string, pr *prepared, 
 	e := p.engines[rank]
 	seqs := make([]*seq, 0, len(pr.prompts))
 	for i, ids := range pr.prompts {
-		s, err := p.newSeq(idPrefix+"-"+strconv.Itoa(i), ids, pr, notify)
+		s, err := p.newSeq(e, idPrefix+"-"+strconv.Itoa(i), ids, pr, notify)
 		if err != nil {
 			p.abortAll(e, seqs)
 			return nil, err

@@ -21,6 +21,12 @@ type blockPool struct {
 	cached     map[kvindex.Digest][]int32
 	// pending collects the events of the current step.
 	pending []events.Event
+	// group is the KV-cache group index the pool's events carry (0 unless
+	// the pod models a hybrid model's second group).
+	group int
+	// onEvict, when set, receives every hash the pool evicts: the CPU
+	// offloading tier keeps what the GPU drops.
+	onEvict func(kvindex.Digest)
 }
 
 type block struct {
@@ -151,9 +157,23 @@ func (p *blockPool) evict(id int32) {
 		Kind:        events.KindBlockRemoved,
 		BlockHashes: []uint64{b.hash.Wire()},
 		Medium:      events.MediumGPU,
-		GroupIdx:    0, HasGroupIdx: true,
+		GroupIdx:    p.group, HasGroupIdx: true,
 	})
+	if p.onEvict != nil {
+		p.onEvict(b.hash)
+	}
 	b.hashed, b.hash = false, kvindex.Digest{}
+}
+
+// has reports whether some block caches hash h.
+func (p *blockPool) has(h kvindex.Digest) bool { return len(p.cached[h]) > 0 }
+
+// first returns a block caching h, or noBlock.
+func (p *blockPool) first(h kvindex.Digest) int32 {
+	if ids := p.cached[h]; len(ids) > 0 {
+		return ids[0]
+	}
+	return noBlock
 }
 
 // free drops one reference on each block, in the order given; blocks whose
@@ -161,6 +181,9 @@ func (p *blockPool) evict(id int32) {
 // request's blocks in reverse so its tail is evicted first.
 func (p *blockPool) free(ids []int32) {
 	for _, id := range ids {
+		if id < 0 {
+			continue // a sliding-window group's skipped (null) block
+		}
 		b := &p.blocks[id]
 		if b.ref <= 0 {
 			continue
@@ -185,13 +208,16 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds
 // only when no block is in use, and then reports AllBlocksCleared.
 func (p *blockPool) reset() bool {
-	if p.numFree != len(p.blocks) {
+	if !p.idle() {
 		return false
 	}
 	p.clear()
 	p.pending = append(p.pending, events.Event{Kind: events.KindAllBlocksCleared})
 	return true
 }
+
+// idle reports whether no block is in use.
+func (p *blockPool) idle() bool { return p.numFree == len(p.blocks) }
 
 // clear forgets everything without an event: a restarted process starts
 // with an empty cache and tells nobody.

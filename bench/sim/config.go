@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -28,9 +30,34 @@ type Config struct {
 	TokenizerImpl Tokenizer
 
 	// HashAlgo and HashSeed are vLLM's --prefix-caching-hash-algo and the
-	// pods' PYTHONHASHSEED (defaults sha256 and "0").
+	// pods' PYTHONHASHSEED (defaults sha256 and "0"). HashSeed is hashed as
+	// the string vLLM reads from the environment, whatever it says.
 	HashAlgo kvindex.HashAlgo
 	HashSeed string
+	// RandomHashSeed models pods started without PYTHONHASHSEED: vLLM then
+	// roots every EngineCore process's hashes (each data-parallel rank's)
+	// at 32 random bytes, drawn anew at every restart, so nobody outside
+	// can reproduce them and a router must key blocks by their tokens.
+	// HashSeed must be empty.
+	RandomHashSeed bool
+
+	// KVSpec is the KV-cache layout the pods report in BlockStored events:
+	// KVSpecFullAttention (default), KVSpecMLA, KVSpecSinkFullAttention
+	// (one group of that kind), or KVSpecHybrid: a full-attention group 0
+	// and a sliding-window group 1 holding the same block hashes, as vLLM's
+	// hybrid allocator reports them.
+	KVSpec string
+	// SlidingWindow is the hybrid sliding-window group's window in tokens
+	// (default 1024).
+	SlidingWindow int
+
+	// CPUOffloadBlocks, when positive, gives each rank a CPU offloading
+	// tier of that many blocks: blocks the GPU evicts are kept there (LRU)
+	// and reported with medium "CPU", as vLLM's offloading connector does.
+	CPUOffloadBlocks int
+	// CPULoadPerBlock is the model time to load one block from the CPU tier
+	// instead of recomputing it (default DefaultCPULoadPerBlock).
+	CPULoadPerBlock time.Duration
 
 	// DP is the number of data-parallel ranks per pod (default 1).
 	DP int
@@ -98,8 +125,17 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.HashAlgo == 0 {
 		out.HashAlgo = kvindex.AlgoSHA256
 	}
-	if out.HashSeed == "" {
+	if out.HashSeed == "" && !out.RandomHashSeed {
 		out.HashSeed = "0"
+	}
+	if out.KVSpec == "" {
+		out.KVSpec = KVSpecFullAttention
+	}
+	if out.SlidingWindow == 0 && out.KVSpec == KVSpecHybrid {
+		out.SlidingWindow = 1024
+	}
+	if out.CPULoadPerBlock == 0 && out.CPUOffloadBlocks > 0 {
+		out.CPULoadPerBlock = DefaultCPULoadPerBlock
 	}
 	if out.DP == 0 {
 		out.DP = 1
@@ -135,6 +171,20 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("HTTP ports %d..%d out of range", out.HTTPPort, out.HTTPPort+out.Pods-1)
 	case out.EventsPort < 0 || out.EventsPort+2*out.DP*out.Pods > 65536:
 		return out, fmt.Errorf("event ports %d..%d out of range", out.EventsPort, out.EventsPort+2*out.DP*out.Pods-1)
+	case out.RandomHashSeed && out.HashSeed != "":
+		return out, fmt.Errorf("hash seed %q given with a random hash seed", out.HashSeed)
+	case !slices.Contains(KVSpecNames(), out.KVSpec):
+		return out, fmt.Errorf("KV-cache spec %q: want one of %s", out.KVSpec, strings.Join(KVSpecNames(), ", "))
+	case out.SlidingWindow < 0 || out.SlidingWindow > 1<<24:
+		return out, fmt.Errorf("sliding window %d out of range", out.SlidingWindow)
+	case out.CPUOffloadBlocks < 0 || out.CPUOffloadBlocks > 1<<26:
+		return out, fmt.Errorf("CPU offload blocks %d out of range 0..%d", out.CPUOffloadBlocks, 1<<26)
+	case out.CPULoadPerBlock < 0:
+		return out, fmt.Errorf("CPU load time per block %v must not be negative", out.CPULoadPerBlock)
+	case out.CPUOffloadBlocks > 0 && out.KVSpec == KVSpecHybrid:
+		// The offloading connector's handling of several groups is not
+		// modelled; refuse rather than publish events vLLM would not.
+		return out, fmt.Errorf("CPU offloading with the hybrid KV-cache spec is not simulated")
 	case out.DefaultMaxTokens < 1:
 		return out, fmt.Errorf("default max tokens %d must be positive", out.DefaultMaxTokens)
 	}
@@ -167,3 +217,26 @@ func CheckConfig(c Config) error {
 	_, err := c.withDefaults()
 	return err
 }
+
+// KV-cache specs a pod can report (Config.KVSpec).
+const (
+	KVSpecFullAttention     = events.SpecFullAttention
+	KVSpecMLA               = events.SpecMLAAttention
+	KVSpecSinkFullAttention = events.SpecSinkFullAttention
+	// KVSpecHybrid is a full-attention group plus a sliding-window group.
+	KVSpecHybrid = "hybrid"
+)
+
+// specSlidingWindow is vLLM's kv_cache_spec_kind of a sliding-window group.
+const specSlidingWindow = "sliding_window"
+
+// KVSpecNames lists the accepted Config.KVSpec values.
+func KVSpecNames() []string {
+	return []string{KVSpecFullAttention, KVSpecMLA, KVSpecSinkFullAttention, KVSpecHybrid}
+}
+
+// DefaultCPULoadPerBlock is the time to copy one 16-token block from host
+// memory: 2 MiB for the 8B profile (16 × 128 KiB) over PCIe Gen5 x16 at an
+// effective ~50 GB/s is 42 µs; the 32B TP2 profile moves 4 MiB split over
+// two GPUs' links, the same 42 µs.
+const DefaultCPULoadPerBlock = 42 * time.Microsecond

@@ -25,6 +25,13 @@
 // cover hours of model time in minutes; the scale is reported in /metrics and
 // in the X-Sim-Time-Scale response header.
 //
+// A pod can report a full_attention, mla_attention or sink_full_attention
+// KV-cache group, or a hybrid model's two groups (full attention plus a
+// sliding window over the same block hashes); it can keep a CPU offloading
+// tier whose blocks are reported with medium "CPU"; and it can hash from a
+// random root per process, as vLLM does without PYTHONHASHSEED. Events leave
+// through kvindex/publish, the repository's one ZMQ publisher.
+//
 // Faults are injected on demand (Config.Faults, Pod.SetFaults, or
 // POST /sim/faults): event delay and jitter, dropped event batches, failing
 // prefills, restarts, slow and dead pods. Client disconnects abort requests

@@ -19,14 +19,36 @@ import (
 // scheduling state; the HTTP side talks to it through inbox and reads the
 // atomic gauges.
 type engine struct {
-	prof   Profile
-	rank   int
-	hasher *kvindex.Hasher
-	scale  float64
-	output []uint32 // generated tokens cycle through these ids
-	pub    *publisher
-	faults *faultBox
-	rng    *rand.Rand
+	prof Profile
+	rank int
+	// hasher is read by HTTP goroutines hashing prompts and swapped by a
+	// restart when the root is random (PYTHONHASHSEED unset).
+	hasher atomic.Pointer[kvindex.Hasher]
+	// newHasher, when set, draws a fresh random root for every process
+	// generation: vLLM without PYTHONHASHSEED seeds each EngineCore process
+	// (so each data-parallel rank) with os.urandom(32).
+	newHasher func() (*kvindex.Hasher, error)
+	scale     float64
+	output    []uint32 // generated tokens cycle through these ids
+	pub       eventSink
+	enc       events.Encoding
+	faults    *faultBox
+	rng       *rand.Rand
+
+	// specKind is group 0's kv_cache_spec_kind (full_attention,
+	// mla_attention, sink_full_attention).
+	specKind string
+	// sw is a hybrid model's sliding-window group (group 1): same block
+	// hashes, its own blocks, and blocks that fall out of the window are
+	// freed while the request runs, so they are evicted sooner. nil
+	// otherwise.
+	sw     *blockPool
+	window int // sliding window in tokens
+	swNeed int // contiguous cached blocks a sliding-window hit needs
+	// cpu is the CPU offloading tier, nil without one; loading a block from
+	// it costs cpuLoad instead of the block's prefill.
+	cpu     *cpuTier
+	cpuLoad time.Duration
 
 	inbox chan engineMsg
 	done  chan struct{}
@@ -64,7 +86,51 @@ const (
 	msgRestart
 	msgReset
 	msgDie
+	// msgSync does nothing: its reply says every step before it has been
+	// applied and published (a barrier for tests and for the pod).
+	msgSync
 )
+
+// eventSink receives one batch per engine step (kvindex/publish.Publisher;
+// nil in engine-only tests).
+type eventSink interface {
+	Submit(b events.Batch, enc events.Encoding) error
+	Restart()
+}
+
+// engineSetup carries the options that shape an engine beyond its profile.
+type engineSetup struct {
+	enc       events.Encoding
+	kvSpec    string // full_attention, mla_attention, sink_full_attention or hybrid
+	window    int    // sliding window (tokens) of the hybrid group
+	cpuBlocks int
+	cpuLoad   time.Duration
+	newHasher func() (*kvindex.Hasher, error)
+}
+
+// configure applies setup; call it before run.
+func (e *engine) configure(c engineSetup) {
+	e.enc = c.enc
+	e.newHasher = c.newHasher
+	e.specKind = c.kvSpec
+	if c.kvSpec == KVSpecHybrid {
+		e.specKind = events.SpecFullAttention
+		e.sw = newBlockPool(e.prof.NumGPUBlocks)
+		e.sw.group = 1
+		e.window = c.window
+		// vLLM's SlidingWindowManager: a hit needs the last
+		// cdiv(window - 1, block_size) blocks before it cached.
+		e.swNeed = (c.window - 1 + e.prof.BlockSize - 1) / e.prof.BlockSize
+	}
+	if e.specKind == "" {
+		e.specKind = events.SpecFullAttention
+	}
+	if c.cpuBlocks > 0 {
+		e.cpu = newCPUTier(c.cpuBlocks)
+		e.cpuLoad = c.cpuLoad
+		e.pool.onEvict = e.cpu.put
+	}
+}
 
 // engineStats are read by /metrics and by the data-parallel balancer.
 type engineStats struct {
@@ -72,6 +138,7 @@ type engineStats struct {
 	usageBits        atomic.Uint64
 	queries, hits    atomic.Int64 // prefix-cache tokens
 	preemptions      atomic.Int64
+	cpuHits          atomic.Int64 // prompt tokens loaded from the CPU tier
 	promptTokens     atomic.Int64
 	genTokens        atomic.Int64
 	success          atomic.Int64
@@ -87,6 +154,7 @@ func (s *engineStats) reset() {
 	s.queries.Store(0)
 	s.hits.Store(0)
 	s.preemptions.Store(0)
+	s.cpuHits.Store(0)
 	s.promptTokens.Store(0)
 	s.genTokens.Store(0)
 	s.success.Store(0)
@@ -98,14 +166,17 @@ func (s *engineStats) reset() {
 // load is the data-parallel balancer's score, vLLM's waiting × 4 + running.
 func (e *engine) load() int64 { return e.stats.waiting.Load()*4 + e.stats.running.Load() }
 
-func newEngine(prof Profile, rank int, hasher *kvindex.Hasher, scale float64, output []uint32, pub *publisher, faults *faultBox, seed uint64) *engine {
-	return &engine{
-		prof: prof, rank: rank, hasher: hasher, scale: scale, output: output, pub: pub, faults: faults,
-		rng:   rand.New(rand.NewPCG(seed, uint64(rank)+1)),
-		inbox: make(chan engineMsg, 1024),
-		done:  make(chan struct{}),
-		pool:  newBlockPool(prof.NumGPUBlocks),
+func newEngine(prof Profile, rank int, hasher *kvindex.Hasher, scale float64, output []uint32, pub eventSink, faults *faultBox, seed uint64) *engine {
+	e := &engine{
+		prof: prof, rank: rank, scale: scale, output: output, pub: pub, faults: faults,
+		specKind: events.SpecFullAttention,
+		rng:      rand.New(rand.NewPCG(seed, uint64(rank)+1)),
+		inbox:    make(chan engineMsg, 1024),
+		done:     make(chan struct{}),
+		pool:     newBlockPool(prof.NumGPUBlocks),
 	}
+	e.hasher.Store(hasher)
+	return e
 }
 
 // modelNow maps the wall clock to model time.
@@ -203,6 +274,16 @@ func (e *engine) handle(m engineMsg) {
 			e.finish(s, "", errEngineDead)
 			return
 		}
+		// A prompt hashed before a restart drew a new random root carries
+		// the old process's hashes: hash it again, as the new process would.
+		if h := e.hasher.Load(); s.hasher != h {
+			hashes, err := h.Digests(s.hashes[:0], s.tokens[:s.promptLen], s.extras)
+			if err != nil {
+				e.finish(s, "", fmt.Errorf("hashing prompt: %w", err))
+				return
+			}
+			s.hashes, s.hasher = hashes, h
+		}
 		s.arrival = min(e.modelNow(), e.vnow)
 		s.state = stateWaiting
 		e.waiting = append(e.waiting, s)
@@ -211,18 +292,39 @@ func (e *engine) handle(m engineMsg) {
 	case msgRestart:
 		e.failAll(errRestarted)
 		e.pool.clear()
+		if e.sw != nil {
+			e.sw.clear()
+		}
+		if e.cpu != nil {
+			e.cpu.clear()
+		}
+		if e.newHasher != nil {
+			// A new process, a new random root: hashes of the old one
+			// match nothing any more.
+			if h, err := e.newHasher(); err == nil {
+				e.hasher.Store(h)
+			}
+		}
 		e.stats.reset()
 		e.dead = false
 		if e.pub != nil {
-			e.pub.restart()
+			e.pub.Restart()
 		}
 		m.reply <- true
 	case msgDie:
 		e.failAll(errEngineDead)
 		e.dead = true
 		m.reply <- true
+	case msgSync:
+		m.reply <- true
 	case msgReset:
-		ok := e.pool.reset()
+		// Every group must be idle; AllBlocksCleared covers all of them.
+		// The CPU tier is not the prefix cache and survives, as vLLM's
+		// reset_prefix_cache leaves the offloading connector alone.
+		ok := (e.sw == nil || e.sw.idle()) && e.pool.reset()
+		if ok && e.sw != nil {
+			e.sw.clear()
+		}
 		e.publishEvents()
 		m.reply <- ok
 	}
@@ -237,7 +339,7 @@ func (e *engine) step() time.Duration {
 	p := &e.prof
 	e.sched = e.sched[:0]
 	budget := p.MaxNumBatchedTokens
-	prefillTokens, decodes := 0, 0
+	prefillTokens, decodes, loadBlocks := 0, 0, 0
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
@@ -245,7 +347,7 @@ func (e *engine) step() time.Duration {
 		if n <= 0 {
 			continue
 		}
-		ok := e.allocate(s, n, nil)
+		ok := e.allocate(s, n, nil, 0)
 		for !ok {
 			victim := e.running[len(e.running)-1]
 			e.preempt(victim)
@@ -253,7 +355,7 @@ func (e *engine) step() time.Duration {
 			if victim == s {
 				break
 			}
-			ok = e.allocate(s, n, nil)
+			ok = e.allocate(s, n, nil, 0)
 		}
 		if !ok {
 			break
@@ -272,26 +374,44 @@ func (e *engine) step() time.Duration {
 		for len(e.waiting) > 0 && budget > 0 && len(e.running) < p.MaxNumSeqs {
 			s := e.waiting[0]
 			hits := e.scratch[:0]
+			loaded := 0 // blocks after the GPU hit that the CPU tier holds
 			if s.numComputed == 0 {
 				// vLLM never serves the whole prompt from cache: the last
 				// token is always recomputed to produce logits.
-				hits = e.pool.lookup(hits, s.hashes, (s.numTokens()-1)/p.BlockSize)
+				limit := (s.numTokens() - 1) / p.BlockSize
+				hits = e.pool.lookup(hits, s.hashes, limit)
+				if e.sw != nil {
+					hits = hits[:e.swHit(s.hashes, len(hits))]
+				}
+				if e.cpu != nil {
+					loaded = e.cpu.run(s.hashes, len(hits), limit)
+				}
 				if !s.looked {
 					s.looked = true
-					cached := len(hits) * p.BlockSize
+					// cached_tokens counts connector (CPU) hits as vLLM's
+					// num_cached_tokens does; the prefix-cache hit counter
+					// counts the GPU's only.
+					cached := (len(hits) + loaded) * p.BlockSize
 					e.stats.queries.Add(int64(s.promptLen))
 					e.stats.promptTokens.Add(int64(s.promptLen))
-					e.stats.hits.Add(int64(cached))
+					e.stats.hits.Add(int64(len(hits) * p.BlockSize))
+					e.stats.cpuHits.Add(int64(loaded * p.BlockSize))
 					s.out.mu.Lock()
 					s.out.cached = cached
 					s.out.mu.Unlock()
 				}
 			}
-			n := min(s.numTokens()-len(hits)*p.BlockSize, budget)
-			if !e.allocate(s, n, hits) {
+			n := min(s.numTokens()-(len(hits)+loaded)*p.BlockSize, budget)
+			if loaded > 0 {
+				// Most recently used before the allocation, whose GPU
+				// evictions may push older blocks out of the tier.
+				e.cpu.touch(s.hashes[len(hits) : len(hits)+loaded])
+			}
+			if !e.allocate(s, n, hits, loaded) {
 				e.scratch = hits
 				break
 			}
+			loadBlocks += loaded
 			e.scratch = hits
 			e.waiting = e.waiting[1:]
 			s.state = stateRunning
@@ -305,7 +425,8 @@ func (e *engine) step() time.Duration {
 		}
 	}
 	e.stats.steps.Add(1)
-	d := p.StepTime(prefillTokens, decodes)
+	// Loading from the CPU tier replaces the prefill of those blocks.
+	d := p.StepTime(prefillTokens, decodes) + time.Duration(loadBlocks)*e.cpuLoad
 	if slow := e.faults.get().Slow; slow > 1 {
 		d = time.Duration(float64(d) * slow)
 	}
@@ -315,13 +436,17 @@ func (e *engine) step() time.Duration {
 
 // allocate reserves the blocks s needs to compute n more tokens, taking
 // references on cache hits first (only for a request that has computed
-// nothing yet), and registers every block that becomes full in the prefix
-// cache. It fails without side effects when the free queue is too short.
-func (e *engine) allocate(s *seq, n int, hits []int32) bool {
+// nothing yet; loaded more blocks come from the CPU tier into fresh GPU
+// blocks), and registers every block that becomes full in the prefix cache.
+// It fails without side effects on the cache when the free queue is too
+// short (a sliding-window group may have released blocks out of its window,
+// as vLLM does before allocating).
+func (e *engine) allocate(s *seq, n int, hits []int32, loaded int) bool {
 	bs := e.prof.BlockSize
 	computed := s.numComputed
-	if len(s.blocks) == 0 {
-		computed = len(hits) * bs
+	fresh := len(s.blocks) == 0
+	if fresh {
+		computed = (len(hits) + loaded) * bs
 	}
 	total := computed + n
 	need := (total+bs-1)/bs - len(s.blocks) - len(hits)
@@ -329,15 +454,87 @@ func (e *engine) allocate(s *seq, n int, hits []int32) bool {
 	if need+e.pool.evictable(hits) > e.pool.numFree {
 		return false
 	}
-	if len(s.blocks) == 0 {
+	var swHits []int32
+	if e.sw != nil {
+		if fresh {
+			swHits = e.swHitBlocks(s.hashes, len(hits))
+		} else {
+			e.removeSkipped(s)
+		}
+		if need+e.sw.evictable(swHits) > e.sw.numFree {
+			return false
+		}
+	}
+	if fresh {
 		e.pool.touch(hits)
 		s.blocks = append(s.blocks, hits...)
+		if e.sw != nil {
+			e.sw.touch(swHits)
+			for range len(hits) - len(swHits) {
+				s.swBlocks = append(s.swBlocks, noBlock)
+			}
+			s.swBlocks = append(s.swBlocks, swHits...)
+		}
 		s.numCachedBlocks = len(hits)
 		s.numComputed = computed
 	}
 	s.blocks = e.pool.allocate(s.blocks, need)
+	if e.sw != nil {
+		s.swBlocks = e.sw.allocate(s.swBlocks, need)
+	}
 	e.cacheFull(s, min(total/bs, len(s.hashes)))
 	return true
+}
+
+// swHit is vLLM's SlidingWindowManager.find_longest_cache_hit bounded by the
+// full-attention hit of n blocks: scanning from the right, the first run of
+// swNeed cached blocks ending at k makes k the hit; failing that, the run
+// of cached blocks from block 0.
+func (e *engine) swHit(hashes []kvindex.Digest, n int) int {
+	if e.swNeed <= 0 {
+		return n
+	}
+	run := 0
+	for i := n - 1; i >= 0; i-- {
+		if !e.sw.has(hashes[i]) {
+			run = 0
+			continue
+		}
+		run++
+		if run >= e.swNeed {
+			return i + e.swNeed
+		}
+	}
+	return run
+}
+
+// swHitBlocks returns the sliding-window group's cached blocks a hit of k
+// blocks uses: the last swNeed of them (the earlier ones are outside the
+// window and stay null).
+func (e *engine) swHitBlocks(hashes []kvindex.Digest, k int) []int32 {
+	from := max(0, k-e.swNeed)
+	out := make([]int32, 0, k-from)
+	for i := from; i < k; i++ {
+		out = append(out, e.sw.first(hashes[i]))
+	}
+	return out
+}
+
+// removeSkipped frees s's sliding-window blocks that no longer hold a token
+// within the window of its next token (vLLM's remove_skipped_blocks), last
+// first, stopping at the first already-null block.
+func (e *engine) removeSkipped(s *seq) {
+	skippedTokens := s.numComputed - e.window + 1
+	if skippedTokens <= 0 {
+		return
+	}
+	for i := min(skippedTokens/e.prof.BlockSize, len(s.swBlocks)) - 1; i >= 0; i-- {
+		if s.swBlocks[i] == noBlock {
+			break
+		}
+		e.sw.free(s.swBlocks[i : i+1])
+		s.swBlocks[i] = noBlock
+	}
 }
 
 // cacheFull registers s's blocks [numCachedBlocks, upTo) and reports them in
@@ -357,7 +554,7 @@ func (e *engine) cacheFull(s *seq, upTo int) {
 		Medium:      events.MediumGPU,
 		ExtraKeys:   make([][]any, 0, upTo-from), HasExtraKeys: true,
 		GroupIdx: 0, HasGroupIdx: true,
-		SpecKind: events.SpecFullAttention,
+		SpecKind: e.specKind,
 	}
 	if s.loraID != 0 {
 		ev.LoRAID, ev.HasLoRAID = s.loraID, true
@@ -370,8 +567,22 @@ func (e *engine) cacheFull(s *seq, upTo int) {
 		ev.BlockHashes = append(ev.BlockHashes, s.hashes[i].Wire())
 		ev.ExtraKeys = append(ev.ExtraKeys, s.extras.AppendBlockExtra(nil, i, i*bs, (i+1)*bs))
 	}
-	s.numCachedBlocks = upTo
 	e.pool.pending = append(e.pool.pending, ev)
+	if e.sw != nil {
+		// vLLM's hybrid coordinator caches the same block hashes in every
+		// group and reports each group's blocks in its own event.
+		sev := ev
+		sev.GroupIdx = 1
+		sev.SpecKind = specSlidingWindow
+		sev.SlidingWindow, sev.HasSlidingWindow = int64(e.window), true
+		for i := from; i < upTo; i++ {
+			if id := s.swBlocks[i]; id != noBlock {
+				e.sw.cache(id, s.hashes[i])
+			}
+		}
+		e.sw.pending = append(e.sw.pending, sev)
+	}
+	s.numCachedBlocks = upTo
 }
 
 // finishStep applies the step's results once its model time has passed:
@@ -406,12 +617,13 @@ func (e *engine) sample(s *seq) {
 	bs := e.prof.BlockSize
 	if s.numTokens()%bs == 0 {
 		i := s.numTokens()/bs - 1
-		parent := e.hasher.Root()
+		h := e.hasher.Load()
+		parent := h.Root()
 		if i > 0 {
 			parent = s.hashes[i-1]
 		}
 		var buf [4]any
-		d, err := e.hasher.HashBlock(parent, s.tokens[i*bs:(i+1)*bs], s.extras.AppendBlockExtra(buf[:0], i, i*bs, (i+1)*bs))
+		d, err := h.HashBlock(parent, s.tokens[i*bs:(i+1)*bs], s.extras.AppendBlockExtra(buf[:0], i, i*bs, (i+1)*bs))
 		if err == nil {
 			s.hashes = append(s.hashes, d)
 		}
@@ -446,6 +658,11 @@ func (e *engine) finish(s *seq, reason string, err error) {
 	slices.Reverse(s.blocks)
 	e.pool.free(s.blocks)
 	s.blocks = nil
+	if e.sw != nil {
+		slices.Reverse(s.swBlocks)
+		e.sw.free(s.swBlocks)
+		s.swBlocks = nil
+	}
 	o := s.out
 	o.mu.Lock()
 	o.done, o.finish, o.err = true, reason, err
@@ -473,6 +690,11 @@ func (e *engine) preempt(s *seq) {
 	slices.Reverse(s.blocks)
 	e.pool.free(s.blocks)
 	s.blocks = s.blocks[:0]
+	if e.sw != nil {
+		slices.Reverse(s.swBlocks)
+		e.sw.free(s.swBlocks)
+		s.swBlocks = s.swBlocks[:0]
+	}
 	s.numComputed, s.numCachedBlocks = 0, 0
 	s.state = stateWaiting
 	e.waiting = slices.Insert(e.waiting, 0, s)
@@ -490,17 +712,35 @@ func (e *engine) failAll(err error) {
 	if err == errRestarted || err == errEngineDead || err == errClosed {
 		// The process is gone: events of this step die with it.
 		e.pool.pending = e.pool.pending[:0]
+		if e.sw != nil {
+			e.sw.pending = e.sw.pending[:0]
+		}
+		if e.cpu != nil {
+			e.cpu.pending = e.cpu.pending[:0]
+		}
 	} else {
 		e.publishEvents()
 	}
 }
 
+// publishEvents sends the step's events as one batch, group 0 first, then
+// the CPU tier's, then the sliding-window group's, as vLLM's engine core
+// gathers every manager's events after a step.
 func (e *engine) publishEvents() {
 	evs := e.pool.takeEvents()
+	if e.cpu != nil {
+		evs = append(evs, e.cpu.takeEvents()...)
+	}
+	if e.sw != nil {
+		evs = append(evs, e.sw.takeEvents()...)
+	}
 	if len(evs) == 0 || e.pub == nil || e.dead {
 		return
 	}
-	e.pub.publish(evs)
+	b := events.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs, DPRank: e.rank, HasDPRank: true}
+	// Submit fails only once the publisher is closed: the pod is shutting
+	// down and the batch has nobody to go to.
+	_ = e.pub.Submit(b, e.enc)
 }
 
 func (e *engine) publishStats() {

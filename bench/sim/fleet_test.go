@@ -65,20 +65,32 @@ func TestFleetCloseStopsEverything(t *testing.T) {
 }
 
 func TestStartFleetFixedPortsAndConflicts(t *testing.T) {
-	// Fixed ports: pod i on HTTP+i; events base + 2·DP·i. Find free bases by
-	// starting on port 0 first, then reuse those numbers after closing.
-	probe := startTestFleet(t, Config{})
-	httpPort := portOf(t, probe.Pods[0].URL())
-	evPort := probe.Pods[0].EventsPort()
-	if err := probe.Close(); err != nil {
-		t.Fatal(err)
-	}
+	// Fixed ports: pod i on HTTP+i; events base + 2·DP·i, replay after the
+	// events. Free bases are found by starting on port 0 and reusing those
+	// numbers after closing; another process may grab one in between (or
+	// the replay port next to the probed events port may be taken), so a
+	// failed start probes again, a bounded number of times, instead of
+	// skipping.
 	ctx := context.Background()
-	cfg := Config{Pods: 1, Profile: testProfile(), Host: "127.0.0.1", HTTPPort: httpPort, EventsPort: evPort,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	f, err := StartFleet(ctx, cfg)
-	if err != nil {
-		t.Skipf("ports %d/%d taken again meanwhile: %v", httpPort, evPort, err)
+	var (
+		f                *Fleet
+		cfg              Config
+		httpPort, evPort int
+		lastErr          error
+	)
+	for attempt := 0; attempt < 20 && f == nil; attempt++ {
+		probe := startTestFleet(t, Config{})
+		httpPort = portOf(t, probe.Pods[0].URL())
+		evPort = probe.Pods[0].EventsPort()
+		if err := probe.Close(); err != nil {
+			t.Fatal(err)
+		}
+		cfg = Config{Pods: 1, Profile: testProfile(), Host: "127.0.0.1", HTTPPort: httpPort, EventsPort: evPort,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		f, lastErr = StartFleet(ctx, cfg)
+	}
+	if f == nil {
+		t.Fatalf("no free fixed ports in 20 probes: %v", lastErr)
 	}
 	defer f.Close()
 	p := f.Pods[0]

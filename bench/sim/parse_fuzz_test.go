@@ -2,8 +2,6 @@ package sim
 
 import (
 	"testing"
-
-	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // fuzzPod is a pod with no sockets: enough to run the request parsers.
@@ -12,11 +10,7 @@ func fuzzPod(t testing.TB) *Pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := kvindex.NewHasher(cfg.HashAlgo, cfg.HashSeed, cfg.Profile.BlockSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &Pod{cfg: cfg, prof: cfg.Profile, tok: BytesTokenizer(), hasher: h, loraIDs: map[string]int64{"sql-lora": 1}}
+	return &Pod{cfg: cfg, prof: cfg.Profile, tok: BytesTokenizer(), loraIDs: map[string]int64{"sql-lora": 1}}
 }
 
 // FuzzPrepare feeds arbitrary bodies to the completions and chat parsers:

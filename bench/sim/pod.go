@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,13 +10,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish"
 )
 
 // Pod is one simulated vLLM server: an HTTP listener, one engine and one
@@ -25,14 +26,13 @@ type Pod struct {
 	cfg     Config
 	prof    Profile
 	tok     Tokenizer
-	hasher  *kvindex.Hasher
 	loraIDs map[string]int64
 	faults  *faultBox
 	log     *slog.Logger
 	started atomic.Int64 // unix seconds of the current process generation
 
 	engines []*engine
-	pubs    []*publisher
+	pubs    []*publish.Publisher
 
 	ln         net.Listener
 	srv        *http.Server
@@ -49,12 +49,14 @@ type Pod struct {
 
 // startPod binds and starts pod index of cfg (already defaulted).
 func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod, err error) {
-	hasher, err := kvindex.NewHasher(cfg.HashAlgo, cfg.HashSeed, cfg.Profile.BlockSize)
-	if err != nil {
-		return nil, fmt.Errorf("pod %d: %w", index, err)
+	newHasher := func() (*kvindex.Hasher, error) {
+		return kvindex.NewHasher(cfg.HashAlgo, cfg.HashSeed, cfg.Profile.BlockSize)
+	}
+	if cfg.RandomHashSeed {
+		newHasher = func() (*kvindex.Hasher, error) { return randomHasher(cfg.HashAlgo, cfg.Profile.BlockSize) }
 	}
 	p := &Pod{
-		index: index, cfg: cfg, prof: cfg.Profile, tok: tok, hasher: hasher,
+		index: index, cfg: cfg, prof: cfg.Profile, tok: tok,
 		loraIDs:  make(map[string]int64, len(cfg.LoRAs)),
 		faults:   newFaultBox(cfg.Faults),
 		log:      cfg.Logger.With("pod", index),
@@ -83,30 +85,32 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 		evBase = cfg.EventsPort + 2*cfg.DP*index
 		rpBase = evBase + cfg.DP
 	}
-	pubSocks, evPort, err := bindRun(zmq.PUB, cfg.Host, evBase, cfg.DP)
+	seed := cfg.Seed*1000003 + uint64(index)
+	p.pubs, p.eventsPort, p.replayPort, err = startPublishers(cfg, evBase, rpBase, seed, p.log)
 	if err != nil {
-		return nil, fmt.Errorf("pod %d: event sockets: %w", index, err)
+		return nil, fmt.Errorf("pod %d: %w", index, err)
 	}
-	routerSocks, rpPort, err := bindRun(zmq.ROUTER, cfg.Host, rpBase, cfg.DP)
-	if err != nil {
-		for _, s := range pubSocks {
-			s.Close()
-		}
-		return nil, fmt.Errorf("pod %d: replay sockets: %w", index, err)
-	}
-	p.eventsPort, p.replayPort = evPort, rpPort
+	p.pushFaults(cfg.Faults)
 
 	output := outputTokens(tok)
 	ectx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	for r := 0; r < cfg.DP; r++ {
-		seed := cfg.Seed*1000003 + uint64(index)
-		pub := newPublisher(pubSocks[r], routerSocks[r], publisherOptions{
-			topic: cfg.Topic, encoding: cfg.EventEncoding, legacy: cfg.LegacyReplay, rank: r,
-			scale: cfg.TimeScale, bufferSteps: cfg.ReplayBuffer, faults: p.faults, log: p.log, seed: seed,
-		})
-		p.pubs = append(p.pubs, pub)
-		e := newEngine(cfg.Profile, r, hasher, cfg.TimeScale, output, pub, p.faults, seed)
+		hasher, err := newHasher()
+		if err != nil {
+			cancel()
+			p.closePublishers()
+			return nil, fmt.Errorf("pod %d: %w", index, err)
+		}
+		e := newEngine(cfg.Profile, r, hasher, cfg.TimeScale, output, p.pubs[r], p.faults, seed)
+		setup := engineSetup{
+			enc: cfg.EventEncoding, kvSpec: cfg.KVSpec, window: cfg.SlidingWindow,
+			cpuBlocks: cfg.CPUOffloadBlocks, cpuLoad: cfg.CPULoadPerBlock,
+		}
+		if cfg.RandomHashSeed {
+			setup.newHasher = newHasher
+		}
+		e.configure(setup)
 		if cfg.Faults.Dead {
 			e.dead = true
 		}
@@ -137,6 +141,111 @@ func (p *Pod) closeSockets() {
 	if p.ln != nil {
 		p.ln.Close()
 	}
+	p.closePublishers()
+}
+
+func (p *Pod) closePublishers() {
+	for _, pub := range p.pubs {
+		_ = pub.Close() // Close never fails; it only stops goroutines
+	}
+}
+
+// pushFaults hands the transport faults to the publishers, in wall-clock
+// time.
+func (p *Pod) pushFaults(f Faults) {
+	pf := publish.Faults{
+		Delay:  time.Duration(float64(f.EventDelay) / p.cfg.TimeScale),
+		Jitter: time.Duration(float64(f.EventJitter) / p.cfg.TimeScale),
+		Drop:   f.DropEvents,
+	}
+	for _, pub := range p.pubs {
+		if err := pub.SetFaults(pf); err != nil {
+			p.log.Error("event faults", "err", err) // validated already: unreachable
+		}
+	}
+}
+
+// randomHasher is vLLM's root without PYTHONHASHSEED: 32 bytes of
+// os.urandom, unknowable outside the process.
+func randomHasher(algo kvindex.HashAlgo, blockSize int) (*kvindex.Hasher, error) {
+	var root [32]byte
+	if _, err := crand.Read(root[:]); err != nil {
+		return nil, fmt.Errorf("random hash root: %w", err)
+	}
+	h, err := kvindex.NewHasherWithRoot(algo, root[:], blockSize)
+	if err != nil {
+		return nil, fmt.Errorf("random hash root: %w", err)
+	}
+	return h, nil
+}
+
+// startPublishers binds one publisher per rank: PUB sockets on evBase+r and
+// ROUTER sockets on rpBase+r. With base 0 the OS picks rank 0's ports and
+// the other ranks take the following ones; when one is taken meanwhile the
+// whole run is released and tried again.
+func startPublishers(cfg Config, evBase, rpBase int, seed uint64, log *slog.Logger) ([]*publish.Publisher, int, int, error) {
+	attempts := 1
+	if evBase == 0 {
+		attempts = 32
+	}
+	var lastErr error
+	for a := 0; a < attempts; a++ {
+		pubs, ev, rp, err := tryPublishers(cfg, evBase, rpBase, seed, log)
+		if err == nil {
+			return pubs, ev, rp, nil
+		}
+		lastErr = err
+	}
+	return nil, 0, 0, fmt.Errorf("event sockets: %w", lastErr)
+}
+
+func tryPublishers(cfg Config, evBase, rpBase int, seed uint64, log *slog.Logger) ([]*publish.Publisher, int, int, error) {
+	pubs := make([]*publish.Publisher, 0, cfg.DP)
+	fail := func(err error) ([]*publish.Publisher, int, int, error) {
+		for _, pub := range pubs {
+			_ = pub.Close()
+		}
+		return nil, 0, 0, err
+	}
+	addr := func(base, r int) string {
+		if base == 0 {
+			return "tcp://" + net.JoinHostPort(cfg.Host, "*")
+		}
+		return "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(base+r))
+	}
+	for r := 0; r < cfg.DP; r++ {
+		pub, err := publish.New(publish.Config{
+			Bind: addr(evBase, r), ReplayBind: addr(rpBase, r), Topic: cfg.Topic,
+			BufferSize: cfg.ReplayBuffer, LegacyReplay: cfg.LegacyReplay,
+			Seed: seed + uint64(r)*7919, Logger: log.With("rank", r),
+		})
+		if err != nil {
+			return fail(err)
+		}
+		pubs = append(pubs, pub)
+		if r == 0 && evBase == 0 {
+			if evBase, err = portOfEndpoint(pub.Endpoint()); err != nil {
+				return fail(err)
+			}
+			if rpBase, err = portOfEndpoint(pub.ReplayEndpoint()); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	return pubs, evBase, rpBase, nil
+}
+
+// portOfEndpoint reads the port of a bound ZMQ tcp endpoint.
+func portOfEndpoint(ep string) (int, error) {
+	_, ps, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return 0, fmt.Errorf("zmq endpoint %q: %w", ep, err)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port <= 0 {
+		return 0, fmt.Errorf("zmq endpoint %q: bad port", ep)
+	}
+	return port, nil
 }
 
 // Close stops the pod: in-flight requests end, the listener and sockets
@@ -151,9 +260,7 @@ func (p *Pod) Close() error {
 		err = p.srv.Close()
 	}
 	<-p.httpDone
-	for _, pub := range p.pubs {
-		pub.close()
-	}
+	p.closePublishers()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("pod %d: close: %w", p.index, err)
 	}
@@ -207,6 +314,7 @@ func (p *Pod) SetFaults(ctx context.Context, f Faults) error {
 	defer p.ctlMu.Unlock()
 	was := p.faults.get().Dead
 	p.faults.set(f)
+	p.pushFaults(f)
 	switch {
 	case f.Dead && !was:
 		for _, e := range p.engines {
@@ -277,6 +385,7 @@ type RankStats struct {
 	Preemptions          int64
 	Steps                int64
 	Lag                  time.Duration // wall-clock lag of the model clock
+	CPUHits              int64         // prompt tokens loaded from the CPU offloading tier
 	EventBatchesSent     uint64
 	EventBatchesDropped  uint64
 	ReplayRequestsServed uint64
@@ -290,12 +399,10 @@ func (p *Pod) Stats() []RankStats {
 		out[i] = RankStats{
 			Running: int(s.running.Load()), Waiting: int(s.waiting.Load()), KVUsage: s.usage(),
 			PrefixQueries: s.queries.Load(), PrefixHits: s.hits.Load(), Preemptions: s.preemptions.Load(),
-			Steps: s.steps.Load(), Lag: time.Duration(s.lagNanos.Load()),
+			Steps: s.steps.Load(), Lag: time.Duration(s.lagNanos.Load()), CPUHits: s.cpuHits.Load(),
 		}
-		ps := p.pubs[i].stats
-		ps.mu.Lock()
-		out[i].EventBatchesSent, out[i].EventBatchesDropped, out[i].ReplayRequestsServed = ps.sent, ps.dropped, ps.replay
-		ps.mu.Unlock()
+		ps := p.pubs[i].Stats()
+		out[i].EventBatchesSent, out[i].EventBatchesDropped, out[i].ReplayRequestsServed = ps.Sent, ps.Dropped, ps.Replays
 	}
 	return out
 }

@@ -72,11 +72,14 @@ func (p Profile) Validate() error {
 	return nil
 }
 
-// Profiles derived in README.md ("Hardware profiles"). The effective compute
-// rate of an H100 in prefill, 655 TFLOP/s, is taken from the calibration
-// point: Qwen3-32B on TP2 at 20,480 prefill tokens/s needs
-// 2 × 32.8e9 FLOP/token × 20,480 / 2 GPUs = 655 TFLOP/s per GPU. Effective
-// HBM bandwidth is 75% of 3.35 TB/s = 2.5 TB/s.
+// Profiles derived in README.md ("Hardware profiles"); profile_test.go
+// recomputes every number from the derivation. The calibration point is
+// llm-d's peak prefill of 20,480 tokens/s for Qwen3-32B on TP2 H100: a full
+// 8,192-token step must then take 8,192 / 20,480 = 400 ms, so with the 15.5
+// ms fixed cost the marginal prefill cost is (400 − 15.5) ms / 8,192 =
+// 46.936 µs per token. That is 2 × 32.8e9 FLOP / 2 GPUs / 46.936 µs = 698.8
+// TFLOP/s per GPU (71% of the bf16 dense peak), the effective rate used for
+// the 8B model too. Effective HBM bandwidth is 75% of 3.35 TB/s = 2.5 TB/s.
 var profiles = map[string]Profile{
 	"h100-8b": {
 		Name:        "h100-8b",
@@ -91,11 +94,11 @@ var profiles = map[string]Profile{
 		MaxNumSeqs:          1024,
 		// 16.06 GB of weights read per step at 2.5 TB/s = 6.4 ms, + ~0.6 ms overhead.
 		StepFixed: 7 * time.Millisecond,
-		// 2 × 8.03e9 FLOP / 655 TFLOP/s = 24.5 µs.
-		PrefillPerToken: 24500 * time.Nanosecond,
-		// 24.5 µs of compute + KV read of a 1,024-token context
-		// (1,024 × 128 KiB / 2.5 TB/s = 54 µs) = 78.5 µs.
-		DecodePerSeq: 78500 * time.Nanosecond,
+		// 2 × 8.03e9 FLOP / 698.8 TFLOP/s = 22.981 µs.
+		PrefillPerToken: 22981 * time.Nanosecond,
+		// 22.981 µs of compute + KV read of a 1,024-token context
+		// (1,024 × 128 KiB / 2.5 TB/s = 53.687 µs) = 76.668 µs.
+		DecodePerSeq: 76668 * time.Nanosecond,
 	},
 	"h100x2-32b": {
 		Name:        "h100x2-32b",
@@ -107,14 +110,16 @@ var profiles = map[string]Profile{
 		NumGPUBlocks:        19208,
 		MaxNumBatchedTokens: 8192,
 		MaxNumSeqs:          1024,
-		// 32.8 GB weights / 2 GPUs at 2.5 TB/s = 6.6 ms, + 128 all-reduces
-		// × ~15 µs = 1.9 ms, + ~0.5 ms overhead = 9 ms.
-		StepFixed: 9 * time.Millisecond,
-		// 1 / 20,480 tokens/s peak prefill = 48.8 µs.
-		PrefillPerToken: 48800 * time.Nanosecond,
-		// 48.8 µs of compute + KV read of a 1,024-token context
-		// (1,024 × 256 KiB / (2 × 2.5 TB/s) = 54 µs) = 102.8 µs.
-		DecodePerSeq: 102800 * time.Nanosecond,
+		// 65.6 GB of bf16 weights, 32.8 GB per GPU, read at 2.5 TB/s =
+		// 13.1 ms, + 128 all-reduces × ~15 µs = 1.9 ms, + ~0.5 ms
+		// overhead = 15.5 ms.
+		StepFixed: 15500 * time.Microsecond,
+		// (8,192 / 20,480 s − 15.5 ms) / 8,192 = 46.936 µs, so full
+		// 8,192-token steps prefill 20,480 tokens/s.
+		PrefillPerToken: 46936 * time.Nanosecond,
+		// 46.936 µs of compute + KV read of a 1,024-token context
+		// (1,024 × 256 KiB / (2 × 2.5 TB/s) = 53.687 µs) = 100.623 µs.
+		DecodePerSeq: 100623 * time.Nanosecond,
 	},
 	"tiny": {
 		Name:                "tiny",

@@ -27,8 +27,10 @@ type seq struct {
 	extras    kvindex.RequestExtras
 	loraID    int64
 	hashes    []kvindex.Digest // one per full block of tokens
+	hasher    *kvindex.Hasher  // the one hashes were computed with
 
 	blocks          []int32
+	swBlocks        []int32 // sliding-window group's blocks (noBlock outside the window)
 	numComputed     int
 	numCachedBlocks int // leading blocks already registered in the cache
 	looked          bool

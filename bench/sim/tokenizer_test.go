@@ -8,11 +8,15 @@ import (
 )
 
 // TestRealTokenizer serves a model with a real tokenizer directory (fetched
-// by scripts/fetch-tokenizers.sh); it is skipped when the files are absent.
+// by `make testdata`). Locally it is skipped when the files are absent; under
+// CI=true their absence is a failure, so CI cannot pass without running it.
 func TestRealTokenizer(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "tokenizers", "models", "qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Skip("qwen3 tokenizer not fetched (scripts/fetch-tokenizers.sh)")
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s missing under CI: run make testdata", dir)
+		}
+		t.Skip("qwen3 tokenizer not fetched; run make testdata")
 	}
 	f := startTestFleet(t, Config{Tokenizer: dir, Model: "Qwen/Qwen3-32B"})
 	pod := f.Pods[0]

@@ -32,7 +32,11 @@ func simCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "lora", Usage: "LoRA adapter name served as a model (repeatable)", Sources: envVar("lora")},
 			&cli.StringFlag{Name: "tokenizer", Value: "bytes", Usage: "\"bytes\" (built-in) or a model directory / tokenizer.json", Sources: envVar("tokenizer")},
 			&cli.StringFlag{Name: "hash-algo", Value: "sha256", Usage: "prefix-caching hash algorithm: " + strings.Join(kvindex.HashAlgoNames(), ", "), Sources: envVar("hash-algo")},
-			&cli.StringFlag{Name: "hash-seed", Value: "0", Usage: "the pods' PYTHONHASHSEED", Sources: envVar("hash-seed")},
+			&cli.StringFlag{Name: "hash-seed", Value: "0", Usage: "the pods' PYTHONHASHSEED, or \"random\" for PYTHONHASHSEED unset (32 random root bytes per engine process, new at every restart)", Sources: envVar("hash-seed")},
+			&cli.StringFlag{Name: "kv-spec", Value: sim.KVSpecFullAttention, Usage: "KV-cache layout reported in events: " + strings.Join(sim.KVSpecNames(), ", ") + " (hybrid: a full-attention group and a sliding-window group)", Sources: envVar("kv-spec")},
+			&cli.IntFlag{Name: "sliding-window", Value: 1024, Usage: "sliding window in tokens of the hybrid spec's second group", Sources: envVar("sliding-window")},
+			&cli.IntFlag{Name: "cpu-offload-blocks", Usage: "CPU offloading tier of this many blocks per rank (0: none)", Sources: envVar("cpu-offload-blocks")},
+			&cli.DurationFlag{Name: "cpu-load-per-block", Value: sim.DefaultCPULoadPerBlock, Usage: "time to load one block from the CPU tier instead of recomputing it (model time)", Sources: envVar("cpu-load-per-block")},
 			&cli.IntFlag{Name: "block-size", Usage: "tokens per KV block (default: the profile's)", Sources: envVar("block-size")},
 			&cli.IntFlag{Name: "num-gpu-blocks", Usage: "KV-cache capacity in blocks (default: the profile's)", Sources: envVar("num-gpu-blocks")},
 			&cli.IntFlag{Name: "dp", Value: 1, Usage: "data-parallel ranks per pod", Sources: envVar("dp")},
@@ -85,6 +89,11 @@ func runSim(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
+// hashSeedRandom is the --hash-seed value that models PYTHONHASHSEED unset.
+// (vLLM itself would hash a PYTHONHASHSEED of "random" as that string; the
+// in-process Config keeps that meaning and has RandomHashSeed instead.)
+const hashSeedRandom = "random"
+
 func simConfig(cmd *cli.Command) (sim.Config, error) {
 	var cfg sim.Config
 	prof, err := sim.LookupProfile(cmd.String("profile"))
@@ -124,8 +133,11 @@ func simConfig(cmd *cli.Command) (sim.Config, error) {
 		LoRAs:     cmd.StringSlice("lora"),
 		Tokenizer: cmd.String("tokenizer"),
 		HashAlgo:  algo, HashSeed: cmd.String("hash-seed"),
-		DP:   cmd.Int("dp"),
-		Host: host, HTTPPort: port, EventsPort: cmd.Int("events-port"),
+		KVSpec:           cmd.String("kv-spec"),
+		CPUOffloadBlocks: cmd.Int("cpu-offload-blocks"),
+		CPULoadPerBlock:  cmd.Duration("cpu-load-per-block"),
+		DP:               cmd.Int("dp"),
+		Host:             host, HTTPPort: port, EventsPort: cmd.Int("events-port"),
 		Topic: cmd.String("topic"), EventEncoding: enc, LegacyReplay: cmd.Bool("legacy-replay"),
 		ReplayBuffer: cmd.Int("replay-buffer"),
 		TimeScale:    cmd.Float("time-scale"),
@@ -147,9 +159,21 @@ func simConfig(cmd *cli.Command) (sim.Config, error) {
 	case cfg.TimeScale <= 0:
 		return cfg, usageError("--time-scale must be positive, got %v", cfg.TimeScale)
 	case cfg.HashSeed == "":
-		return cfg, usageError("--hash-seed must not be empty (vLLM hashes are random without PYTHONHASHSEED)")
+		return cfg, usageError("--hash-seed must not be empty (say \"random\" for PYTHONHASHSEED unset)")
+	case cfg.CPUOffloadBlocks < 0:
+		return cfg, usageError("--cpu-offload-blocks must not be negative, got %d", cfg.CPUOffloadBlocks)
+	case cfg.CPULoadPerBlock <= 0:
+		return cfg, usageError("--cpu-load-per-block must be positive, got %v", cfg.CPULoadPerBlock)
 	case cfg.ReplayBuffer < 1:
 		return cfg, usageError("--replay-buffer must be at least 1, got %d", cfg.ReplayBuffer)
+	}
+	if cfg.HashSeed == hashSeedRandom {
+		cfg.HashSeed, cfg.RandomHashSeed = "", true
+	}
+	if cfg.KVSpec == sim.KVSpecHybrid {
+		if cfg.SlidingWindow = cmd.Int("sliding-window"); cfg.SlidingWindow < 1 {
+			return cfg, usageError("--sliding-window must be at least 1, got %d", cfg.SlidingWindow)
+		}
 	}
 	if err := sim.CheckConfig(cfg); err != nil {
 		return cfg, usageError("%v", err)
