@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // TestScrapedLoadGoesStale: load comes from /metrics; when scrapes fail the
@@ -267,4 +269,38 @@ func BenchmarkDispatchFinish(b *testing.B) {
 			f.Finish(OutcomeSuccess)
 		}
 	})
+}
+
+// TestProcessRestartIsAChange: a new process_start_time_seconds tells
+// subscribers the pod restarted, even when nothing else changed.
+func TestProcessRestartIsAChange(t *testing.T) {
+	pod := newFakePod(t, "m")
+	base := vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 16, "sha256")
+	pod.setMetrics(base + "process_start_time_seconds 1000.5\n")
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, ScrapeInterval: time.Second}, Deps{})
+	var restarted []kvindex.TargetID
+	cancel := env.m.Subscribe(func(c Change) {
+		if c.Kind == Restarted {
+			restarted = append(restarted, c.Target.ID)
+		}
+	})
+	defer cancel()
+	env.tick()
+	env.tick() // same process: nothing
+	if len(restarted) != 0 {
+		t.Fatalf("restart reported for an unchanged process: %v", restarted)
+	}
+	if got := env.target(t, pod.id(0)).Scraped.ProcessStart; got != 1000.5 {
+		t.Fatalf("process start %v", got)
+	}
+	pod.setMetrics(base + "process_start_time_seconds 2000.25\n")
+	env.tick()
+	if len(restarted) != 1 || restarted[0] != pod.id(0) {
+		t.Fatalf("restarts reported: %v", restarted)
+	}
+	pod.setMetrics(base) // a pod that stops exposing it is not a restart
+	env.tick()
+	if len(restarted) != 1 {
+		t.Fatalf("restarts reported: %v", restarted)
+	}
 }

@@ -64,6 +64,10 @@ const (
 	// Removed: the target left discovery. It takes no new work and drains;
 	// its placements and predictions should be invalidated.
 	Removed ChangeKind = "removed"
+	// Restarted: the target's process start time changed. The new process
+	// holds nothing the old one announced; its placements and predictions
+	// should be dropped and rebuilt from its events.
+	Restarted ChangeKind = "restarted"
 )
 
 // Change is one registry event delivered to subscribers.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -182,6 +183,22 @@ func parseModels(body []byte) ([]string, error) {
 	return out, nil
 }
 
+// notifyRestarts tells subscribers about pods whose process restarted.
+func (m *Monitor) notifyRestarts(restarted []TargetSpec) {
+	if len(restarted) == 0 {
+		return
+	}
+	m.notifyMu.Lock()
+	defer m.notifyMu.Unlock()
+	for _, ts := range restarted {
+		m.log.Warn("target process restarted", "target", ts.ID.String())
+		c := Change{Kind: Restarted, Target: ts}
+		for _, id := range slices.Sorted(maps.Keys(m.subs)) {
+			m.subs[id](c)
+		}
+	}
+}
+
 // scrapeAll scrapes every active endpoint's GET /metrics.
 func (m *Monitor) scrapeAll(ctx context.Context) { m.forEachActive(ctx, m.scrape) }
 
@@ -203,6 +220,14 @@ func (m *Monitor) scrape(ctx context.Context, ep *endpoint) {
 		return
 	}
 	now := m.now()
+	restarted := m.applyScrape(ep, base, now, pm, err)
+	m.notifyRestarts(restarted)
+}
+
+// applyScrape records one scrape's outcome and returns the targets whose
+// process start time changed: the pod restarted, so whatever its old
+// process announced is gone even if no event says so.
+func (m *Monitor) applyScrape(ep *endpoint, base string, now time.Time, pm podMetrics, err error) (restarted []TargetSpec) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err == nil && len(pm.load) == 0 {
@@ -216,7 +241,7 @@ func (m *Monitor) scrape(ctx context.Context, ep *endpoint) {
 		for _, t := range ep.targets {
 			t.live.scrapeFailures.Add(1)
 		}
-		return
+		return nil
 	}
 	ep.scrapeErr = ""
 	ep.scrapeAt = now
@@ -232,6 +257,9 @@ func (m *Monitor) scrape(ctx context.Context, ep *endpoint) {
 		// Labelled per engine but not for this rank: no data; the old
 		// values age towards stale.
 		if ok {
+			if old := t.load.ProcessStart; old > 0 && pm.processStart > 0 && old != pm.processStart {
+				restarted = append(restarted, t.ts)
+			}
 			t.load = Load{
 				Running:      int(l.running),
 				Waiting:      int(l.waiting),
@@ -249,4 +277,5 @@ func (m *Monitor) scrape(ctx context.Context, ep *endpoint) {
 			t.cache = pm.anyCache()
 		}
 	}
+	return restarted
 }

@@ -134,7 +134,11 @@ func parseVLLMMetrics(body []byte) (podMetrics, error) {
 	}
 	if fam, ok := fams[metricProcessStart]; ok {
 		for _, mt := range fam.GetMetric() {
-			if v := mt.GetGauge().GetValue(); v > 0 && !math.IsInf(v, 0) {
+			v := mt.GetGauge().GetValue()
+			if mt.GetGauge() == nil {
+				v = mt.GetUntyped().GetValue()
+			}
+			if v > 0 && !math.IsInf(v, 0) {
 				pm.processStart = v
 			}
 		}

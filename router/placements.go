@@ -167,6 +167,13 @@ func (p *placements) onChange(c health.Change) {
 			p.ingestor.Reset(id)
 			p.startLocked(id, c.Target)
 		}
+	case health.Restarted:
+		// The sequence numbers may not show it (an idle pod publishes
+		// nothing after restarting): rebuild from the new process's events.
+		if s, ok := p.subs[id]; ok {
+			p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
+			s.sub.Resync()
+		}
 	case health.Removed:
 		delete(p.targets, id)
 		p.stopLocked(id)
@@ -261,6 +268,37 @@ func (p *placements) learn(ctx context.Context, mon *health.Monitor) {
 		case <-t.C:
 		}
 	}
+}
+
+// watchCaps bounds how many placements the index may claim for each pod by
+// the pod's reported cache size, so that missed removals cannot make it claim
+// far more than the pod can hold.
+func (p *placements) watchCaps(ctx context.Context, mon *health.Monitor) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	caps := map[kvindex.TargetID]int{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, tg := range mon.Snapshot().Targets {
+			if n := placementCap(tg.Cache.NumGPUBlocks); n > 0 && caps[tg.ID] != n {
+				p.index.SetTargetCap(tg.ID, n)
+				caps[tg.ID] = n
+			}
+		}
+	}
+}
+
+// placementCap bounds a pod's placements from its GPU block count, leaving
+// room for offloading tiers up to three times the GPU cache; 0 when unknown.
+func placementCap(numGPUBlocks int) int {
+	if numGPUBlocks <= 0 {
+		return 0
+	}
+	return 4*numGPUBlocks + 1024
 }
 
 // fleetCacheConfig picks the block size and algorithm most targets report.

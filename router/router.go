@@ -243,6 +243,7 @@ func (r *Router) Start(ctx context.Context) error {
 		}
 	})
 	r.goBG(func() { r.pl.learn(bctx, r.mon) })
+	r.goBG(func() { r.pl.watchCaps(bctx, r.mon) })
 	r.goBG(func() { r.cat.run(bctx) })
 	r.goBG(func() {
 		if err := r.srv.Serve(ln); err != nil {

@@ -220,3 +220,29 @@ func TestSimDataParallelRanks(t *testing.T) {
 		}
 	}
 }
+
+// TestSimIdleRestartDropsPlacements: a pod restarts while idle. No event
+// batch follows, so the sequence numbers cannot reveal it, but the pod's
+// /metrics shows a new process start time: the router must drop what the old
+// process held rather than keep routing to a cold cache.
+func TestSimIdleRestartDropsPlacements(t *testing.T) {
+	f := startFleet(t, 1, sim.Faults{})
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyPrecise
+	cfg.HashSeed, cfg.HasHashSeed = "0", true
+	cfg.Health = fastHealth(f.Endpoints()...)
+	r := startRouter(t, cfg, "sim-tiny=bytes")
+	waitFor(t, "a fresh pod", func() bool { return freshCount(r, "sim-tiny") == 1 })
+	waitFor(t, "block keys learned from the pod", func() bool { return r.pl.keyer.Load() != nil })
+	body := `{"model":"sim-tiny","max_tokens":1,"prompt":"` + strings.Repeat("a restart loses the whole cache. ", 20) + `"}`
+	if code, _, b := post(t, "http://"+r.Addr()+"/v1/completions", body); code != 200 {
+		t.Fatalf("warm-up: %d %s", code, b)
+	}
+	holder := targetName(f.Pods[0].URL())
+	confirmed := func() int { return candidateByName(dryRun(t, r, "/v1/completions", body), holder).ConfirmedBlocks }
+	waitFor(t, "the prompt's blocks confirmed", func() bool { return confirmed() > 0 })
+	if err := f.Pods[0].Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the old process's placements dropped", func() bool { return confirmed() == 0 })
+}

@@ -453,6 +453,23 @@ func TestMetricsUseVLLMNames(t *testing.T) {
 	if h := fams["vllm:time_to_first_token_seconds"]; h == nil || h.GetMetric()[0].GetHistogram().GetSampleCount() != 2 {
 		t.Fatalf("TTFT histogram %v", h)
 	}
+	// A restart is visible as a new process start time, as with vLLM.
+	startTime := func() float64 {
+		_, raw := get(t, pod.URL()+"/metrics")
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+		if err != nil || fams["process_start_time_seconds"] == nil {
+			t.Fatalf("process_start_time_seconds missing: %v", err)
+		}
+		return fams["process_start_time_seconds"].GetMetric()[0].GetGauge().GetValue()
+	}
+	before := startTime()
+	if err := pod.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if after := startTime(); after <= before {
+		t.Fatalf("process start time %v after restart, was %v", after, before)
+	}
 }
 
 // TestTTFTOverHTTP checks TTFT through the HTTP surface: in model time (the

@@ -135,7 +135,7 @@ func (p *Pod) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pod) handleModels(w http.ResponseWriter, _ *http.Request) {
-	created := p.started.Load()
+	created := p.started.Load() / 1e9
 	list := modelList{Object: "list", Data: []modelCard{{
 		ID: p.cfg.Model, Object: "model", Created: created, OwnedBy: "vllm", Root: p.cfg.Model,
 		MaxModelLen: p.prof.MaxModelLen, Permission: []any{},

@@ -64,6 +64,10 @@ func (p *Pod) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 			`",gpu_memory_utilization="0.9",num_gpu_blocks="`+strconv.Itoa(p.prof.NumGPUBlocks)+
 			`",prefix_caching_hash_algo="`+p.cfg.HashAlgo.String()+`"`, 1)
 	}
+	// vLLM's /metrics carries the Prometheus client's process collector; a
+	// restart shows as a new start time.
+	header(b, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.")
+	line(b, "process_start_time_seconds", "", float64(p.started.Load())/1e9)
 	header(b, "prefixrouter_sim_time_scale", "gauge", "Model seconds simulated per wall-clock second; multiply wall-clock durations by it.")
 	line(b, "prefixrouter_sim_time_scale", "", p.cfg.TimeScale)
 	header(b, "prefixrouter_sim_lag_seconds", "gauge", "Wall-clock seconds the engine's model clock trails real time (0 unless the simulator is the bottleneck).")

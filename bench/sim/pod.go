@@ -29,7 +29,7 @@ type Pod struct {
 	loraIDs map[string]int64
 	faults  *faultBox
 	log     *slog.Logger
-	started atomic.Int64 // unix seconds of the current process generation
+	started atomic.Int64 // unix nanoseconds the current process generation started
 
 	engines []*engine
 	pubs    []*publish.Publisher
@@ -62,7 +62,7 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 		log:      cfg.Logger.With("pod", index),
 		httpDone: make(chan struct{}),
 	}
-	p.started.Store(time.Now().Unix())
+	p.started.Store(time.Now().UnixNano())
 	for i, l := range cfg.LoRAs {
 		p.loraIDs[l] = int64(i + 1)
 	}
@@ -358,7 +358,7 @@ func (p *Pod) restartLocked(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	p.started.Store(time.Now().Unix())
+	p.started.Store(time.Now().UnixNano())
 	return nil
 }
 
