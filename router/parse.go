@@ -619,7 +619,7 @@ func strictJSON(body []byte) error {
 				return bad(i, "malformed minus")
 			}
 		case c == '+':
-			if !(prev == 'e' || prev == 'E') {
+			if !(prev == 'e' || prev == 'E') || !isDigit(next) {
 				return bad(i, "misplaced plus")
 			}
 		case c == '.':
