@@ -559,12 +559,10 @@ func strictJSON(body []byte) error {
 		return &BadRequest{Message: fmt.Sprintf("request body is not valid JSON: %s at offset %d", what, i)}
 	}
 	n := len(body)
-	var prev byte // last significant byte outside strings
 	for i := 0; i < n; i++ {
 		c := body[i]
 		switch outClass[c] {
 		case clsPlain:
-			prev = c
 			continue
 		case clsSpace:
 			continue
@@ -601,35 +599,15 @@ func strictJSON(body []byte) error {
 					return bad(i, "invalid escape")
 				}
 			}
-			prev = '"'
 			continue
 		}
-		var next byte
-		if i+1 < n {
-			next = body[i+1]
-		}
-		tokenStart := prev == 0 || prev == '[' || prev == ',' || prev == ':'
 		switch {
-		case c == '0':
-			if (tokenStart || prev == '-') && isDigit(next) {
-				return bad(i, "leading zero")
+		case c == '-' || isDigit(c):
+			end, what := scanNumber(body, i)
+			if what != "" {
+				return bad(i, what)
 			}
-		case c == '-':
-			if !(tokenStart || prev == 'e' || prev == 'E') || !isDigit(next) {
-				return bad(i, "malformed minus")
-			}
-		case c == '+':
-			if !(prev == 'e' || prev == 'E') || !isDigit(next) {
-				return bad(i, "misplaced plus")
-			}
-		case c == '.':
-			if !isDigit(prev) || !isDigit(next) {
-				return bad(i, "malformed fraction")
-			}
-		case c == 'e' || c == 'E':
-			if !isDigit(prev) || !(isDigit(next) || next == '+' || next == '-') {
-				return bad(i, "malformed exponent")
-			}
+			i = end - 1
 		case c == 't' || c == 'f' || c == 'n':
 			lit := "null"
 			if c == 't' {
@@ -637,28 +615,87 @@ func strictJSON(body []byte) error {
 			} else if c == 'f' {
 				lit = "false"
 			}
-			if !tokenStart || !bytes.HasPrefix(body[i:], []byte(lit)) {
+			if !bytes.HasPrefix(body[i:], []byte(lit)) {
 				return bad(i, "unexpected word")
 			}
 			i += len(lit) - 1
-			c = 'l' // nothing but a separator may follow a literal
+			if i+1 < n && !isDelimiter(body[i+1]) {
+				return bad(i+1, "unexpected character after "+lit)
+			}
 		default:
 			return bad(i, "unexpected character")
 		}
-		prev = c
 	}
 	return nil
 }
 
+// scanNumber checks the JSON number grammar from body[i] on:
+// -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?, ending at a
+// delimiter. It returns the index after the number, or what is wrong.
+func scanNumber(body []byte, i int) (int, string) {
+	n := len(body)
+	j := i
+	if body[j] == '-' {
+		j++
+	}
+	switch {
+	case j >= n || !isDigit(body[j]):
+		return j, "malformed minus"
+	case body[j] == '0':
+		j++
+		if j < n && isDigit(body[j]) {
+			return j, "leading zero"
+		}
+	default:
+		for j < n && isDigit(body[j]) {
+			j++
+		}
+	}
+	if j < n && body[j] == '.' {
+		j++
+		if j >= n || !isDigit(body[j]) {
+			return j, "malformed fraction"
+		}
+		for j < n && isDigit(body[j]) {
+			j++
+		}
+	}
+	if j < n && (body[j] == 'e' || body[j] == 'E') {
+		j++
+		if j < n && (body[j] == '+' || body[j] == '-') {
+			j++
+		}
+		if j >= n || !isDigit(body[j]) {
+			return j, "malformed exponent"
+		}
+		for j < n && isDigit(body[j]) {
+			j++
+		}
+	}
+	if j < n && !isDelimiter(body[j]) {
+		return j, "malformed number"
+	}
+	return j, ""
+}
+
+// isDelimiter reports whether c may follow a number or literal.
+func isDelimiter(c byte) bool {
+	switch c {
+	case ',', ']', '}', ' ', '\t', '\r', '\n':
+		return true
+	}
+	return false
+}
+
 const (
-	clsCheck uint8 = iota // needs a closer look (numbers' edges, words)
-	clsPlain              // structure and digits 1-9
+	clsCheck uint8 = iota // needs a closer look (numbers, words)
+	clsPlain              // structure
 	clsSpace
 	clsQuote
 )
 
 var outClass, strSpecial = func() (out [256]uint8, str [256]bool) {
-	for _, c := range []byte("{}[]:,123456789") {
+	for _, c := range []byte("{}[]:,") {
 		out[c] = clsPlain
 	}
 	for _, c := range []byte(" \t\r\n") {
