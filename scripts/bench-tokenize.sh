@@ -18,4 +18,4 @@ for m in $models; do
   g="$(awk -v m="BenchmarkCorpus/$m" '$1 ~ "^"m"(-[0-9]+)?$" {for (i=1;i<=NF;i++) if ($(i+1)=="MB/s") print $i}' <<<"$go_out")"
   awk -v m="$m" -v g="$g" -v h="${hf[$m]}" 'BEGIN {printf "%-12s %10.2f %10.2f %6.2fx\n", m, g, h, g/h}'
 done
-GOMAXPROCS=1 $pin go test -run '^$' -bench 'BenchmarkChatTurn' -benchtime 20x ./tokenize/ | grep -E 'Benchmark|speedup'
+GOMAXPROCS=1 $pin go test -run '^$' -bench 'BenchmarkChatTurn' -benchtime 1000x ./tokenize/ | grep -E 'Benchmark|speedup'

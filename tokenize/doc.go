@@ -40,8 +40,18 @@
 //
 // Metrics (on Options.Registerer; labels model, mode, reason only):
 // prefixrouter_tokenize_requests_total, _errors_total, _seconds,
-// _remote_switches_total, _comparisons_total, _mode, and
-// prefixrouter_tokenize_segment_cache_{hits,misses}_total.
+// _remote_switches_total, _comparisons_total, _mode,
+// prefixrouter_tokenize_segment_cache_{hits,misses}_total and
+// prefixrouter_tokenize_message_cache_{hits,misses}_total.
+//
+// Caches (shared by all models of a registry; neither changes a result):
+// the segment cache (Options.CacheMaxBytes) holds the ids of text between
+// added tokens; the message cache (Options.MessageCacheMaxBytes) holds
+// decoded chat messages and tool definitions by the seeded hash of their raw
+// JSON, so turn N of a conversation decodes only its new messages. Template
+// values are immutable, so renders share cached messages safely; the
+// template still renders every message of every request, so the cache
+// cannot make a render depend on anything but that request.
 //
 // Parity: the encoder matches HF tokenizers exactly on the shared corpus
 // (bpe.TestParity) — the one known residual class is code points new in

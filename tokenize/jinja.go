@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,9 +11,13 @@ import (
 // jinjaChat renders a model's Jinja chat template the way transformers'
 // apply_chat_template does.
 type jinjaChat struct {
-	t        *chat.Template
-	specials map[string]string
-	extra    []string // additional_special_tokens
+	t *chat.Template
+	// base holds the variables every render sees the same: the special
+	// tokens and additional_special_tokens. Renders layer their own
+	// variables over it (chat.Template.RenderOver) rather than copy it.
+	base *chat.Vars
+	// values caches decoded messages and tools (nil: decode every time).
+	values *valueCache
 }
 
 func newJinjaChat(src string, specials map[string]string, extra []string) (*jinjaChat, error) {
@@ -22,7 +25,22 @@ func newJinjaChat(src string, specials map[string]string, extra []string) (*jinj
 	if err != nil {
 		return nil, err
 	}
-	return &jinjaChat{t: t, specials: specials, extra: extra}, nil
+	base := chat.NewDict()
+	// transformers: render(messages, tools, documents, add_generation_prompt,
+	// **special_tokens_map, **kwargs).
+	for _, k := range specialTokenNames {
+		if v, ok := specials[k]; ok {
+			base.Set(k, v)
+		}
+	}
+	if len(extra) > 0 {
+		l := &chat.List{}
+		for _, s := range extra {
+			l.Items = append(l.Items, s)
+		}
+		base.Set("additional_special_tokens", l)
+	}
+	return &jinjaChat{t: t, base: base}, nil
 }
 
 // TemplateError is a chat template that raised while rendering a request
@@ -33,16 +51,8 @@ type TemplateError struct{ Err error }
 func (e *TemplateError) Error() string { return "chat template: " + e.Err.Error() }
 func (e *TemplateError) Unwrap() error { return e.Err }
 
-func rawOrNone(raw []byte) (chat.Value, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return nil, nil
-	}
-	return chat.FromJSON(raw)
-}
-
 func (j *jinjaChat) render(req ChatRequest) (string, error) {
-	msgs, err := rawOrNone(req.Messages)
+	msgs, err := j.values.decode(req.Messages)
 	if err != nil {
 		return "", fmt.Errorf("messages: %w", err)
 	}
@@ -50,30 +60,18 @@ func (j *jinjaChat) render(req ChatRequest) (string, error) {
 	if !ok {
 		return "", errors.New("messages: want a JSON array")
 	}
-	tools, err := rawOrNone(req.Tools)
+	tools, err := j.values.decode(req.Tools)
 	if err != nil {
 		return "", fmt.Errorf("tools: %w", err)
 	}
-	kwargs, err := rawOrNone(req.ChatTemplateKwargs)
+	kwargs, err := j.values.decode(req.ChatTemplateKwargs)
 	if err != nil {
 		return "", fmt.Errorf("chat_template_kwargs: %w", err)
 	}
+	// Later keys win, as in transformers' render call: kwargs override the
+	// special tokens in base, and the request's own fields cannot be
+	// overridden by kwargs.
 	vars := chat.NewDict()
-	// transformers: render(messages, tools, documents, add_generation_prompt,
-	// **special_tokens_map, **kwargs); later keys win here, except that the
-	// request's own fields cannot be overridden by kwargs.
-	for _, k := range specialTokenNames {
-		if v, ok := j.specials[k]; ok {
-			vars.Set(k, v)
-		}
-	}
-	if len(j.extra) > 0 {
-		l := &chat.List{}
-		for _, s := range j.extra {
-			l.Items = append(l.Items, s)
-		}
-		vars.Set("additional_special_tokens", l)
-	}
 	if kw, ok := kwargs.(*chat.Dict); ok {
 		for _, k := range kw.Keys() {
 			v, _ := kw.Get(k)
@@ -88,7 +86,7 @@ func (j *jinjaChat) render(req ChatRequest) (string, error) {
 		vars.Set("documents", nil)
 	}
 	vars.Set("add_generation_prompt", req.AddGenerationPrompt)
-	out, err := j.t.Render(vars)
+	out, err := j.t.RenderOver(j.base, vars)
 	if err != nil {
 		return "", &TemplateError{Err: err}
 	}

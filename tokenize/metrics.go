@@ -18,6 +18,8 @@ type metrics struct {
 	mode        *prometheus.GaugeVec
 	cacheHits   prometheus.Counter
 	cacheMisses prometheus.Counter
+	msgHits     prometheus.Counter
+	msgMisses   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -55,6 +57,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "prefixrouter_tokenize_segment_cache_misses_total",
 			Help: "Text segments encoded because the segment cache did not hold them.",
 		}),
+		msgHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_message_cache_hits_total",
+			Help: "Chat messages and tool definitions whose decoded value came from the message cache.",
+		}),
+		msgMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prefixrouter_tokenize_message_cache_misses_total",
+			Help: "Chat messages and tool definitions decoded because the message cache did not hold them.",
+		}),
 	}
 	if reg != nil {
 		m.requests = register(reg, m.requests)
@@ -65,6 +75,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.mode = register(reg, m.mode)
 		m.cacheHits = register(reg, m.cacheHits)
 		m.cacheMisses = register(reg, m.cacheMisses)
+		m.msgHits = register(reg, m.msgHits)
+		m.msgMisses = register(reg, m.msgMisses)
 	}
 	return m
 }

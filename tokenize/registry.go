@@ -32,6 +32,11 @@ type Options struct {
 	// CacheMaxBytes is the segment cache budget shared by all models
 	// (default 256 MiB; negative disables the cache).
 	CacheMaxBytes int64
+	// MessageCacheMaxBytes is the budget of the decoded chat message cache
+	// shared by all models (default 64 MiB; negative disables it). It
+	// saves re-decoding the earlier turns of a conversation; renders are
+	// the same with or without it.
+	MessageCacheMaxBytes int64
 }
 
 // Registry holds the served models by name.
@@ -41,6 +46,7 @@ type Registry struct {
 	client  *http.Client
 	metrics *metrics
 	cache   *segmentCache
+	values  *valueCache
 	compare chan struct{}
 
 	mu     sync.RWMutex
@@ -65,6 +71,9 @@ func NewRegistry(opts Options) *Registry {
 	if opts.CacheMaxBytes == 0 {
 		opts.CacheMaxBytes = 256 << 20
 	}
+	if opts.MessageCacheMaxBytes == 0 {
+		opts.MessageCacheMaxBytes = 64 << 20
+	}
 	r := &Registry{
 		opts:    opts,
 		log:     opts.Logger.With("component", "tokenize"),
@@ -75,6 +84,9 @@ func NewRegistry(opts Options) *Registry {
 	}
 	if opts.CacheMaxBytes > 0 {
 		r.cache = newSegmentCache(opts.CacheMaxBytes, r.metrics)
+	}
+	if opts.MessageCacheMaxBytes > 0 {
+		r.values = newValueCache(opts.MessageCacheMaxBytes, r.metrics)
 	}
 	return r
 }
@@ -131,6 +143,9 @@ func (r *Registry) Add(name, path string, mode Mode) (*Model, error) {
 		if err := loadLocal(m, path, r.cache.forModel(id)); err != nil {
 			return nil, fmt.Errorf("model %s: %w", name, err)
 		}
+		if j, ok := m.chat.(*jinjaChat); ok {
+			j.values = r.values
+		}
 	}
 	m.mode.Store(int32(mode))
 	r.metrics.setMode(name, mode)
@@ -168,11 +183,12 @@ func (r *Registry) Names() []string {
 	return out
 }
 
-// Close releases the segment cache.
+// Close releases the segment and message caches.
 func (r *Registry) Close() {
 	if r.cache != nil {
 		r.cache.close()
 	}
+	r.values.close()
 }
 
 // NeedsBaseURL reports whether a TokenizeChat (chat=true) or

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"slices"
 	"strings"
 )
 
@@ -24,23 +23,36 @@ const (
 	maxRange        = 100_000
 )
 
+// frame is one scope. Scopes hold a handful of names (the loop variable,
+// loop, a few sets), so an ordered Dict's slice scan beats a Go map, and a
+// frame costs no allocation until something is set in it.
 type frame struct {
-	vars   map[string]Value
+	vars   Dict
 	parent *frame
+	// globals are the render's variables, read in place rather than copied
+	// per render: the outermost scope, below anything set at top level.
+	globals *Dict
 }
 
 func (f *frame) lookup(n string) (Value, bool) {
 	for ; f != nil; f = f.parent {
-		if v, ok := f.vars[n]; ok {
+		if v, ok := f.vars.Get(n); ok {
 			return v, true
+		}
+		if f.globals != nil {
+			if v, ok := f.globals.Get(n); ok {
+				return v, true
+			}
 		}
 	}
 	return nil, false
 }
 
+func (f *frame) set(n string, v Value) { f.vars.Set(n, v) }
+
 type evaluator struct {
 	out      *strings.Builder
-	root     *frame
+	strs     []string // operands of the "+" chains being evaluated
 	steps    int
 	maxSteps int
 	depth    int
@@ -86,16 +98,18 @@ func (e *evaluator) exec(s stmt, f *frame) error {
 		e.out.WriteString(s.s)
 	case *outputNode:
 		if x, ok := isPlusChain(s.e); ok {
-			strs, _, v, err := e.plusParts(x, f)
+			start, _, v, isStr, err := e.plusParts(x, f)
 			if err != nil {
 				return err
 			}
-			if strs == nil {
+			if !isStr {
 				e.out.WriteString(str(v))
+				return nil
 			}
-			for _, p := range strs {
+			for _, p := range e.strs[start:] {
 				e.out.WriteString(p)
 			}
+			e.strs = e.strs[:start]
 			return nil
 		}
 		v, err := e.eval(s.e, f)
@@ -119,7 +133,7 @@ func (e *evaluator) exec(s stmt, f *frame) error {
 	case *setNode:
 		return e.execSet(s, f)
 	case *macroNode:
-		f.vars[s.n()] = &macro{n: s, closure: f}
+		f.set(s.n(), &macro{n: s, closure: f})
 	case *callBlockNode:
 		caller := &macro{n: &macroNode{name: "caller", body: s.body}, closure: f}
 		c := *s.call
@@ -130,6 +144,9 @@ func (e *evaluator) exec(s stmt, f *frame) error {
 		args, kw, err := e.evalArgs(c.args, c.kwKeys, c.kwVals, f)
 		if err != nil {
 			return err
+		}
+		if kw == noKwargs {
+			kw = NewDict()
 		}
 		kw.Set("caller", caller)
 		v, err := e.call(fn, args, kw)
@@ -191,7 +208,7 @@ func (e *evaluator) execSet(s *setNode, f *frame) error {
 		return nil
 	}
 	if len(s.names) == 1 {
-		f.vars[s.names[0]] = v
+		f.set(s.names[0], v)
 		return nil
 	}
 	items, err := iterate(v)
@@ -202,7 +219,7 @@ func (e *evaluator) execSet(s *setNode, f *frame) error {
 		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.names), len(items))
 	}
 	for i, n := range s.names {
-		f.vars[n] = items[i]
+		f.set(n, items[i])
 	}
 	return nil
 }
@@ -216,10 +233,10 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 	if err != nil {
 		return err
 	}
-	inner := &frame{vars: map[string]Value{}, parent: f}
+	inner := &frame{parent: f}
 	bind := func(v Value) error {
 		if len(s.targets) == 1 {
-			inner.vars[s.targets[0]] = v
+			inner.set(s.targets[0], v)
 			return nil
 		}
 		parts, err := iterate(v)
@@ -230,7 +247,7 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 			return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.targets), len(parts))
 		}
 		for i, t := range s.targets {
-			inner.vars[t] = parts[i]
+			inner.set(t, parts[i])
 		}
 		return nil
 	}
@@ -256,7 +273,7 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 		return e.render(s.els, f)
 	}
 	loop := &loopInfo{length: len(items), items: items}
-	inner.vars["loop"] = loop
+	inner.set("loop", loop)
 	for i, v := range items {
 		loop.index0 = i
 		if err := bind(v); err != nil {
@@ -313,11 +330,21 @@ func (e *evaluator) eval(x expr, f *frame) (Value, error) {
 		if g, ok := globals[x.n]; ok {
 			return g, nil
 		}
-		return Undefined{format: "'%s' is undefined", args: []any{x.n}}, nil
+		return x.undef, nil
 	case *attrExpr:
 		obj, err := e.eval(x.obj, f)
 		if err != nil {
 			return nil, err
+		}
+		if d, ok := obj.(*Dict); ok {
+			// getAttr's dict case, with the Undefined prebuilt.
+			if m := dictMethod(d, x.name); m != nil {
+				return m, nil
+			}
+			if v, ok := d.Get(x.name); ok {
+				return v, nil
+			}
+			return x.undefDict, nil
 		}
 		return getAttr(obj, x.name)
 	case *itemExpr:
@@ -486,6 +513,11 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
+// noKwargs is the kwargs of every call that passes none. Callees only read
+// kwargs, so one shared empty dict spares an allocation per call; the one
+// writer, a call block adding "caller", makes its own.
+var noKwargs = &Dict{}
+
 func (e *evaluator) evalArgs(args []expr, kk []string, kv []expr, f *frame) ([]Value, *Dict, error) {
 	out := make([]Value, len(args))
 	for i, a := range args {
@@ -494,6 +526,9 @@ func (e *evaluator) evalArgs(args []expr, kk []string, kv []expr, f *frame) ([]V
 			return nil, nil, err
 		}
 		out[i] = v
+	}
+	if len(kk) == 0 {
+		return out, noKwargs, nil
 	}
 	kw := NewDict()
 	for i, k := range kk {
@@ -524,7 +559,7 @@ func (e *evaluator) call(fn Value, args []Value, kw *Dict) (Value, error) {
 }
 
 func (e *evaluator) callMacro(m *macro, args []Value, kw *Dict) (Value, error) {
-	fr := &frame{vars: map[string]Value{}, parent: m.closure}
+	fr := &frame{parent: m.closure}
 	n := m.n
 	if len(args) > len(n.params) {
 		return nil, fmt.Errorf("TypeError: macro '%s' takes not more than %d argument(s)", n.name, len(n.params))
@@ -532,29 +567,29 @@ func (e *evaluator) callMacro(m *macro, args []Value, kw *Dict) (Value, error) {
 	for i, p := range n.params {
 		switch {
 		case i < len(args):
-			fr.vars[p] = args[i]
+			fr.set(p, args[i])
 		default:
 			if v, ok := kw.Get(p); ok {
-				fr.vars[p] = v
+				fr.set(p, v)
 			} else if n.defaults[i] != nil {
 				v, err := e.eval(n.defaults[i], fr)
 				if err != nil {
 					return nil, err
 				}
-				fr.vars[p] = v
+				fr.set(p, v)
 			} else {
-				fr.vars[p] = Undefined{format: "parameter '%s' was not provided", args: []any{p}}
+				fr.set(p, Undefined{format: "parameter '%s' was not provided", args: []any{p}})
 			}
 		}
 	}
 	if c, ok := kw.Get("caller"); ok {
-		fr.vars["caller"] = c
+		fr.set("caller", c)
 	}
 	extra := &List{}
 	for i := len(n.params); i < len(args); i++ {
 		extra.Items = append(extra.Items, args[i])
 	}
-	fr.vars["varargs"] = extra
+	fr.set("varargs", extra)
 	saved := e.out
 	var buf strings.Builder
 	e.out = &buf
@@ -571,8 +606,9 @@ func (e *evaluator) evalSlice(x *sliceExpr, f *frame) (Value, error) {
 	if err != nil {
 		return nil, err
 	}
-	var bounds [3]*int64
-	for i, b := range []expr{x.start, x.stop, x.step} {
+	var bounds [3]int64
+	var set [3]bool
+	for i, b := range [3]expr{x.start, x.stop, x.step} {
 		if b == nil {
 			continue
 		}
@@ -587,153 +623,137 @@ func (e *evaluator) evalSlice(x *sliceExpr, f *frame) (Value, error) {
 		if !ok {
 			return nil, fmt.Errorf("TypeError: slice indices must be integers or None")
 		}
-		bounds[i] = &n
+		bounds[i], set[i] = n, true
 	}
-	var items []Value
-	isStr := false
 	switch o := obj.(type) {
 	case *List:
-		items = o.Items
-	case string:
-		isStr = true
-		for _, r := range o {
-			items = append(items, string(r))
+		start, step, count, err := pySlice(len(o.Items), bounds, set)
+		if err != nil {
+			return nil, err
 		}
-	case Undefined:
-		return nil, o.err()
-	default:
-		return nil, fmt.Errorf("TypeError: '%s' object is not subscriptable", typeName(obj))
-	}
-	sel, err := pySlice(len(items), bounds)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Value, len(sel))
-	for i, j := range sel {
-		out[i] = items[j]
-	}
-	if isStr {
+		out := make([]Value, count)
+		for i := range out {
+			out[i] = o.Items[start+int64(i)*step]
+		}
+		return &List{Items: out}, nil
+	case string:
+		rs := []rune(o)
+		start, step, count, err := pySlice(len(rs), bounds, set)
+		if err != nil {
+			return nil, err
+		}
 		var b strings.Builder
-		for _, v := range out {
-			b.WriteString(v.(string))
+		for i := 0; i < count; i++ {
+			b.WriteRune(rs[start+int64(i)*step])
 		}
 		return b.String(), nil
+	case Undefined:
+		return nil, o.err()
 	}
-	return &List{Items: out}, nil
+	return nil, fmt.Errorf("TypeError: '%s' object is not subscriptable", typeName(obj))
 }
 
-// pySlice returns the indices Python's seq[start:stop:step] selects.
-func pySlice(n int, b [3]*int64) ([]int, error) {
-	step := int64(1)
-	if b[2] != nil {
-		step = *b[2]
+// pySlice is what Python's seq[start:stop:step] selects from n items (a
+// bound is used where set says it was given): the first index, the step and
+// the number of indices. Counting instead of listing the indices keeps
+// messages[::-1], which chat templates do on every render, to one
+// allocation.
+func pySlice(n int, b [3]int64, set [3]bool) (start, step int64, count int, err error) {
+	step = 1
+	if set[2] {
+		step = b[2]
 	}
 	if step == 0 {
-		return nil, errors.New("ValueError: slice step cannot be zero")
+		return 0, 0, 0, errors.New("ValueError: slice step cannot be zero")
 	}
 	ln := int64(n)
-	clamp := func(p *int64, def int64, lo, hi int64) int64 {
-		if p == nil {
+	clamp := func(i int, def, lo, hi int64) int64 {
+		if !set[i] {
 			return def
 		}
-		v := *p
+		v := b[i]
 		if v < 0 {
 			v += ln
 		}
 		return max(lo, min(v, hi))
 	}
-	var out []int
 	if step > 0 {
-		start, stop := clamp(b[0], 0, 0, ln), clamp(b[1], ln, 0, ln)
-		for i := start; i < stop; {
-			out = append(out, int(i))
-			if step >= stop-i { // also avoids overflow with huge steps
-				break
-			}
-			i += step
+		start, stop := clamp(0, 0, 0, ln), clamp(1, ln, 0, ln)
+		if start >= stop {
+			return start, step, 0, nil
 		}
-	} else {
-		start, stop := clamp(b[0], ln-1, -1, ln-1), clamp(b[1], -1, -1, ln-1)
-		if b[1] != nil && *b[1] < 0 && *b[1]+ln < 0 {
-			stop = -1
-		}
-		for i := start; i > stop; {
-			out = append(out, int(i))
-			if -step >= i-stop || step == math.MinInt64 {
-				break
-			}
-			i += step
-		}
+		// stop-start is at most n, so neither this nor the caller's
+		// start+i*step can overflow, however large the step.
+		return start, step, int(1 + (stop-start-1)/step), nil
 	}
-	return out, nil
+	start, stop := clamp(0, ln-1, -1, ln-1), clamp(1, -1, -1, ln-1)
+	if start <= stop {
+		return start, step, 0, nil
+	}
+	if step == math.MinInt64 {
+		return start, step, 1, nil // -step overflows; one index fits anyway
+	}
+	return start, step, int(1 + (start-stop-1)/(-step)), nil
 }
 
 // evalPlusChain evaluates a left-deep a + b + c ... in Python's order but
 // without a new string per "+" (chat templates concatenate whole messages
 // this way).
 func (e *evaluator) evalPlusChain(x *binExpr, f *frame) (Value, error) {
-	strs, total, v, err := e.plusParts(x, f)
-	if err != nil || strs == nil {
+	start, total, v, isStr, err := e.plusParts(x, f)
+	if err != nil || !isStr {
 		return v, err
 	}
-	return joinStrings(strs, total), nil
+	s := joinStrings(e.strs[start:], total)
+	e.strs = e.strs[:start]
+	return s, nil
 }
 
 func isPlusChain(x expr) (*binExpr, bool) {
 	b, ok := x.(*binExpr)
-	if !ok || b.op != "+" {
-		return nil, false
-	}
-	l, ok := b.l.(*binExpr)
-	return b, ok && l.op == "+"
+	return b, ok && len(b.chain) > 2
 }
 
 // plusParts evaluates the operands of a "+" chain. While they are all
-// strings it returns them (and their total length) unjoined, so output can
-// write them directly; otherwise it returns Python's pairwise result.
-func (e *evaluator) plusParts(x *binExpr, f *frame) ([]string, int, Value, error) {
-	var ops []expr
-	for n := x; ; {
-		ops = append(ops, n.r)
-		l, ok := n.l.(*binExpr)
-		if !ok || l.op != "+" {
-			ops = append(ops, n.l)
-			break
-		}
-		n = l
-	}
-	slices.Reverse(ops)
-	strs := make([]string, 0, len(ops))
-	total := 0
-	for i, o := range ops {
+// strings it leaves them unjoined on e.strs from start on, with their total
+// length, and isStr true: output then writes them directly, and the caller
+// truncates e.strs back to start. Otherwise it returns Python's pairwise
+// result. e.strs is a stack shared by nested chains (an operand may itself
+// render a macro with chains), so no chain allocates its own list.
+func (e *evaluator) plusParts(x *binExpr, f *frame) (start, total int, v Value, isStr bool, err error) {
+	start = len(e.strs)
+	for i, o := range x.chain {
 		v, err := e.eval(o, f)
 		if err != nil {
-			return nil, 0, nil, err
+			e.strs = e.strs[:start]
+			return start, 0, nil, false, err
 		}
 		if vs, ok := v.(string); ok {
-			strs = append(strs, vs)
+			e.strs = append(e.strs, vs)
 			total += len(vs)
 			continue
 		}
 		// Python's pairwise semantics from here on, in order.
 		acc := v
 		if i > 0 {
-			if acc, err = binop("+", joinStrings(strs, total), v); err != nil {
-				return nil, 0, nil, err
-			}
+			acc, err = binop("+", joinStrings(e.strs[start:], total), v)
 		}
-		for _, o := range ops[i+1:] {
+		e.strs = e.strs[:start]
+		if err != nil {
+			return start, 0, nil, false, err
+		}
+		for _, o := range x.chain[i+1:] {
 			v, err := e.eval(o, f)
 			if err != nil {
-				return nil, 0, nil, err
+				return start, 0, nil, false, err
 			}
 			if acc, err = binop("+", acc, v); err != nil {
-				return nil, 0, nil, err
+				return start, 0, nil, false, err
 			}
 		}
-		return nil, 0, acc, nil
+		return start, 0, acc, false, nil
 	}
-	return strs, total, nil, nil
+	return start, total, nil, true, nil
 }
 
 func joinStrings(strs []string, total int) string {
@@ -932,6 +952,12 @@ func asFloat(v Value) (float64, bool) {
 
 // equal is Python ==.
 func equal(a, b Value) bool {
+	// Strings first: templates compare roles and types to literals all the
+	// time, and a str never equals a number.
+	if as, ok := a.(string); ok {
+		bs, ok := b.(string)
+		return ok && as == bs
+	}
 	if af, ok := asFloat(a); ok {
 		if bf, ok := asFloat(b); ok {
 			return af == bf

@@ -145,3 +145,45 @@ func noNegZero(v any) any {
 	}
 	return v
 }
+
+// FuzzArrayElems checks ArrayElems + FromJSONElem against FromJSON: when
+// the split succeeds and every element decodes, FromJSON gives the list of
+// those values; a valid array always splits; and whatever FromJSON rejects
+// never decodes element by element.
+func FuzzArrayElems(f *testing.F) {
+	for _, s := range []string{`[]`, ` [1, "a\"b\\", {"x":[1,{}]}, null] `, `[1,]`, `[,1]`, `[1 2]`, `[{"a":"]"}]`, `["\\"]`, `[[[]]]`, `[{]}]`, `[1]x`, `[tru]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		whole, wholeErr := FromJSON(raw)
+		elems, ok := ArrayElems(raw)
+		if !ok {
+			if l, isList := whole.(*List); wholeErr == nil && isList {
+				t.Fatalf("valid array %q (%d items) did not split", raw, len(l.Items))
+			}
+			return
+		}
+		items := make([]Value, len(elems))
+		for i, e := range elems {
+			v, err := FromJSONElem(e)
+			if err != nil {
+				return // the caller falls back to FromJSON
+			}
+			items[i] = v
+		}
+		if wholeErr != nil {
+			t.Fatalf("%q: elements %q decode but FromJSON fails: %v", raw, elems, wholeErr)
+		}
+		l, isList := whole.(*List)
+		if !isList || len(l.Items) != len(items) {
+			t.Fatalf("%q: split into %d elements, FromJSON gives %#v", raw, len(items), whole)
+		}
+		for i := range items {
+			a, _ := toJSON(items[i], nil, false)
+			b, _ := toJSON(l.Items[i], nil, false)
+			if a != b || typeName(items[i]) != typeName(l.Items[i]) {
+				t.Fatalf("%q element %d: %s, FromJSON %s", raw, i, a, b)
+			}
+		}
+	})
+}

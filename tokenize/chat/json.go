@@ -338,3 +338,138 @@ func scanBytes(seg []byte) (ascii bool, ctrl int) {
 	}
 	return high&hi == 0, -1
 }
+
+// ArrayElems splits raw, a JSON array, into the raw bytes of its elements
+// without decoding them, so that a caller can reuse the decoded value of an
+// element it has seen before (chat messages repeat turn after turn). It only
+// finds boundaries: each element must still go through FromJSONElem, which
+// validates it. ok is false when raw is not an array whose boundaries this
+// scan can find; the caller then decodes raw with FromJSON, whose error (if
+// any) is the one to report.
+//
+// If ok is true and FromJSONElem accepts every element, FromJSON(raw) is a
+// *List of exactly those values: the scan accepts only '[' elem (',' elem)*
+// ']' with JSON whitespace between, and an element whose extent the scan got
+// wrong cannot be a single valid JSON value.
+func ArrayElems(raw []byte) (elems [][]byte, ok bool) {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, false
+	}
+	i = skipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return [][]byte{}, skipWS(raw, i+1) == len(raw)
+	}
+	for {
+		end, ok := elemEnd(raw, i)
+		if !ok {
+			return nil, false
+		}
+		elems = append(elems, raw[i:end])
+		i = skipWS(raw, end)
+		if i >= len(raw) {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipWS(raw, i+1)
+		case ']':
+			return elems, skipWS(raw, i+1) == len(raw)
+		default:
+			return nil, false
+		}
+	}
+}
+
+// FromJSONElem decodes one element found by ArrayElems exactly as FromJSON
+// decodes it inside its array (one level down, for the depth limit).
+func FromJSONElem(raw []byte) (Value, error) {
+	p := &jsonParser{s: raw}
+	v, err := p.value(1)
+	if err != nil {
+		return nil, err
+	}
+	if p.i != len(p.s) {
+		return nil, fmt.Errorf("JSON: trailing data at offset %d", p.i)
+	}
+	return v, nil
+}
+
+func skipWS(s []byte, i int) int {
+	for i < len(s) {
+		switch s[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// elemEnd returns the end of the value starting at s[i]: the matching close
+// of an object or array, the closing quote of a string, or the next
+// delimiter after a scalar. Brackets are counted, not matched by kind: a
+// mismatch only makes an element that FromJSONElem rejects.
+func elemEnd(s []byte, i int) (int, bool) {
+	if i >= len(s) {
+		return 0, false
+	}
+	switch s[i] {
+	case '"':
+		return strEnd(s, i)
+	case '{', '[':
+		depth := 0
+		for i < len(s) {
+			switch s[i] {
+			case '"':
+				end, ok := strEnd(s, i)
+				if !ok {
+					return 0, false
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	case ',', ']', '}', ':':
+		return 0, false
+	}
+	for j := i; j < len(s); j++ {
+		switch s[j] {
+		case ',', ']', ' ', '\t', '\n', '\r':
+			return j, true
+		}
+	}
+	return 0, false
+}
+
+// strEnd returns the offset just past the string starting at s[i] (a
+// quote): the first quote not escaped by an odd run of backslashes.
+// Message texts are most of a request, so it jumps quote to quote.
+func strEnd(s []byte, i int) (int, bool) {
+	j := i + 1
+	for {
+		k := bytes.IndexByte(s[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		q := j + k
+		n := 0
+		for b := q - 1; b > i && s[b] == '\\'; b-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
+	}
+}

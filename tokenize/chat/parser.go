@@ -50,10 +50,19 @@ type (
 
 type (
 	literal  struct{ v Value }
-	nameExpr struct{ n string }
+	nameExpr struct {
+		n string
+		// undef is the Undefined a missing name evaluates to, built once:
+		// templates probe optional variables on every render.
+		undef Value
+	}
 	attrExpr struct {
 		obj  expr
 		name string
+		// undefDict is the Undefined a dict without the key gives, built
+		// once: templates probe optional message keys (tool_calls,
+		// reasoning_content) on every message.
+		undefDict Value
 	}
 	itemExpr  struct{ obj, idx expr }
 	sliceExpr struct {
@@ -81,6 +90,10 @@ type (
 	binExpr struct {
 		op   string
 		l, r expr
+		// chain lists the operands of a left-nested a + b + c ... ending
+		// here, flattened at parse time so that evaluating it allocates
+		// nothing (see plusParts); nil for other operators.
+		chain []expr
 	}
 	unaryExpr struct {
 		op string
@@ -524,7 +537,7 @@ func (p *parser) parseOr() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{"or", l, r}
+		l = &binExpr{op: "or", l: l, r: r}
 	}
 	return l, nil
 }
@@ -540,7 +553,7 @@ func (p *parser) parseAnd() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{"and", l, r}
+		l = &binExpr{op: "and", l: l, r: r}
 	}
 	return l, nil
 }
@@ -603,7 +616,17 @@ func (p *parser) parseMath1() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{op, l, r}
+		b := &binExpr{op: op, l: l, r: r}
+		if op == "+" {
+			if lb, ok := l.(*binExpr); ok && lb.op == "+" {
+				// lb is only ever evaluated as part of this chain, so
+				// its chain's array may be extended in place.
+				b.chain = append(lb.chain, r)
+			} else {
+				b.chain = []expr{l, r}
+			}
+		}
+		l = b
 	}
 	return l, nil
 }
@@ -619,7 +642,7 @@ func (p *parser) parseConcat() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{"~", l, r}
+		l = &binExpr{op: "~", l: l, r: r}
 	}
 	return l, nil
 }
@@ -635,7 +658,7 @@ func (p *parser) parseMath2() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{op, l, r}
+		l = &binExpr{op: op, l: l, r: r}
 	}
 	return l, nil
 }
@@ -651,7 +674,7 @@ func (p *parser) parsePow() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &binExpr{"**", l, r}
+		l = &binExpr{op: "**", l: l, r: r}
 	}
 	return l, nil
 }
@@ -692,7 +715,7 @@ func (p *parser) parsePrimary() (expr, error) {
 		case "none", "None":
 			return &literal{nil}, nil
 		}
-		return &nameExpr{t.val}, nil
+		return &nameExpr{n: t.val, undef: Undefined{format: "'%s' is undefined", args: []any{t.val}}}, nil
 	case tString:
 		s := t.val
 		// Adjacent string literals concatenate, as in Python.
@@ -790,7 +813,7 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 			t := p.next()
 			switch t.kind {
 			case tName:
-				e = &attrExpr{e, t.val}
+				e = &attrExpr{obj: e, name: t.val, undefDict: Undefined{format: "'dict object' has no attribute '%s'", args: []any{t.val}}}
 			case tInt:
 				v, _ := strconv.ParseInt(t.val, 10, 64)
 				e = &itemExpr{e, &literal{v}}

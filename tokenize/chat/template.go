@@ -44,22 +44,29 @@ func Compile(src string) (*Template, error) {
 // Vars are the template's variables, in insertion order.
 type Vars = Dict
 
-// Render renders with the given variables. Errors carry Python's exception
-// class name first ("TypeError: ...", "UndefinedError: ...",
-// "TemplateError: ..." for raise_exception).
+// Render renders with the given variables, which it only reads. Errors
+// carry Python's exception class name first ("TypeError: ...",
+// "UndefinedError: ...", "TemplateError: ..." for raise_exception).
 func (t *Template) Render(vars *Vars) (string, error) {
+	return t.render(&frame{globals: vars})
+}
+
+// RenderOver renders with vars layered over base: a name vars lacks is
+// looked up in base, as if base's keys had been set first and vars' after.
+// Variables that are the same for every render (a model's special tokens)
+// are then built once instead of copied into each render's variables.
+func (t *Template) RenderOver(base, vars *Vars) (string, error) {
+	return t.render(&frame{globals: vars, parent: &frame{globals: base}})
+}
+
+func (t *Template) render(root *frame) (string, error) {
 	var out strings.Builder
 	out.Grow(int(t.sizeHint.Load()))
-	root := &frame{vars: make(map[string]Value, vars.Len())}
-	for _, k := range vars.Keys() {
-		v, _ := vars.Get(k)
-		root.vars[k] = v
-	}
 	now := t.Now
 	if now == nil {
 		now = time.Now
 	}
-	e := &evaluator{out: &out, root: root, maxSteps: t.MaxSteps, now: func() timeLike { return now() }}
+	e := &evaluator{out: &out, maxSteps: t.MaxSteps, now: func() timeLike { return now() }}
 	if e.maxSteps <= 0 {
 		e.maxSteps = defaultMaxSteps
 	}

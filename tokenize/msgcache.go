@@ -1,0 +1,115 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+
+	"github.com/dgraph-io/ristretto/v2"
+	"github.com/zeebo/xxh3"
+
+	"github.com/prefixrouter/prefixrouter/tokenize/chat"
+)
+
+// valueCache holds decoded chat messages (and tool definitions) by the hash
+// of their raw JSON. Turn N of a conversation re-sends turns 1..N-1 byte for
+// byte, and decoding them again was ~40% of rendering a long chat. Sharing
+// a decoded value between requests is safe because template values are
+// immutable: chat templates run sandboxed with immutable lists and dicts
+// (list.append and friends raise, namespace() and dict() copy), so one
+// render cannot change what another sees.
+//
+// The cache only decodes: the template still sees every message of every
+// request, so the render stays exact whatever the template reads.
+type valueCache struct {
+	c       *ristretto.Cache[string, chat.Value]
+	seed    uint64
+	metrics *metrics
+}
+
+// Elements shorter than this are decoded directly: a hash and a lookup cost
+// about as much as decoding them.
+const minCachedElem = 32
+
+func newValueCache(maxBytes int64, m *metrics) *valueCache {
+	c, err := ristretto.NewCache(&ristretto.Config[string, chat.Value]{
+		NumCounters: max(maxBytes/100, 1000), // ~10 counters per expected message
+		MaxCost:     maxBytes,
+		BufferItems: 64,
+		KeyToHash: func(k string) (uint64, uint64) {
+			return binary.LittleEndian.Uint64([]byte(k[:8])), binary.LittleEndian.Uint64([]byte(k[8:16]))
+		},
+	})
+	if err != nil {
+		// Only reachable with a zero NumCounters or MaxCost, which the
+		// arithmetic above and the caller rule out.
+		panic(err)
+	}
+	// A per-process seed: clients choose message bytes, and a known seed
+	// would let one craft a collision with another client's message.
+	return &valueCache{c: c, seed: rand.Uint64(), metrics: m}
+}
+
+func (v *valueCache) close() {
+	if v != nil {
+		v.c.Close()
+	}
+}
+
+// key is the seeded 128-bit XXH3 of an element's raw bytes: the decoded
+// value is a function of those bytes alone (FromJSONElem), so nothing else
+// belongs in the key.
+func (v *valueCache) key(raw []byte) string {
+	h := xxh3.Hash128Seed(raw, v.seed)
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], h.Lo)
+	binary.LittleEndian.PutUint64(b[8:], h.Hi)
+	return string(b[:])
+}
+
+// decode turns a request's raw JSON field into a template value: None when
+// empty, else the value and error chat.FromJSON gives, with the elements of
+// an array served from the cache when seen before. A nil cache decodes
+// everything.
+func (v *valueCache) decode(raw []byte) (chat.Value, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if v == nil {
+		return chat.FromJSON(raw)
+	}
+	elems, ok := chat.ArrayElems(raw)
+	if !ok || len(elems) == 0 {
+		return chat.FromJSON(raw)
+	}
+	l := &chat.List{Items: make([]chat.Value, len(elems))}
+	for i, e := range elems {
+		if len(e) < minCachedElem {
+			x, err := chat.FromJSONElem(e)
+			if err != nil {
+				// Report the error FromJSON gives for the whole array
+				// (its offsets), exactly as without the cache.
+				return chat.FromJSON(raw)
+			}
+			l.Items[i] = x
+			continue
+		}
+		k := v.key(e)
+		if x, ok := v.c.Get(k); ok {
+			v.metrics.msgHits.Inc()
+			l.Items[i] = x
+			continue
+		}
+		v.metrics.msgMisses.Inc()
+		x, err := chat.FromJSONElem(e)
+		if err != nil {
+			return chat.FromJSON(raw)
+		}
+		l.Items[i] = x
+		// Cost: the decoded strings are about the raw size; the rest is
+		// dict and interface overhead.
+		v.c.Set(k, x, int64(len(e))+128)
+	}
+	return l, nil
+}
