@@ -193,32 +193,43 @@ func (h *Hasher) HashBlock(parent Digest, tokens []uint32, extra []any) (Digest,
 // Digests chains every full block of tokens from the root, appending to dst.
 // Trailing tokens that do not fill a block are ignored, as in vLLM.
 func (h *Hasher) Digests(dst []Digest, tokens []uint32, extras RequestExtras) ([]Digest, error) {
-	err := h.chain(tokens, extras, func(d Digest) { dst = append(dst, d) })
+	err := h.chain(tokens, extras, &dst, nil)
 	return dst, err
 }
 
 // Keys implements Keyer: the wire values of every full block.
 func (h *Hasher) Keys(dst []Key, tokens []uint32, extras RequestExtras) ([]Key, error) {
-	err := h.chain(tokens, extras, func(d Digest) { dst = append(dst, Key(d.Wire())) })
+	err := h.chain(tokens, extras, nil, &dst)
 	return dst, err
 }
 
-func (h *Hasher) chain(tokens []uint32, extras RequestExtras, emit func(Digest)) error {
+// chain hashes every full block, appending digests or wire keys. It runs
+// for every request, so it avoids a callback per block and builds extra
+// keys only when the request has any.
+func (h *Hasher) chain(tokens []uint32, extras RequestExtras, digests *[]Digest, keys *[]Key) error {
 	n := len(tokens) / h.blockSize
 	buf := getBuf()
 	defer putBuf(buf)
 	parent := h.root
+	hasExtras := extras.LoRAName != "" || extras.CacheSalt != "" || len(extras.MM) > 0
 	var extraBuf [4]any
 	for i := 0; i < n; i++ {
 		start := i * h.blockSize
-		extra := extras.AppendBlockExtra(extraBuf[:0], i, start, start+h.blockSize)
+		var extra []any
+		if hasExtras {
+			extra = extras.AppendBlockExtra(extraBuf[:0], i, start, start+h.blockSize)
+		}
 		b, err := h.Serialize((*buf)[:0], parent, tokens[start:start+h.blockSize], extra)
 		*buf = b
 		if err != nil {
 			return fmt.Errorf("block %d: %w", i, err)
 		}
 		parent = h.digest(b)
-		emit(parent)
+		if keys != nil {
+			*keys = append(*keys, Key(parent.Wire()))
+		} else {
+			*digests = append(*digests, parent)
+		}
 	}
 	return nil
 }

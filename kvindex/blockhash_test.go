@@ -221,7 +221,7 @@ func TestNewHasherRejects(t *testing.T) {
 	}
 }
 
-// TestTokenFastPathsMatchGenericEncoders checks the table-driven token
+// TestTokenFastPathsMatchGenericEncoders checks the fast-path token
 // serializers against the straightforward per-value encoders at every width
 // boundary.
 func TestTokenFastPathsMatchGenericEncoders(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 )
 
@@ -148,56 +147,30 @@ func pickleTupleClose(dst []byte, n int) []byte {
 	return append(dst, pkMemoize)
 }
 
-// Per bit length of a token id (bits.Len32), the pickle opcode that holds it
-// and the bytes it takes. 32-bit ids above MaxInt32 need LONG1 (length 0
-// here marks that slow path).
-var pickleIntOp, pickleIntLen [33]byte
-
-// Per bit length, the CBOR head byte, the value's shift inside a big-endian
-// 8-byte word and the total bytes written.
-var cborUintHead, cborUintShift, cborUintLen [33]byte
-
-func init() {
-	for l := 0; l <= 32; l++ {
-		switch {
-		case l <= 8:
-			pickleIntOp[l], pickleIntLen[l] = pkBinInt1, 2
-		case l <= 16:
-			pickleIntOp[l], pickleIntLen[l] = pkBinInt2, 3
-		case l <= 31:
-			pickleIntOp[l], pickleIntLen[l] = pkBinInt, 5
-		}
-		switch {
-		case l <= 4: // < 16: fits the head byte (values up to 23 do, but 16..23 have bit length 5)
-			cborUintHead[l], cborUintShift[l], cborUintLen[l] = 0, 56, 1
-		case l <= 8:
-			cborUintHead[l], cborUintShift[l], cborUintLen[l] = 24, 48, 2
-		case l <= 16:
-			cborUintHead[l], cborUintShift[l], cborUintLen[l] = 25, 40, 3
-		default:
-			cborUintHead[l], cborUintShift[l], cborUintLen[l] = 26, 24, 5
-		}
-	}
-}
-
 func appendPickleTokenTuple(dst []byte, tokens []uint32) []byte {
 	dst = pickleTupleOpen(dst, len(tokens))
-	// Hot path, run for every block of every request: each int opcode is
-	// one 8-byte little-endian store (opcode in the low byte, the value
-	// above it) chosen by table rather than by branches, which mispredict
-	// on real token ids; the slack absorbs the overlapping tail.
+	// Hot path: grow once and emit each int opcode with one 8-byte
+	// little-endian store (opcode in the low byte, the value above it),
+	// advancing by the opcode's real length; the slack absorbs the overlap.
 	n := len(dst)
 	dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
 	for _, t := range tokens {
-		l := bits.Len32(t)
-		if pickleIntLen[l] == 0 {
+		v := uint64(t)
+		switch {
+		case v < 1<<8:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt1)
+			n += 2
+		case v < 1<<16:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt2)
+			n += 3
+		case v <= math.MaxInt32:
+			binary.LittleEndian.PutUint64(dst[n:], v<<8|pkBinInt)
+			n += 5
+		default:
 			dst = appendPickleInt(dst[:n], int64(t))
 			n = len(dst)
 			dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
-			continue
 		}
-		binary.LittleEndian.PutUint64(dst[n:], uint64(t)<<8|uint64(pickleIntOp[l]))
-		n += int(pickleIntLen[l])
 	}
 	return pickleTupleClose(dst[:n], len(tokens))
 }
@@ -276,12 +249,21 @@ func appendCBORBlock(dst []byte, parent []byte, tokens []uint32, extra []any) ([
 	n := len(dst)
 	dst = slices.Grow(dst, 5*len(tokens)+8)[:n+5*len(tokens)+8]
 	for _, t := range tokens {
-		l := bits.Len32(t)
-		if l == 5 && t < 24 { // 16..23 still fit the head byte
-			l = 4
+		v := uint64(t)
+		switch {
+		case v < 24:
+			dst[n] = byte(v)
+			n++
+		case v < 1<<8:
+			dst[n], dst[n+1] = 24, byte(v)
+			n += 2
+		case v < 1<<16:
+			binary.BigEndian.PutUint32(dst[n:], 25<<24|uint32(v)<<8)
+			n += 3
+		default:
+			binary.BigEndian.PutUint64(dst[n:], 26<<56|v<<24)
+			n += 5
 		}
-		binary.BigEndian.PutUint64(dst[n:], uint64(cborUintHead[l])<<56|uint64(t)<<cborUintShift[l])
-		n += int(cborUintLen[l])
 	}
 	dst = dst[:n]
 	if extra == nil {
