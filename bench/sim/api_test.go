@@ -423,11 +423,20 @@ func TestMetricsUseVLLMNames(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": tokenRange(0, 64), "max_tokens": 2})
 	}
-	code, raw := get(t, pod.URL()+"/metrics")
-	if code != 200 {
-		t.Fatal(code)
+	// The response can reach the client a step before the engine retires
+	// the request: wait (bounded) for the gauges to settle.
+	var text string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		code, raw := get(t, pod.URL()+"/metrics")
+		if code != 200 {
+			t.Fatal(code)
+		}
+		text = string(raw)
+		if strings.Contains(text, `vllm:num_requests_running{engine="0",model_name="sim-test"} 0`) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	text := string(raw)
 	for _, want := range []string{
 		`vllm:num_requests_running{engine="0",model_name="sim-test"} 0`,
 		`vllm:num_requests_waiting{engine="0",model_name="sim-test"} 0`,
