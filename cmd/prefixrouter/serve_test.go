@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,6 +43,47 @@ func TestServeUsageErrors(t *testing.T) {
 	}
 }
 
+// syncBuf is a bytes.Buffer safe to read while the command writes it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitReady polls /ready until it answers 200, the command exits, or the
+// time runs out.
+func waitReady(addr string, done chan int, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		select {
+		case code := <-done:
+			done <- code // leave it for the caller
+			return false
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return true
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -65,32 +107,37 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fleet.Close()
-	addr, admin := freePort(t), freePort(t)
-	args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--log-level", "error",
-		"--tokenizer", prof.Model + "=bytes", "--health-probe-interval", "100ms", "--health-probe-timeout", "100ms"}
-	for _, ep := range fleet.Endpoints() {
-		args = append(args, "--endpoint", ep)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	var stderr bytes.Buffer
-	go func() {
-		done <- run(ctx, append([]string{"prefixrouter"}, args...), strings.NewReader(""), io.Discard, &stderr)
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
+	// Ports picked free may be taken by someone else before serve binds
+	// them; a bind failure is retried with new ports.
+	var (
+		addr   string
+		admin  string
+		ctx    context.Context
+		cancel context.CancelFunc
+		done   chan int
+		stderr *syncBuf
+	)
+	for attempt := 0; ; attempt++ {
+		addr, admin = freePort(t), freePort(t)
+		args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--log-level", "error",
+			"--tokenizer", prof.Model + "=bytes", "--health-probe-interval", "100ms", "--health-probe-timeout", "100ms"}
+		for _, ep := range fleet.Endpoints() {
+			args = append(args, "--endpoint", ep)
 		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("router never ready; stderr %q", stderr.String())
+		ctx, cancel = context.WithCancel(context.Background())
+		done = make(chan int, 1)
+		stderr = &syncBuf{}
+		go func() {
+			done <- run(ctx, append([]string{"prefixrouter"}, args...), strings.NewReader(""), io.Discard, stderr)
+		}()
+		if waitReady(addr, done, 20*time.Second) {
+			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		cancel()
+		if attempt < 3 && strings.Contains(stderr.String(), "address already in use") {
+			continue
+		}
+		t.Fatalf("router never ready; stderr %q", stderr.String())
 	}
 	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"`+prof.Model+`","prompt":"hello fleet","max_tokens":3}`))
