@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/valyala/fastjson"
+	"github.com/valyala/fastjson/fastfloat"
 
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
@@ -108,267 +109,860 @@ func releaseRequest(r *Request) {
 // ParseRequest extracts the routing fields of a completions or chat body
 // into r (which it resets). Only the fields the router needs are looked at
 // and validated; unknown fields are the pod's business.
+//
+// The body is read once: one strict pass (RFC 8259, as the pod's parser
+// reads it) checks the whole document and notes where each routing field's
+// value lies, reading token-id prompts and checking chat messages on the
+// way, because those are the long values and a second look at them costs
+// as much as the first. The short fields are then read from their spans.
+// Field errors are only reported once the whole body is known to be JSON,
+// and only for the last occurrence of a key, as before.
 func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 	ids := r.PromptIDs[:0]
 	*r = Request{Endpoint: ep, PromptIDs: ids}
-	p := parserPool.Get()
-	defer parserPool.Put(p)
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return &BadRequest{Message: "request body is not valid JSON: " + err.Error()}
-	}
-	if err := strictJSON(body); err != nil {
+	p := bodyParser{b: body, ep: ep, ids: ids}
+	if err := p.scan(); err != nil {
 		return err
 	}
-	o, err := v.Object()
-	if err != nil {
+	if !p.object {
 		return &BadRequest{Message: "request body must be a JSON object"}
 	}
 
-	mv := member(o, "model")
-	if mv == nil || mv.Type() == fastjson.TypeNull {
+	switch p.kind(fModel) {
+	case 0, 'n':
 		return badParam("model", "you must provide a model parameter")
-	}
-	mb, err := mv.StringBytes()
-	if err != nil {
+	case '"':
+	default:
 		return badParam("model", "must be a string")
 	}
-	if len(mb) == 0 {
+	if r.Model = p.str(fModel); r.Model == "" {
 		return badParam("model", "must not be empty")
 	}
-	r.Model = string(mb)
 
-	if r.Stream, err = optBool(o, "stream", false); err != nil {
+	var err error
+	if r.Stream, err = p.optBool(fStream, "stream", false); err != nil {
 		return err
 	}
-	if so := member(o, "stream_options"); so != nil && so.Type() != fastjson.TypeNull {
-		soo, err := so.Object()
-		if err != nil {
+	if k := p.kind(fStreamOptions); k != 0 && k != 'n' {
+		if k != '{' {
 			return badParam("stream_options", "must be an object")
 		}
-		if r.IncludeUsage, err = optBool(soo, "include_usage", false); err != nil {
-			return badParam("stream_options.include_usage", "must be a boolean")
+		vs, _ := lastMember(body, p.f[fStreamOptions].s, "include_usage")
+		if r.IncludeUsage, err = boolAt(body, vs, false, "stream_options.include_usage"); err != nil {
+			return err
 		}
 	}
-	if sv := member(o, "cache_salt"); sv != nil && sv.Type() != fastjson.TypeNull {
-		sb, err := sv.StringBytes()
-		if err != nil {
+	if k := p.kind(fCacheSalt); k != 0 && k != 'n' {
+		if k != '"' {
 			return badParam("cache_salt", "must be a string")
 		}
-		if len(sb) == 0 {
+		if r.CacheSalt = p.str(fCacheSalt); r.CacheSalt == "" {
 			// vLLM rejects an empty salt rather than treating it as absent.
 			return badParam("cache_salt", "must be a non-empty string")
 		}
-		r.CacheSalt = string(sb)
 	}
 
 	switch ep {
 	case EndpointCompletions:
-		if r.AddSpecialTokens, err = optBool(o, "add_special_tokens", true); err != nil {
+		if r.AddSpecialTokens, err = p.optBool(fAddSpecialTokens, "add_special_tokens", true); err != nil {
 			return err
 		}
-		return parsePrompt(member(o, "prompt"), body, r)
+		return p.prompt(r)
 	case EndpointChat:
-		if r.AddSpecialTokens, err = optBool(o, "add_special_tokens", false); err != nil {
+		if r.AddSpecialTokens, err = p.optBool(fAddSpecialTokens, "add_special_tokens", false); err != nil {
 			return err
 		}
-		return parseChat(o, body, r)
+		return p.chat(r)
 	}
 	return fmt.Errorf("router: unknown endpoint %d", ep)
 }
 
-func optBool(o *fastjson.Object, key string, def bool) (bool, error) {
-	v := member(o, key)
-	if v == nil || v.Type() == fastjson.TypeNull {
-		return def, nil
+// field names a top-level member the router reads.
+type field uint8
+
+const (
+	fModel field = iota
+	fStream
+	fStreamOptions
+	fCacheSalt
+	fAddSpecialTokens
+	fPrompt
+	fMessages
+	fTools
+	fChatTemplateKwargs
+	fAddGenerationPrompt
+	fContinueFinalMessage
+	fChatTemplate
+	nFields
+	fOther = nFields
+)
+
+func fieldOf(name []byte) field {
+	switch string(name) {
+	case "model":
+		return fModel
+	case "stream":
+		return fStream
+	case "stream_options":
+		return fStreamOptions
+	case "cache_salt":
+		return fCacheSalt
+	case "add_special_tokens":
+		return fAddSpecialTokens
+	case "prompt":
+		return fPrompt
+	case "messages":
+		return fMessages
+	case "tools":
+		return fTools
+	case "chat_template_kwargs":
+		return fChatTemplateKwargs
+	case "add_generation_prompt":
+		return fAddGenerationPrompt
+	case "continue_final_message":
+		return fContinueFinalMessage
+	case "chat_template":
+		return fChatTemplate
 	}
-	switch v.Type() {
-	case fastjson.TypeTrue:
-		return true, nil
-	case fastjson.TypeFalse:
-		return false, nil
-	}
-	return false, badParam(key, "must be a boolean")
+	return fOther
 }
 
-func parsePrompt(v *fastjson.Value, body []byte, r *Request) error {
-	if v == nil || v.Type() == fastjson.TypeNull {
-		return badParam("prompt", "you must provide a prompt")
+// span is where a value lies in the body; e == 0 means absent (a value
+// inside the top-level object never ends at offset 0).
+type span struct{ s, e int }
+
+// bodyParser is the state of one strict pass over a request body.
+type bodyParser struct {
+	b      []byte
+	ep     Endpoint
+	object bool
+	// f holds the span of the last occurrence of each routing field:
+	// with duplicate keys the pod's parser (Python's json) keeps the last
+	// one, and so must the router, or it would route one prompt and
+	// forward another.
+	f [nFields]span
+
+	// The last "prompt" of a completions body, when it is an array of plain
+	// decimal ids, read during the pass (fastIDs).
+	ids     []uint32
+	fastIDs bool
+
+	// The last "messages" of a chat body, when it is an array: its length
+	// and the first message the router would refuse.
+	msgCount int
+	msgErr   *BadRequest
+}
+
+func (p *bodyParser) fail(i int, what string) error {
+	return &BadRequest{Message: fmt.Sprintf("request body is not valid JSON: %s at offset %d", what, i)}
+}
+
+func (p *bodyParser) scan() error {
+	b := p.b
+	i := skipWS(b, 0)
+	var err error
+	if i < len(b) && b[i] == '{' {
+		p.object = true
+		i, err = p.topObject(i)
+	} else {
+		i, err = p.value(i, 0)
 	}
-	switch v.Type() {
-	case fastjson.TypeString:
-		b, _ := v.StringBytes()
-		if len(b) == 0 {
+	if err != nil {
+		return err
+	}
+	if i = skipWS(b, i); i < len(b) {
+		return p.fail(i, "unexpected data after the top-level value")
+	}
+	return nil
+}
+
+// topObject reads the top-level object (depth 1) and records the spans of
+// the routing fields.
+func (p *bodyParser) topObject(i int) (int, error) {
+	b := p.b
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return i, p.fail(i, "expected a key")
+		}
+		ks := i
+		end, esc, err := p.stringToken(i)
+		if err != nil {
+			return end, err
+		}
+		f := fieldOf(keyName(b[ks:end], esc))
+		i = skipWS(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return i, p.fail(i, "expected ':'")
+		}
+		i = skipWS(b, i+1)
+		vs := i
+		switch {
+		case f == fPrompt && p.ep == EndpointCompletions:
+			i, err = p.promptValue(i)
+		case f == fMessages && p.ep == EndpointChat:
+			i, err = p.messagesValue(i)
+		default:
+			i, err = p.value(i, 1)
+		}
+		if err != nil {
+			return i, err
+		}
+		if f < nFields {
+			p.f[f] = span{vs, i}
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, p.fail(i, "unterminated object")
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return i + 1, nil
+		default:
+			return i, p.fail(i, "expected ',' or '}'")
+		}
+	}
+}
+
+// keyName is the decoded name of a raw key token, for comparison only
+// (switch string(...) on it does not allocate). Escaped keys are rare: they
+// take encoding/json's decoder rather than a second one kept here.
+func keyName(raw []byte, esc bool) []byte {
+	if !esc {
+		return raw[1 : len(raw)-1]
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return nil
+	}
+	return []byte(s)
+}
+
+// value checks the JSON value at b[i] whose parent is at depth depth and
+// returns the index just past it. Depth is bounded as fastjson bounded it
+// (every value counts, the top-level one is at depth 1), so the router
+// keeps accepting and refusing the same bodies.
+func (p *bodyParser) value(i, depth int) (int, error) {
+	b := p.b
+	if i >= len(b) {
+		return i, p.fail(i, "unexpected end of input")
+	}
+	depth++
+	if depth > fastjson.MaxDepth {
+		return i, p.fail(i, fmt.Sprintf("nesting deeper than %d", fastjson.MaxDepth))
+	}
+	c := b[i]
+	switch c {
+	case '"':
+		end, _, err := p.stringToken(i)
+		return end, err
+	case '{':
+		return p.objectValue(i, depth)
+	case '[':
+		return p.array(i, depth)
+	case 't':
+		return p.literal(i, "true")
+	case 'f':
+		return p.literal(i, "false")
+	case 'n':
+		return p.literal(i, "null")
+	}
+	if c == '-' || isDigit(c) {
+		end, what := scanNumber(b, i)
+		if what != "" {
+			return end, p.fail(i, what)
+		}
+		return end, nil
+	}
+	return i, p.fail(i, "unexpected character")
+}
+
+func (p *bodyParser) literal(i int, lit string) (int, error) {
+	if !bytes.HasPrefix(p.b[i:], []byte(lit)) {
+		return i, p.fail(i, "unexpected word")
+	}
+	return i + len(lit), nil
+}
+
+// stringToken checks the string token at b[i] == '"': no raw control
+// characters, only the escapes JSON defines. It returns the index past the
+// closing quote and whether the string has escapes.
+func (p *bodyParser) stringToken(i int) (int, bool, error) {
+	b := p.b
+	n := len(b)
+	esc := false
+	i++
+	for {
+		for i < n && !strSpecial[b[i]] {
+			i++
+		}
+		if i >= n {
+			return i, esc, p.fail(i, "unterminated string")
+		}
+		c := b[i]
+		if c == '"' {
+			return i + 1, esc, nil
+		}
+		if c < 0x20 {
+			return i, esc, p.fail(i, fmt.Sprintf("control character 0x%02x in a string", c))
+		}
+		esc = true
+		if i+1 >= n {
+			return i, esc, p.fail(i, "unterminated escape")
+		}
+		switch b[i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i += 2
+		case 'u':
+			if i+5 >= n || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+				return i, esc, p.fail(i, "bad \\u escape")
+			}
+			i += 6
+		default:
+			return i, esc, p.fail(i, "invalid escape")
+		}
+	}
+}
+
+// objectValue checks the object at b[i] == '{', itself at depth depth.
+func (p *bodyParser) objectValue(i, depth int) (int, error) {
+	b := p.b
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return i, p.fail(i, "expected a key")
+		}
+		end, _, err := p.stringToken(i)
+		if err != nil {
+			return end, err
+		}
+		i = skipWS(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return i, p.fail(i, "expected ':'")
+		}
+		if i, err = p.value(skipWS(b, i+1), depth); err != nil {
+			return i, err
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, p.fail(i, "unterminated object")
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return i + 1, nil
+		default:
+			return i, p.fail(i, "expected ',' or '}'")
+		}
+	}
+}
+
+// array checks the array at b[i] == '[', itself at depth depth.
+func (p *bodyParser) array(i, depth int) (int, error) {
+	b := p.b
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for {
+		var err error
+		if i, err = p.value(i, depth); err != nil {
+			return i, err
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, p.fail(i, "unterminated array")
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return i + 1, nil
+		default:
+			return i, p.fail(i, "expected ',' or ']'")
+		}
+	}
+}
+
+// promptValue reads a completions prompt. The common large case, one
+// prompt of plain decimal token ids, is read into ids as it is checked;
+// anything else is only checked here and read from its span afterwards.
+func (p *bodyParser) promptValue(i int) (int, error) {
+	if i < len(p.b) && p.b[i] == '[' {
+		ids, end, ok := scanIDs(p.ids[:0], p.b, i)
+		p.ids = ids // keep the capacity either way
+		if ok {
+			p.fastIDs = true
+			return end, nil
+		}
+	}
+	p.fastIDs = false
+	return p.value(i, 1)
+}
+
+// scanIDs reads a JSON array of plain non-negative decimal integers below
+// 2^32 ("[1, 2,3]") starting at b[i] == '[' and returns the index past it;
+// ok is false for anything else (signs, fractions, exponents, other types,
+// malformed JSON), which the caller then checks in full. What it accepts is
+// valid JSON, so it doubles as the check.
+func scanIDs(dst []uint32, b []byte, i int) (ids []uint32, end int, ok bool) {
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return dst, i, false
+	}
+	// This loop is most of the cost of a token-id request: whitespace is
+	// only looked for when the next byte could be some (<= ' '), and the
+	// range is checked once per id (10 digits cannot overflow uint64).
+	for {
+		start := i
+		var n uint64
+		for i < len(b) {
+			d := b[i] - '0'
+			if d > 9 {
+				break
+			}
+			n = n*10 + uint64(d)
+			i++
+		}
+		if i == start || i-start > 10 || n > math.MaxUint32 || (b[start] == '0' && i-start > 1) || len(dst) >= maxPromptIDs {
+			return dst, i, false
+		}
+		dst = append(dst, uint32(n))
+		if i < len(b) && b[i] <= ' ' {
+			i = skipWS(b, i)
+		}
+		if i >= len(b) {
+			return dst, i, false
+		}
+		switch b[i] {
+		case ',':
+			if i++; i < len(b) && b[i] <= ' ' {
+				i = skipWS(b, i)
+			}
+		case ']':
+			return dst, i + 1, true
+		default:
+			return dst, i, false
+		}
+	}
+}
+
+// messagesValue checks a chat "messages" value and, when it is an array,
+// each message's role and content types in the same pass, keeping the
+// first refusal for after the whole body has been checked.
+func (p *bodyParser) messagesValue(i int) (int, error) {
+	b := p.b
+	p.msgCount, p.msgErr = 0, nil
+	if i >= len(b) || b[i] != '[' {
+		return p.value(i, 1)
+	}
+	// The array is at depth 2, its elements at 3.
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, nil
+	}
+	for k := 0; ; k++ {
+		var err error
+		if i < len(b) && b[i] == '{' {
+			i, err = p.message(i, k)
+		} else {
+			if p.msgErr == nil && i < len(b) {
+				p.msgErr = badParam(fmt.Sprintf("messages[%d]", k), "must be an object")
+			}
+			i, err = p.value(i, 2)
+		}
+		if err != nil {
+			return i, err
+		}
+		p.msgCount++
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, p.fail(i, "unterminated array")
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return i + 1, nil
+		default:
+			return i, p.fail(i, "expected ',' or ']'")
+		}
+	}
+}
+
+// message checks message k, an object at depth 3, noting the type of its
+// last "role" and "content" by their first byte.
+func (p *bodyParser) message(i, k int) (int, error) {
+	b := p.b
+	var role, content byte
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		i++
+	} else {
+	members:
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return i, p.fail(i, "expected a key")
+			}
+			ks := i
+			end, esc, err := p.stringToken(i)
+			if err != nil {
+				return end, err
+			}
+			i = skipWS(b, end)
+			if i >= len(b) || b[i] != ':' {
+				return i, p.fail(i, "expected ':'")
+			}
+			vs := skipWS(b, i+1)
+			if i, err = p.value(vs, 3); err != nil {
+				return i, err
+			}
+			switch string(keyName(b[ks:end], esc)) {
+			case "role":
+				role = b[vs]
+			case "content":
+				content = b[vs]
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return i, p.fail(i, "unterminated object")
+			}
+			switch b[i] {
+			case ',':
+				i = skipWS(b, i+1)
+			case '}':
+				i++
+				break members
+			default:
+				return i, p.fail(i, "expected ',' or '}'")
+			}
+		}
+	}
+	if p.msgErr == nil {
+		switch {
+		case role == 0:
+			p.msgErr = badParam(fmt.Sprintf("messages[%d].role", k), "is required")
+		case role != '"':
+			p.msgErr = badParam(fmt.Sprintf("messages[%d].role", k), "must be a string")
+		case content != 0 && content != '"' && content != '[' && content != 'n':
+			p.msgErr = badParam(fmt.Sprintf("messages[%d].content", k), "must be a string, an array of content parts or null")
+		}
+	}
+	return i, nil
+}
+
+// kind is the first byte of field f's value ('"', '{', '[', 't', 'f',
+// 'n', '-' or a digit), or 0 when the field is absent.
+func (p *bodyParser) kind(f field) byte {
+	if p.f[f].e == 0 {
+		return 0
+	}
+	return p.b[p.f[f].s]
+}
+
+// str decodes field f, a checked string token.
+func (p *bodyParser) str(f field) string {
+	return decodeString(p.b[p.f[f].s:p.f[f].e])
+}
+
+// decodeString decodes a checked JSON string token. Strings with escapes
+// are decoded by fastjson, as they always were, so the router sees the
+// same model names and prompts as before.
+func decodeString(tok []byte) string {
+	inner := tok[1 : len(tok)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return string(inner)
+	}
+	fp := parserPool.Get()
+	defer parserPool.Put(fp)
+	v, err := fp.ParseBytes(tok)
+	if err != nil {
+		return string(inner) // unreachable: tok was checked
+	}
+	sb, _ := v.StringBytes()
+	return string(sb)
+}
+
+func (p *bodyParser) optBool(f field, key string, def bool) (bool, error) {
+	if p.f[f].e == 0 {
+		return def, nil
+	}
+	return boolAt(p.b, p.f[f].s, def, key)
+}
+
+// boolAt reads the optional boolean whose value starts at b[vs] (vs == 0:
+// absent).
+func boolAt(b []byte, vs int, def bool, param string) (bool, error) {
+	if vs == 0 {
+		return def, nil
+	}
+	switch b[vs] {
+	case 'n':
+		return def, nil
+	case 't':
+		return true, nil
+	case 'f':
+		return false, nil
+	}
+	return false, badParam(param, "must be a boolean")
+}
+
+// lastMember returns the span of the last value of key in the checked
+// object at b[s] == '{'; vs == 0 when the key is absent.
+func lastMember(b []byte, s int, key string) (vs, ve int) {
+	i := skipWS(b, s+1)
+	for i < len(b) && b[i] != '}' {
+		ks := i
+		i = skipValue(b, i)
+		k := b[ks:i]
+		i = skipWS(b, skipWS(b, i)+1) // past ':'
+		v0 := i
+		i = skipValue(b, i)
+		if keyEquals(k, key) {
+			vs, ve = v0, i
+		}
+		if i = skipWS(b, i); i < len(b) && b[i] == ',' {
+			i = skipWS(b, i+1)
+		}
+	}
+	return vs, ve
+}
+
+// forElems calls fn with the index and span of each element of the checked
+// array at b[s] == '[' until fn returns false.
+func forElems(b []byte, s int, fn func(k, vs, ve int) bool) {
+	i := skipWS(b, s+1)
+	for k := 0; i < len(b) && b[i] != ']'; k++ {
+		vs := i
+		i = skipValue(b, i)
+		if !fn(k, vs, i) {
+			return
+		}
+		if i = skipWS(b, i); i < len(b) && b[i] == ',' {
+			i = skipWS(b, i+1)
+		}
+	}
+}
+
+func countElems(b []byte, s int) int {
+	n := 0
+	forElems(b, s, func(int, int, int) bool { n++; return true })
+	return n
+}
+
+func (p *bodyParser) prompt(r *Request) error {
+	b := p.b
+	switch p.kind(fPrompt) {
+	case 0, 'n':
+		return badParam("prompt", "you must provide a prompt")
+	case '"':
+		if r.PromptText = p.str(fPrompt); r.PromptText == "" {
 			return badParam("prompt", "must not be empty")
 		}
-		r.PromptText = string(b)
 		r.BatchSize = 1
 		return nil
-	case fastjson.TypeArray:
+	case '[':
 	default:
 		return badParam("prompt", "must be a string, an array of strings, an array of token ids or an array of token-id arrays")
 	}
-	arr, _ := v.Array()
-	if len(arr) == 0 {
+	if p.fastIDs {
+		r.PromptIDs, r.HasIDs, r.BatchSize = p.ids, true, 1
+		return nil
+	}
+	s := p.f[fPrompt].s
+	n := countElems(b, s)
+	if n == 0 {
 		return badParam("prompt", "must not be empty")
 	}
-	switch arr[0].Type() {
-	case fastjson.TypeNumber:
-		// One prompt as token ids. Plain decimal ids are read straight
-		// from the body; anything else takes the checked path below.
-		if ids, ok := scanIDs(r.PromptIDs[:0], rawMember(body, "prompt")); ok && len(ids) == len(arr) {
-			r.PromptIDs, r.HasIDs, r.BatchSize = ids, true, 1
-			return nil
-		}
-		ids, err := appendIDs(r.PromptIDs[:0], arr, "prompt")
+	switch first := b[skipWS(b, s+1)]; {
+	case first == '-' || isDigit(first):
+		// One prompt as token ids, with a form the pass did not read
+		// (an exponent, a fraction, a sign): checked value by value.
+		ids, err := appendSpanIDs(p.ids[:0], b, s, n, "prompt")
 		if err != nil {
 			return err
 		}
 		r.PromptIDs, r.HasIDs, r.BatchSize = ids, true, 1
 		return nil
-	case fastjson.TypeString:
-		for i, e := range arr {
-			b, err := e.StringBytes()
-			if err != nil {
-				return badParam(fmt.Sprintf("prompt[%d]", i), "must be a string like the other elements")
+	case first == '"':
+		var err error
+		forElems(b, s, func(k, vs, ve int) bool {
+			if b[vs] != '"' {
+				err = badParam(fmt.Sprintf("prompt[%d]", k), "must be a string like the other elements")
+				return false
 			}
-			if len(b) == 0 {
-				return badParam(fmt.Sprintf("prompt[%d]", i), "must not be empty")
+			if ve-vs == 2 {
+				err = badParam(fmt.Sprintf("prompt[%d]", k), "must not be empty")
+				return false
 			}
-			if i == 0 {
-				r.PromptText = string(b)
+			if k == 0 {
+				r.PromptText = decodeString(b[vs:ve])
 			}
+			return true
+		})
+		if err != nil {
+			return err
 		}
-		r.BatchSize = len(arr)
+		r.BatchSize = n
 		return nil
-	case fastjson.TypeArray:
-		for i, e := range arr {
-			inner, err := e.Array()
-			if err != nil {
-				return badParam(fmt.Sprintf("prompt[%d]", i), "must be an array of token ids like the other elements")
+	case first == '[':
+		var err error
+		forElems(b, s, func(k, vs, ve int) bool {
+			param := fmt.Sprintf("prompt[%d]", k)
+			if b[vs] != '[' {
+				err = badParam(param, "must be an array of token ids like the other elements")
+				return false
 			}
-			if len(inner) == 0 {
-				return badParam(fmt.Sprintf("prompt[%d]", i), "must not be empty")
+			m := countElems(b, vs)
+			if m == 0 {
+				err = badParam(param, "must not be empty")
+				return false
 			}
-			if i == 0 {
-				ids, err := appendIDs(r.PromptIDs[:0], inner, "prompt[0]")
-				if err != nil {
-					return err
+			if k == 0 {
+				var ids []uint32
+				if ids, err = appendSpanIDs(p.ids[:0], b, vs, m, "prompt[0]"); err != nil {
+					return false
 				}
-				r.PromptIDs = ids
-			} else if err := checkIDs(inner, fmt.Sprintf("prompt[%d]", i)); err != nil {
-				return err
+				p.ids, r.PromptIDs = ids, ids
+				return true
 			}
+			err = checkSpanIDs(b, vs, param)
+			return err == nil
+		})
+		if err != nil {
+			return err
 		}
-		r.HasIDs, r.BatchSize = true, len(arr)
+		r.HasIDs, r.BatchSize = true, n
 		return nil
 	}
 	return badParam("prompt[0]", "must be a string, a token id or an array of token ids")
 }
 
-func tokenID(v *fastjson.Value, param string, i int) (uint32, error) {
-	if v.Type() != fastjson.TypeNumber {
+// tokenIDAt reads the token id whose value is b[vs:ve], element i of param.
+func tokenIDAt(b []byte, vs, ve int, param string, i int) (uint32, error) {
+	if c := b[vs]; c != '-' && !isDigit(c) {
 		return 0, badParam(fmt.Sprintf("%s[%d]", param, i), "token ids must be integers")
 	}
-	f, err := v.Float64()
+	// fastfloat is what fastjson's Float64 used: the same ids pass.
+	f, err := fastfloat.Parse(string(b[vs:ve]))
 	if err != nil || f < 0 || f > math.MaxUint32 || f != math.Trunc(f) {
 		return 0, badParam(fmt.Sprintf("%s[%d]", param, i), "token ids must be non-negative integers below 2^32")
 	}
 	return uint32(f), nil
 }
 
-func appendIDs(dst []uint32, arr []*fastjson.Value, param string) ([]uint32, error) {
-	if len(arr) > maxPromptIDs {
-		return dst, badParam(param, "too many token ids (%d > %d)", len(arr), maxPromptIDs)
+// appendSpanIDs appends the n token ids of the checked array at b[s].
+func appendSpanIDs(dst []uint32, b []byte, s, n int, param string) ([]uint32, error) {
+	if n > maxPromptIDs {
+		return dst, badParam(param, "too many token ids (%d > %d)", n, maxPromptIDs)
 	}
-	for i, e := range arr {
-		id, err := tokenID(e, param, i)
-		if err != nil {
-			return dst, err
+	var err error
+	forElems(b, s, func(k, vs, ve int) bool {
+		var id uint32
+		if id, err = tokenIDAt(b, vs, ve, param, k); err != nil {
+			return false
 		}
 		dst = append(dst, id)
-	}
-	return dst, nil
+		return true
+	})
+	return dst, err
 }
 
-func checkIDs(arr []*fastjson.Value, param string) error {
-	for i, e := range arr {
-		if _, err := tokenID(e, param, i); err != nil {
-			return err
-		}
-	}
-	return nil
+// checkSpanIDs checks the token ids of the checked array at b[s] (a batch
+// element after the first: only the first routes).
+func checkSpanIDs(b []byte, s int, param string) error {
+	var err error
+	forElems(b, s, func(k, vs, ve int) bool {
+		_, err = tokenIDAt(b, vs, ve, param, k)
+		return err == nil
+	})
+	return err
 }
 
-func parseChat(o *fastjson.Object, body []byte, r *Request) error {
-	mv := member(o, "messages")
-	if mv == nil || mv.Type() == fastjson.TypeNull {
+func (p *bodyParser) chat(r *Request) error {
+	b := p.b
+	switch p.kind(fMessages) {
+	case 0, 'n':
 		return badParam("messages", "you must provide messages")
-	}
-	msgs, err := mv.Array()
-	if err != nil {
+	case '[':
+	default:
 		return badParam("messages", "must be an array")
 	}
-	if len(msgs) == 0 {
+	if p.msgCount == 0 {
 		return badParam("messages", "must not be empty")
 	}
-	for i, m := range msgs {
-		mo, err := m.Object()
-		if err != nil {
-			return badParam(fmt.Sprintf("messages[%d]", i), "must be an object")
-		}
-		role := member(mo, "role")
-		if role == nil {
-			return badParam(fmt.Sprintf("messages[%d].role", i), "is required")
-		}
-		if role.Type() != fastjson.TypeString {
-			return badParam(fmt.Sprintf("messages[%d].role", i), "must be a string")
-		}
-		if c := member(mo, "content"); c != nil {
-			switch c.Type() {
-			case fastjson.TypeString, fastjson.TypeArray, fastjson.TypeNull:
-			default:
-				return badParam(fmt.Sprintf("messages[%d].content", i), "must be a string, an array of content parts or null")
-			}
-		}
+	if p.msgErr != nil {
+		return p.msgErr
 	}
-	r.Chat.Messages = json.RawMessage(rawMember(body, "messages"))
-	if tv := member(o, "tools"); tv != nil && tv.Type() != fastjson.TypeNull {
-		if tv.Type() != fastjson.TypeArray {
+	// Raw spans, not re-serialized values: the chat template must see the
+	// client's key order, and copying a long conversation through a
+	// re-encoder costs more than the rest of the parse.
+	r.Chat.Messages = json.RawMessage(b[p.f[fMessages].s:p.f[fMessages].e])
+	if k := p.kind(fTools); k != 0 && k != 'n' {
+		if k != '[' {
 			return badParam("tools", "must be an array")
 		}
-		r.Chat.Tools = json.RawMessage(rawMember(body, "tools"))
+		r.Chat.Tools = json.RawMessage(b[p.f[fTools].s:p.f[fTools].e])
 	}
-	if kv := member(o, "chat_template_kwargs"); kv != nil && kv.Type() != fastjson.TypeNull {
-		if kv.Type() != fastjson.TypeObject {
+	if k := p.kind(fChatTemplateKwargs); k != 0 && k != 'n' {
+		if k != '{' {
 			return badParam("chat_template_kwargs", "must be an object")
 		}
-		r.Chat.ChatTemplateKwargs = json.RawMessage(rawMember(body, "chat_template_kwargs"))
+		r.Chat.ChatTemplateKwargs = json.RawMessage(b[p.f[fChatTemplateKwargs].s:p.f[fChatTemplateKwargs].e])
 	}
-	if r.Chat.AddGenerationPrompt, err = optBool(o, "add_generation_prompt", true); err != nil {
+	var err error
+	if r.Chat.AddGenerationPrompt, err = p.optBool(fAddGenerationPrompt, "add_generation_prompt", true); err != nil {
 		return err
 	}
-	if r.Chat.ContinueFinalMessage, err = optBool(o, "continue_final_message", false); err != nil {
+	if r.Chat.ContinueFinalMessage, err = p.optBool(fContinueFinalMessage, "continue_final_message", false); err != nil {
 		return err
 	}
 	if r.Chat.AddGenerationPrompt && r.Chat.ContinueFinalMessage {
 		// vLLM refuses the combination; so do we, before a pod sees it.
-		if v := member(o, "add_generation_prompt"); v != nil && v.Type() == fastjson.TypeTrue {
+		if p.kind(fAddGenerationPrompt) == 't' {
 			return badParam("continue_final_message", "cannot be combined with add_generation_prompt=true")
 		}
 		// Implicit add_generation_prompt default gives way.
 		r.Chat.AddGenerationPrompt = false
 	}
-	if ct := member(o, "chat_template"); ct != nil && ct.Type() != fastjson.TypeNull {
-		if ct.Type() != fastjson.TypeString {
+	if k := p.kind(fChatTemplate); k != 0 && k != 'n' {
+		if k != '"' {
 			return badParam("chat_template", "must be a string")
 		}
 		r.CustomTemplate = true
 	}
-	r.Chat.Body = body
+	r.Chat.Body = b
 	r.BatchSize = 1
 	return nil
 }
+
+// keyEquals compares a raw JSON string token with key; keys with escapes
+// are decoded first (rare).
+func keyEquals(raw []byte, key string) bool {
+	if len(raw) < 2 {
+		return false
+	}
+	return string(keyName(raw, bytes.IndexByte(raw[1:len(raw)-1], '\\') >= 0)) == key
+}
+
+// strSpecial marks the bytes that end the fast run inside a string: the
+// quote, the backslash and raw control characters.
+var strSpecial = func() (str [256]bool) {
+	for c := 0; c < 0x20; c++ {
+		str[c] = true
+	}
+	str['"'], str['\\'] = true, true
+	return
+}()
 
 // ParseModelField reads only "model" from a /tokenize or /detokenize body;
 // an absent model is "" (vLLM accepts it there and uses its only model).
@@ -391,70 +985,6 @@ func ParseModelField(body []byte) (string, error) {
 		return "", badParam("model", "must be a string")
 	}
 	return string(b), nil
-}
-
-// rawMember returns the raw bytes of a top-level member's value in a JSON
-// object that has already been validated, without re-serializing it: the
-// chat template must see the client's key order, and copying a long
-// conversation through a re-encoder costs more than the rest of the parse.
-// It returns nil when the key is absent. Duplicate keys: the last wins, as in
-// Python's json.loads (what the pod uses).
-func rawMember(body []byte, key string) []byte {
-	i := skipWS(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return nil
-	}
-	i++
-	var found []byte
-	for {
-		i = skipWS(body, i)
-		if i >= len(body) || body[i] == '}' {
-			return found
-		}
-		if body[i] == ',' {
-			i++
-			continue
-		}
-		ks := i
-		i = skipValue(body, i)
-		k := body[ks:i]
-		i = skipWS(body, i)
-		if i >= len(body) || body[i] != ':' {
-			return found
-		}
-		i = skipWS(body, i+1)
-		vs := i
-		i = skipValue(body, i)
-		if keyEquals(k, key) {
-			found = body[vs:i]
-		}
-	}
-}
-
-// keyEquals compares a raw JSON string token with key; keys with escapes
-// are decoded first (rare).
-func keyEquals(raw []byte, key string) bool {
-	if len(raw) < 2 {
-		return false
-	}
-	inner := raw[1 : len(raw)-1]
-	if bytesIndexByte(inner, '\\') < 0 {
-		return string(inner) == key
-	}
-	var s string
-	if json.Unmarshal(raw, &s) != nil {
-		return false
-	}
-	return s == key
-}
-
-func bytesIndexByte(b []byte, c byte) int {
-	for i, x := range b {
-		if x == c {
-			return i
-		}
-	}
-	return -1
 }
 
 func skipWS(b []byte, i int) int {
@@ -506,127 +1036,6 @@ func skipValue(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// scanIDs reads a JSON array of plain non-negative decimal integers below
-// 2^32 ("[1, 2,3]"); ok is false for anything else (signs, fractions,
-// exponents, other types), which the caller then checks value by value.
-func scanIDs(dst []uint32, raw []byte) ([]uint32, bool) {
-	i := skipWS(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		return dst, false
-	}
-	i = skipWS(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return dst, false
-	}
-	for {
-		start := i
-		var n uint64
-		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
-			n = n*10 + uint64(raw[i]-'0')
-			if n > math.MaxUint32 {
-				return dst, false
-			}
-			i++
-		}
-		if i == start || (raw[start] == '0' && i-start > 1) || len(dst) >= maxPromptIDs {
-			return dst, false
-		}
-		dst = append(dst, uint32(n))
-		i = skipWS(raw, i)
-		if i >= len(raw) {
-			return dst, false
-		}
-		switch raw[i] {
-		case ',':
-			i = skipWS(raw, i+1)
-		case ']':
-			return dst, true
-		default:
-			return dst, false
-		}
-	}
-}
-
-// strictJSON rejects what fastjson tolerates but JSON (RFC 8259, and the
-// pod's parser) does not: raw control characters and unknown escapes in
-// strings, leading zeros, bare words such as NaN or Inf, and malformed
-// signs and fractions. fastjson has already checked the structure; this is
-// one table-driven pass over the bytes.
-func strictJSON(body []byte) error {
-	bad := func(i int, what string) error {
-		return &BadRequest{Message: fmt.Sprintf("request body is not valid JSON: %s at offset %d", what, i)}
-	}
-	n := len(body)
-	for i := 0; i < n; i++ {
-		c := body[i]
-		switch outClass[c] {
-		case clsPlain:
-			continue
-		case clsSpace:
-			continue
-		case clsQuote:
-			// A string: skip plain bytes fast, check escapes and controls.
-			i++
-			for i < n {
-				for i < n && !strSpecial[body[i]] {
-					i++
-				}
-				if i >= n {
-					return bad(i, "unterminated string")
-				}
-				c := body[i]
-				if c == '"' {
-					break
-				}
-				if c < 0x20 {
-					return bad(i, fmt.Sprintf("control character 0x%02x in a string", c))
-				}
-				// backslash
-				if i+1 >= n {
-					return bad(i, "unterminated escape")
-				}
-				switch body[i+1] {
-				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-					i += 2
-				case 'u':
-					if i+5 >= n || !isHex(body[i+2]) || !isHex(body[i+3]) || !isHex(body[i+4]) || !isHex(body[i+5]) {
-						return bad(i, "bad \\u escape")
-					}
-					i += 6
-				default:
-					return bad(i, "invalid escape")
-				}
-			}
-			continue
-		}
-		switch {
-		case c == '-' || isDigit(c):
-			end, what := scanNumber(body, i)
-			if what != "" {
-				return bad(i, what)
-			}
-			i = end - 1
-		case c == 't' || c == 'f' || c == 'n':
-			lit := "null"
-			if c == 't' {
-				lit = "true"
-			} else if c == 'f' {
-				lit = "false"
-			}
-			if !bytes.HasPrefix(body[i:], []byte(lit)) {
-				return bad(i, "unexpected word")
-			}
-			i += len(lit) - 1
-			if i+1 < n && !isDelimiter(body[i+1]) {
-				return bad(i+1, "unexpected character after "+lit)
-			}
-		default:
-			return bad(i, "unexpected character")
-		}
-	}
-	return nil
 }
 
 // scanNumber checks the JSON number grammar from body[i] on:
@@ -686,28 +1095,6 @@ func isDelimiter(c byte) bool {
 	}
 	return false
 }
-
-const (
-	clsCheck uint8 = iota // needs a closer look (numbers, words)
-	clsPlain              // structure
-	clsSpace
-	clsQuote
-)
-
-var outClass, strSpecial = func() (out [256]uint8, str [256]bool) {
-	for _, c := range []byte("{}[]:,") {
-		out[c] = clsPlain
-	}
-	for _, c := range []byte(" \t\r\n") {
-		out[c] = clsSpace
-	}
-	out['"'] = clsQuote
-	for c := 0; c < 0x20; c++ {
-		str[c] = true
-	}
-	str['"'], str['\\'] = true, true
-	return
-}()
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 

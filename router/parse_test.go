@@ -245,7 +245,7 @@ func bigChatBody() []byte {
 // decoding only the routing fields, on a ~16 KB chat body.
 func BenchmarkParse(b *testing.B) {
 	body := bigChatBody()
-	b.Run("fastjson", func(b *testing.B) {
+	b.Run("single-pass", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
 		r := acquireRequest()
