@@ -241,7 +241,7 @@ func bigChatBody() []byte {
 	return []byte(`{"model":"m","stream":true,"messages":[` + strings.Join(msgs, ",") + `],"max_tokens":16}`)
 }
 
-// BenchmarkParse compares the fastjson parser against encoding/json
+// BenchmarkParse compares the single-pass parser against encoding/json
 // decoding only the routing fields, on a ~16 KB chat body.
 func BenchmarkParse(b *testing.B) {
 	body := bigChatBody()
