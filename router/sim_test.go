@@ -206,9 +206,12 @@ func TestSimDataParallelRanks(t *testing.T) {
 		body := fmt.Sprintf(`{"model":"sim-tiny","max_tokens":2,"cache_salt":%q,"prompt":%q}`, salt, strings.Repeat("rank pinning matters. ", 40))
 		_, hdr, _ := post(t, "http://"+r.Addr()+"/v1/completions", body)
 		holder := hdr.Get("X-Prefixrouter-Target")
+		// Wait for the events, not just the decision: before they arrive
+		// both ranks cost the same and a random tie-break can name the
+		// holder by chance.
 		waitFor(t, "confirmation on "+holder, func() bool {
 			d := dryRun(t, r, "/v1/completions", body)
-			return decisionName(d) == holder
+			return decisionName(d) == holder && candidateByName(d, holder).ConfirmedBlocks > 0
 		})
 		code, hdr, b := post(t, "http://"+r.Addr()+"/v1/completions", body)
 		var c completion
