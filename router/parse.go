@@ -314,17 +314,9 @@ func (p *bodyParser) topObject(i int) (int, error) {
 		if f < nFields {
 			p.f[f] = span{vs, i}
 		}
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, p.fail(i, "unterminated object")
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return i + 1, nil
-		default:
-			return i, p.fail(i, "expected ',' or '}'")
+		var done bool
+		if i, done, err = p.afterElement(i, '}'); err != nil || done {
+			return i, err
 		}
 	}
 }
@@ -451,17 +443,9 @@ func (p *bodyParser) objectValue(i, depth int) (int, error) {
 		if i, err = p.value(skipWS(b, i+1), depth); err != nil {
 			return i, err
 		}
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, p.fail(i, "unterminated object")
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case '}':
-			return i + 1, nil
-		default:
-			return i, p.fail(i, "expected ',' or '}'")
+		var done bool
+		if i, done, err = p.afterElement(i, '}'); err != nil || done {
+			return i, err
 		}
 	}
 }
@@ -478,17 +462,9 @@ func (p *bodyParser) array(i, depth int) (int, error) {
 		if i, err = p.value(i, depth); err != nil {
 			return i, err
 		}
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, p.fail(i, "unterminated array")
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case ']':
-			return i + 1, nil
-		default:
-			return i, p.fail(i, "expected ',' or ']'")
+		var done bool
+		if i, done, err = p.afterElement(i, ']'); err != nil || done {
+			return i, err
 		}
 	}
 }
@@ -584,17 +560,9 @@ func (p *bodyParser) messagesValue(i int) (int, error) {
 			return i, err
 		}
 		p.msgCount++
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, p.fail(i, "unterminated array")
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case ']':
-			return i + 1, nil
-		default:
-			return i, p.fail(i, "expected ',' or ']'")
+		var done bool
+		if i, done, err = p.afterElement(i, ']'); err != nil || done {
+			return i, err
 		}
 	}
 }
@@ -632,18 +600,11 @@ func (p *bodyParser) message(i, k int) (int, error) {
 			case "content":
 				content = b[vs]
 			}
-			i = skipWS(b, i)
-			if i >= len(b) {
-				return i, p.fail(i, "unterminated object")
-			}
-			switch b[i] {
-			case ',':
-				i = skipWS(b, i+1)
-			case '}':
-				i++
+			var done bool
+			if i, done, err = p.afterElement(i, '}'); err != nil {
+				return i, err
+			} else if done {
 				break members
-			default:
-				return i, p.fail(i, "expected ',' or '}'")
 			}
 		}
 	}
@@ -985,6 +946,27 @@ func ParseModelField(body []byte) (string, error) {
 		return "", badParam("model", "must be a string")
 	}
 	return string(b), nil
+}
+
+// afterElement reads what follows an object member or an array element: a
+// ',' (more to come, returned past it and its white space) or the closing
+// byte (done, returned past it).
+func (p *bodyParser) afterElement(i int, close byte) (int, bool, error) {
+	b := p.b
+	i = skipWS(b, i)
+	if i >= len(b) {
+		if close == '}' {
+			return i, false, p.fail(i, "unterminated object")
+		}
+		return i, false, p.fail(i, "unterminated array")
+	}
+	switch b[i] {
+	case ',':
+		return skipWS(b, i+1), false, nil
+	case close:
+		return i + 1, true, nil
+	}
+	return i, false, p.fail(i, "expected ',' or '"+string(close)+"'")
 }
 
 func skipWS(b []byte, i int) int {

@@ -60,7 +60,7 @@ func (h *engineHarness) submit(ids []uint32, maxTokens int, extras kvindex.Reque
 		h.t.Fatal(err)
 	}
 	s := &seq{id: "t", tokens: append([]uint32(nil), ids...), promptLen: len(ids), maxTokens: maxTokens,
-		extras: extras, hashes: hashes, out: newOutput()}
+		extras: extras, hashes: hashes, out: &output{notify: make(chan struct{}, 1)}}
 	if err := h.e.submit(context.Background(), engineMsg{kind: msgAdd, s: s}); err != nil {
 		h.t.Fatal(err)
 	}

@@ -66,8 +66,6 @@ type output struct {
 	notify    chan struct{}
 }
 
-func newOutput() *output { return &output{notify: make(chan struct{}, 1)} }
-
 func (o *output) poke() {
 	select {
 	case o.notify <- struct{}{}:
