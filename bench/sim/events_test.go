@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 )
 
 // eventShape lists, per event of a payload, its map keys in order (map
@@ -95,8 +95,8 @@ func TestEventsMatchVLLMVectors(t *testing.T) {
 				EventEncoding: tc.encoding, Topic: want.Topic,
 			})
 			pod := f.Pods[0]
-			sub := subscribe(t, pod.EventsAddr(0))
-			sub.warmUp(pod)
+			sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+			warmUp(t, sub, pod)
 			body := map[string]any{"prompt": vec.BaseTokens[:tc.nTokens], "max_tokens": 1}
 			if tc.model != "" {
 				body["model"] = tc.model
@@ -107,11 +107,11 @@ func TestEventsMatchVLLMVectors(t *testing.T) {
 			if code, _, out := post(t, pod.URL()+"/v1/completions", body); code != 200 {
 				t.Fatalf("%d %s", code, out)
 			}
-			got := sub.mustRecv()
-			if got.topic != want.Topic {
-				t.Fatalf("topic %q, want %q", got.topic, want.Topic)
+			got := sub.MustRecv()
+			if got.Topic != want.Topic {
+				t.Fatalf("topic %q, want %q", got.Topic, want.Topic)
 			}
-			gb, err := events.Decode(got.payload)
+			gb, err := events.Decode(got.Payload)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,10 +126,10 @@ func TestEventsMatchVLLMVectors(t *testing.T) {
 				t.Fatalf("data_parallel_rank %v/%d, want 0", gb.HasDPRank, gb.DPRank)
 			}
 			if tc.encoding == events.EncodingMap {
-				if g, w := eventShape(t, got.payload), eventShape(t, want.Payload); !slices.Equal(g, w) {
+				if g, w := eventShape(t, got.Payload), eventShape(t, want.Payload); !slices.Equal(g, w) {
 					t.Fatalf("map keys\n got %v\nwant %v", g, w)
 				}
-			} else if g, w := arrayShape(t, got.payload), arrayShape(t, want.Payload); !slices.Equal(g, w) {
+			} else if g, w := arrayShape(t, got.Payload), arrayShape(t, want.Payload); !slices.Equal(g, w) {
 				t.Fatalf("array lengths %v, want %v", g, w)
 			}
 			// The hashes are what kvindex computes for the same request.
@@ -155,8 +155,8 @@ func TestEvictionPublishesBlockRemoved(t *testing.T) {
 	prof.NumGPUBlocks = 4
 	f := startTestFleet(t, Config{Profile: prof})
 	pod := f.Pods[0]
-	sub := subscribe(t, pod.EventsAddr(0))
-	sub.warmUp(pod)
+	sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+	warmUp(t, sub, pod)
 	// Fill the cache with A (3 blocks stored), then B needs every block and
 	// must evict A's tail before A's head.
 	send := func(ids []uint32) {
@@ -168,7 +168,7 @@ func TestEvictionPublishesBlockRemoved(t *testing.T) {
 	a := tokenRange(0, 49)
 	aKeys, _ := h.Keys(nil, a, kvindex.RequestExtras{})
 	send(a)
-	stored, err := events.Decode(sub.mustRecv().payload)
+	stored, err := events.Decode(sub.MustRecv().Payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestEvictionPublishesBlockRemoved(t *testing.T) {
 		t.Fatalf("stored %v, want A's keys %v", storedA, aKeys)
 	}
 	send(tokenRange(5000, 49))
-	b, err := events.Decode(sub.mustRecv().payload)
+	b, err := events.Decode(sub.MustRecv().Payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,55 +204,15 @@ func TestEvictionPublishesBlockRemoved(t *testing.T) {
 	}
 }
 
-// replay asks a pod's replay socket for every batch from start.
+// replay asks a pod's replay socket for every batch from start; the
+// framing, end marker included, is checked by publishtest.
 func replay(t *testing.T, addr string, start uint64, legacy bool) (seqs []uint64, payloads [][]byte) {
 	t.Helper()
-	d, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		t.Fatal(err)
+	for _, m := range publishtest.Replay(t, addr, start, legacy) {
+		seqs = append(seqs, m.Seq)
+		payloads = append(payloads, m.Payload)
 	}
-	defer d.Close()
-	if err := d.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetRcvtimeo(5 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Connect(addr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.SendMessage("", events.SeqFrame(start)); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		msg, err := d.RecvMessageBytes(0)
-		if err != nil {
-			t.Fatalf("replay: %v", err)
-		}
-		if len(msg[0]) != 0 {
-			t.Fatalf("first frame %x, want empty delimiter", msg[0])
-		}
-		wantFrames := 4
-		if legacy {
-			wantFrames = 3
-		}
-		if len(msg) != wantFrames {
-			t.Fatalf("replay reply of %d frames, want %d", len(msg), wantFrames)
-		}
-		seqFrame := msg[len(msg)-2]
-		seq, err := events.ParseSeq(seqFrame)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if seq == events.EndOfReplay {
-			if len(msg[len(msg)-1]) != 0 || (!legacy && len(msg[1]) != 0) {
-				t.Fatalf("end marker %x", msg)
-			}
-			return seqs, payloads
-		}
-		seqs = append(seqs, seq)
-		payloads = append(payloads, msg[len(msg)-1])
-	}
+	return seqs, payloads
 }
 
 func TestReplay(t *testing.T) {
@@ -293,16 +253,16 @@ func TestReplay(t *testing.T) {
 func TestRestartResetsSequence(t *testing.T) {
 	f := startTestFleet(t, Config{})
 	pod := f.Pods[0]
-	sub := subscribe(t, pod.EventsAddr(0))
-	last := sub.warmUp(pod)
+	sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+	last := warmUp(t, sub, pod)
 	if last == 0 {
 		t.Log("warm-up ended at sequence 0")
 	}
 	prompt := map[string]any{"prompt": tokenRange(0, 40), "max_tokens": 1}
 	post(t, pod.URL()+"/v1/completions", prompt)
-	before := sub.mustRecv()
-	if before.seq != last+1 {
-		t.Fatalf("seq %d, want %d", before.seq, last+1)
+	before := sub.MustRecv()
+	if before.Seq != last+1 {
+		t.Fatalf("seq %d, want %d", before.Seq, last+1)
 	}
 	if err := pod.Restart(context.Background()); err != nil {
 		t.Fatal(err)
@@ -313,9 +273,9 @@ func TestRestartResetsSequence(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("%d %s", code, body)
 	}
-	after := sub.mustRecv()
-	if after.seq != 0 {
-		t.Fatalf("first batch after restart has seq %d, want 0", after.seq)
+	after := sub.MustRecv()
+	if after.Seq != 0 {
+		t.Fatalf("first batch after restart has seq %d, want 0", after.Seq)
 	}
 	if cached := cachedTokens(t, body); cached != 0 {
 		t.Fatalf("cached %d tokens after restart, want 0", cached)
@@ -329,22 +289,22 @@ func TestRestartResetsSequence(t *testing.T) {
 func TestDroppedBatchesLeaveGapAndStayReplayable(t *testing.T) {
 	f := startTestFleet(t, Config{})
 	pod := f.Pods[0]
-	sub := subscribe(t, pod.EventsAddr(0))
-	last := sub.warmUp(pod)
+	sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+	last := warmUp(t, sub, pod)
 	ctx := context.Background()
 	if err := pod.SetFaults(ctx, Faults{DropEvents: 1}); err != nil {
 		t.Fatal(err)
 	}
 	post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": tokenRange(0, 40), "max_tokens": 1})
-	if m, ok := sub.recv(300 * time.Millisecond); ok {
-		t.Fatalf("dropped batch arrived: seq %d", m.seq)
+	if m, ok := sub.Recv(300 * time.Millisecond); ok {
+		t.Fatalf("dropped batch arrived: seq %d", m.Seq)
 	}
 	if err := pod.SetFaults(ctx, Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": tokenRange(100, 40), "max_tokens": 1})
-	if m := sub.mustRecv(); m.seq != last+2 {
-		t.Fatalf("seq %d after a drop, want %d (a gap)", m.seq, last+2)
+	if m := sub.MustRecv(); m.Seq != last+2 {
+		t.Fatalf("seq %d after a drop, want %d (a gap)", m.Seq, last+2)
 	}
 	seqs, _ := replay(t, pod.ReplayAddr(0), last+1, false)
 	if !slices.Equal(seqs, []uint64{last + 1, last + 2}) {
@@ -359,14 +319,14 @@ func TestEventDelay(t *testing.T) {
 	// 20 s of model delay at scale 100 is 200 ms on the wall clock.
 	f := startTestFleet(t, Config{TimeScale: 100})
 	pod := f.Pods[0]
-	sub := subscribe(t, pod.EventsAddr(0))
-	sub.warmUp(pod)
+	sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+	warmUp(t, sub, pod)
 	if err := pod.SetFaults(context.Background(), Faults{EventDelay: 20 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": tokenRange(0, 40), "max_tokens": 1})
-	sub.mustRecv()
+	sub.MustRecv()
 	if el := time.Since(start); el < 200*time.Millisecond {
 		t.Fatalf("batch arrived after %v, want ≥ 200ms", el)
 	}

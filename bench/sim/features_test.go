@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 )
 
 // recordingSink collects an engine's batches in place of a publisher.
@@ -124,13 +125,13 @@ func TestKVSpecEventsOnTheWire(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%v", tc.spec, tc.enc), func(t *testing.T) {
 			f := startTestFleet(t, Config{KVSpec: tc.spec, SlidingWindow: 64, EventEncoding: tc.enc})
 			pod := f.Pods[0]
-			sub := subscribe(t, pod.EventsAddr(0))
-			sub.warmUp(pod)
+			sub := publishtest.Subscribe(t, pod.EventsAddr(0))
+			warmUp(t, sub, pod)
 			prompt := tokenRange(0, 40)
 			if code, _, out := post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}); code != 200 {
 				t.Fatalf("%d %s", code, out)
 			}
-			b, err := events.Decode(sub.mustRecv().payload)
+			b, err := events.Decode(sub.MustRecv().Payload)
 			if err != nil {
 				t.Fatal(err)
 			}

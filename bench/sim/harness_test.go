@@ -14,9 +14,7 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-
-	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 )
 
 // startTestFleet starts pods on OS-chosen loopback ports and closes them
@@ -155,94 +153,28 @@ func readJSON(t *testing.T, path string, v any) {
 	}
 }
 
-// subscriber is a ZMQ SUB socket on a pod's event address.
-type subscriber struct {
-	t    *testing.T
-	sock *zmq.Socket
-}
-
-func subscribe(t *testing.T, addr string) *subscriber {
-	t.Helper()
-	s, err := zmq.NewSocket(zmq.SUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetSubscribe(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Connect(addr); err != nil {
-		t.Fatal(err)
-	}
-	return &subscriber{t: t, sock: s}
-}
-
-type frameMsg struct {
-	topic   string
-	seq     uint64
-	payload []byte
-}
-
-// recv waits up to timeout for one message; ok is false on timeout.
-func (s *subscriber) recv(timeout time.Duration) (frameMsg, bool) {
-	s.t.Helper()
-	p := zmq.NewPoller()
-	p.Add(s.sock, zmq.POLLIN)
-	polled, err := p.Poll(timeout)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if len(polled) == 0 {
-		return frameMsg{}, false
-	}
-	msg, err := s.sock.RecvMessageBytes(0)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if len(msg) != 3 {
-		s.t.Fatalf("event message of %d frames, want 3", len(msg))
-	}
-	seq, err := events.ParseSeq(msg[1])
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return frameMsg{topic: string(msg[0]), seq: seq, payload: msg[2]}, true
-}
-
-func (s *subscriber) mustRecv() frameMsg {
-	s.t.Helper()
-	m, ok := s.recv(5 * time.Second)
-	if !ok {
-		s.t.Fatal("no event batch within 5s")
-	}
-	return m
-}
-
 // warmUp sends throw-away requests until the subscription delivers, so
 // that later batches are not lost to ZMQ's slow-joiner window. It returns
 // the sequence number of the last warm-up batch.
-func (s *subscriber) warmUp(pod *Pod) uint64 {
-	s.t.Helper()
+func warmUp(t *testing.T, s *publishtest.Subscriber, pod *Pod) uint64 {
+	t.Helper()
 	for i := 0; i < 100; i++ {
 		ids := tokenRange(200000+i*100, 17)
-		code, _, body := post(s.t, pod.URL()+"/v1/completions", map[string]any{"prompt": ids, "max_tokens": 1})
+		code, _, body := post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": ids, "max_tokens": 1})
 		if code != 200 {
-			s.t.Fatalf("warm-up: %d %s", code, body)
+			t.Fatalf("warm-up: %d %s", code, body)
 		}
-		if m, ok := s.recv(100 * time.Millisecond); ok {
+		if m, ok := s.Recv(100 * time.Millisecond); ok {
 			for {
-				m2, ok := s.recv(50 * time.Millisecond)
+				m2, ok := s.Recv(50 * time.Millisecond)
 				if !ok {
-					return m.seq
+					return m.Seq
 				}
 				m = m2
 			}
 		}
 	}
-	s.t.Fatal("subscription never delivered")
+	t.Fatal("subscription never delivered")
 	return 0
 }
 

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -51,140 +50,38 @@ func tsOf(t *testing.T, payload []byte) float64 {
 	return b.TS
 }
 
-type msg struct {
-	topic   string
-	seq     uint64
-	payload []byte
-}
-
-type sub struct {
-	t    *testing.T
-	sock *zmq.Socket
-}
-
-func subscribe(t *testing.T, endpoint string) *sub {
-	t.Helper()
-	s, err := zmq.NewSocket(zmq.SUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetSubscribe(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Connect(endpoint); err != nil {
-		t.Fatal(err)
-	}
-	return &sub{t: t, sock: s}
-}
-
-// recv waits up to d for a message; ok is false when none came.
-func (s *sub) recv(d time.Duration) (msg, bool) {
-	s.t.Helper()
-	p := zmq.NewPoller()
-	p.Add(s.sock, zmq.POLLIN)
-	polled, err := p.Poll(d)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if len(polled) == 0 {
-		return msg{}, false
-	}
-	frames, err := s.sock.RecvMessageBytes(0)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if len(frames) != 3 {
-		s.t.Fatalf("message of %d frames, want 3", len(frames))
-	}
-	seq, err := events.ParseSeq(frames[1])
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return msg{string(frames[0]), seq, frames[2]}, true
-}
-
-func (s *sub) mustRecv() msg {
-	s.t.Helper()
-	m, ok := s.recv(5 * time.Second)
-	if !ok {
-		s.t.Fatal("no message within 5s")
-	}
-	return m
-}
-
 // warmUp publishes until the subscription delivers (ZMQ's slow joiner) and
 // drains what arrived; it returns the next sequence number.
-func (s *sub) warmUp(p *Publisher) uint64 {
-	s.t.Helper()
+func warmUp(t *testing.T, s *publishtest.Subscriber, p *Publisher) uint64 {
+	t.Helper()
 	for i := 0; i < 200; i++ {
-		if _, err := p.PublishRaw(batch(s.t, -1), true); err != nil {
-			s.t.Fatal(err)
+		if _, err := p.PublishRaw(batch(t, -1), true); err != nil {
+			t.Fatal(err)
 		}
-		if _, ok := s.recv(25 * time.Millisecond); ok {
+		if _, ok := s.Recv(25 * time.Millisecond); ok {
 			for {
-				if _, ok := s.recv(25 * time.Millisecond); !ok {
+				if _, ok := s.Recv(25 * time.Millisecond); !ok {
 					return p.NextSeq()
 				}
 			}
 		}
 	}
-	s.t.Fatal("subscription never delivered")
+	t.Fatal("subscription never delivered")
 	return 0
 }
 
-// replay asks for every buffered batch from start and checks the framing,
-// the end marker included.
+// replay asks for every buffered batch from start; publishtest checks the
+// framing, the end marker included, and this the topic of current replies.
 func replay(t *testing.T, addr, topic string, start uint64, legacy bool) (seqs []uint64, payloads [][]byte) {
 	t.Helper()
-	d, err := zmq.NewSocket(zmq.DEALER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	if err := d.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetRcvtimeo(5 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Connect(addr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.SendMessage("", events.SeqFrame(start)); err != nil {
-		t.Fatal(err)
-	}
-	want := 4
-	if legacy {
-		want = 3
-	}
-	for {
-		frames, err := d.RecvMessageBytes(0)
-		if err != nil {
-			t.Fatalf("replay: %v", err)
+	for _, m := range publishtest.Replay(t, addr, start, legacy) {
+		if !legacy && m.Topic != topic {
+			t.Fatalf("replay topic %q, want %q", m.Topic, topic)
 		}
-		if len(frames) != want || len(frames[0]) != 0 {
-			t.Fatalf("replay reply %q: want %d frames after an empty delimiter", frames, want)
-		}
-		seq, err := events.ParseSeq(frames[len(frames)-2])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if seq == events.EndOfReplay {
-			if len(frames[len(frames)-1]) != 0 || (!legacy && len(frames[1]) != 0) {
-				t.Fatalf("end marker %q, want empty topic and payload", frames)
-			}
-			return seqs, payloads
-		}
-		if !legacy && string(frames[1]) != topic {
-			t.Fatalf("replay topic %q, want %q", frames[1], topic)
-		}
-		seqs = append(seqs, seq)
-		payloads = append(payloads, frames[len(frames)-1])
+		seqs = append(seqs, m.Seq)
+		payloads = append(payloads, m.Payload)
 	}
+	return seqs, payloads
 }
 
 func TestSequenceNumbersOnTheWire(t *testing.T) {
@@ -192,8 +89,8 @@ func TestSequenceNumbersOnTheWire(t *testing.T) {
 	if p.NextSeq() != 0 {
 		t.Fatalf("first sequence %d, want 0", p.NextSeq())
 	}
-	s := subscribe(t, p.Endpoint())
-	next := s.warmUp(p)
+	s := publishtest.Subscribe(t, p.Endpoint())
+	next := warmUp(t, s, p)
 	for i := 0; i < 3; i++ {
 		seq, err := p.PublishRaw(batch(t, float64(i)), true)
 		if err != nil {
@@ -202,9 +99,9 @@ func TestSequenceNumbersOnTheWire(t *testing.T) {
 		if seq != next+uint64(i) {
 			t.Fatalf("PublishRaw returned %d, want %d", seq, next+uint64(i))
 		}
-		m := s.mustRecv()
-		if m.topic != "kv@pod" || m.seq != seq || tsOf(t, m.payload) != float64(i) {
-			t.Fatalf("got topic %q seq %d ts %v, want kv@pod %d %d", m.topic, m.seq, tsOf(t, m.payload), seq, i)
+		m := s.MustRecv()
+		if m.Topic != "kv@pod" || m.Seq != seq || tsOf(t, m.Payload) != float64(i) {
+			t.Fatalf("got topic %q seq %d ts %v, want kv@pod %d %d", m.Topic, m.Seq, tsOf(t, m.Payload), seq, i)
 		}
 	}
 	// Publish encodes for the caller.
@@ -212,8 +109,8 @@ func TestSequenceNumbersOnTheWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := s.mustRecv(); m.seq != seq || tsOf(t, m.payload) != 7 {
-		t.Fatalf("Publish: seq %d ts %v", m.seq, tsOf(t, m.payload))
+	if m := s.MustRecv(); m.Seq != seq || tsOf(t, m.Payload) != 7 {
+		t.Fatalf("Publish: seq %d ts %v", m.Seq, tsOf(t, m.Payload))
 	}
 }
 
@@ -310,8 +207,8 @@ func TestRestartResetsSequenceBufferAndQueue(t *testing.T) {
 
 func TestDroppedBatchesAreReplayable(t *testing.T) {
 	p := newPub(t, Config{})
-	s := subscribe(t, p.Endpoint())
-	next := s.warmUp(p)
+	s := publishtest.Subscribe(t, p.Endpoint())
+	next := warmUp(t, s, p)
 
 	// PublishRaw(send=false): a gap on the wire, the batch in the buffer.
 	gap, err := p.PublishRaw(batch(t, 1), false)
@@ -325,8 +222,8 @@ func TestDroppedBatchesAreReplayable(t *testing.T) {
 	if gap != next || live != next+1 {
 		t.Fatalf("seqs %d %d, want %d %d", gap, live, next, next+1)
 	}
-	if m := s.mustRecv(); m.seq != live {
-		t.Fatalf("received seq %d, want %d: the dropped batch must not be sent", m.seq, live)
+	if m := s.MustRecv(); m.Seq != live {
+		t.Fatalf("received seq %d, want %d: the dropped batch must not be sent", m.Seq, live)
 	}
 
 	// Submit under a drop probability of 1: same outcome from the sender.
@@ -342,9 +239,9 @@ func TestDroppedBatchesAreReplayable(t *testing.T) {
 	if err := p.Submit(events.Batch{TS: 4}, events.EncodingMap); err != nil {
 		t.Fatal(err)
 	}
-	m := s.mustRecv()
-	if m.seq != live+2 || tsOf(t, m.payload) != 4 {
-		t.Fatalf("received seq %d ts %v, want seq %d ts 4 (seq %d dropped)", m.seq, tsOf(t, m.payload), live+2, live+1)
+	m := s.MustRecv()
+	if m.Seq != live+2 || tsOf(t, m.Payload) != 4 {
+		t.Fatalf("received seq %d ts %v, want seq %d ts 4 (seq %d dropped)", m.Seq, tsOf(t, m.Payload), live+2, live+1)
 	}
 	seqs, payloads := replay(t, p.ReplayEndpoint(), "", gap, false)
 	if !slices.Equal(seqs, []uint64{gap, live, live + 1, live + 2}) {
@@ -362,11 +259,11 @@ func TestDroppedBatchesAreReplayable(t *testing.T) {
 // leave in submission order with consecutive sequence numbers.
 func TestSubmitKeepsOrderUnderJitter(t *testing.T) {
 	p := newPub(t, Config{Seed: 3, Faults: Faults{Delay: 2 * time.Millisecond, Jitter: 20 * time.Millisecond}})
-	s := subscribe(t, p.Endpoint())
+	s := publishtest.Subscribe(t, p.Endpoint())
 	if err := p.SetFaults(Faults{}); err != nil {
 		t.Fatal(err)
 	}
-	next := s.warmUp(p)
+	next := warmUp(t, s, p)
 	if err := p.SetFaults(Faults{Delay: 2 * time.Millisecond, Jitter: 20 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
@@ -377,9 +274,9 @@ func TestSubmitKeepsOrderUnderJitter(t *testing.T) {
 		}
 	}
 	for i := 0; i < n; i++ {
-		m := s.mustRecv()
-		if m.seq != next+uint64(i) || tsOf(t, m.payload) != float64(i) {
-			t.Fatalf("message %d: seq %d ts %v, want seq %d ts %d", i, m.seq, tsOf(t, m.payload), next+uint64(i), i)
+		m := s.MustRecv()
+		if m.Seq != next+uint64(i) || tsOf(t, m.Payload) != float64(i) {
+			t.Fatalf("message %d: seq %d ts %v, want seq %d ts %d", i, m.Seq, tsOf(t, m.Payload), next+uint64(i), i)
 		}
 	}
 }
