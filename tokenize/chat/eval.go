@@ -207,18 +207,24 @@ func (e *evaluator) execSet(s *setNode, f *frame) error {
 		ns.d.Set(s.names[0], v)
 		return nil
 	}
-	if len(s.names) == 1 {
-		f.set(s.names[0], v)
+	return unpack(f, s.names, v)
+}
+
+// unpack binds v to names in f as Python assignment does: one name takes
+// the value, several take the items of an iterable of the same length.
+func unpack(f *frame, names []string, v Value) error {
+	if len(names) == 1 {
+		f.set(names[0], v)
 		return nil
 	}
 	items, err := iterate(v)
 	if err != nil {
 		return err
 	}
-	if len(items) != len(s.names) {
-		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.names), len(items))
+	if len(items) != len(names) {
+		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(names), len(items))
 	}
-	for i, n := range s.names {
+	for i, n := range names {
 		f.set(n, items[i])
 	}
 	return nil
@@ -234,23 +240,7 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 		return err
 	}
 	inner := &frame{parent: f}
-	bind := func(v Value) error {
-		if len(s.targets) == 1 {
-			inner.set(s.targets[0], v)
-			return nil
-		}
-		parts, err := iterate(v)
-		if err != nil {
-			return err
-		}
-		if len(parts) != len(s.targets) {
-			return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(s.targets), len(parts))
-		}
-		for i, t := range s.targets {
-			inner.set(t, parts[i])
-		}
-		return nil
-	}
+	bind := func(v Value) error { return unpack(inner, s.targets, v) }
 	if s.cond != nil {
 		// The loop filter runs before the loop, so loop.length counts only
 		// the kept items.
