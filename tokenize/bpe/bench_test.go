@@ -1,6 +1,10 @@
 package bpe
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
 
 // BenchmarkCorpus encodes every parity-corpus string on its own (as the HF
 // oracle did), without a segment cache; MB/s is the encoder's throughput.
@@ -25,6 +29,47 @@ func BenchmarkCorpus(b *testing.B) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkLongPrompt encodes one long chat-shaped prompt (the corpus's
+// longer paragraphs between qwen3-style turn markers, about 25 KB) without a
+// segment cache, after one warm-up encode: the cost of a prompt the router
+// has never seen, in a process whose word cache is warm. This is the cold
+// case of the router's 4k-token chat goal.
+func BenchmarkLongPrompt(b *testing.B) {
+	var sb strings.Builder
+	n := 0
+	for _, s := range loadCorpus(b) {
+		if len(s) < 400 || len(s) > 4000 || strings.Contains(s, "<|") || strings.Contains(s, "<｜") {
+			continue
+		}
+		role := []string{"user", "assistant"}[n%2]
+		fmt.Fprintf(&sb, "<|im_start|>%s\n%s<|im_end|>\n", role, s)
+		if n++; sb.Len() > 25000 {
+			break
+		}
+	}
+	prompt := sb.String()
+	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
+		b.Run(model, func(b *testing.B) {
+			tk, err := Load(modelPath(b, model))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids, err := tk.Encode(prompt, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(prompt)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tk.Encode(prompt, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(ids)), "tokens")
 		})
 	}
 }

@@ -35,6 +35,22 @@ var fastPatterns = map[string]fastSplit{
 	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                                        {maxDigits: 1},
 }
 
+// class is a character class of the patterns: f decides any rune, and
+// ascii caches f over ASCII, where almost every byte of English text falls,
+// so the span loops below test a table instead of calling f.
+type class struct {
+	ascii [utf8.RuneSelf]bool
+	f     func(rune) bool
+}
+
+func newClass(f func(rune) bool) *class {
+	c := &class{f: f}
+	for r := range rune(utf8.RuneSelf) {
+		c.ascii[r] = f(r)
+	}
+	return c
+}
+
 // The character classes as regexp2 defines them: \p{..} from Go's unicode
 // tables, \s as unicode.IsSpace.
 func isL(r rune) bool  { return unicode.IsLetter(r) }
@@ -43,6 +59,19 @@ func isWS(r rune) bool { return unicode.IsSpace(r) }
 
 // isOther is [^\s\p{L}\p{N}].
 func isOther(r rune) bool { return !isWS(r) && !isL(r) && !isN(r) }
+
+var (
+	classL       = newClass(isL)
+	classN       = newClass(isN)
+	classWS      = newClass(isWS)
+	classOther   = newClass(isOther)
+	classNewline = newClass(func(r rune) bool { return r == '\r' || r == '\n' })
+	classCJK     = newClass(isDeepSeekCJK)
+	classASCIIL  = newClass(isASCIILetter)
+	classPS      = newClass(isPS)
+	classLM      = newClass(isLM)
+	gpt2Classes  = [...]*class{classL, classN, classOther}
+)
 
 func at(s string, i int) (rune, int) {
 	if i >= len(s) {
@@ -54,13 +83,21 @@ func at(s string, i int) (rune, int) {
 	return utf8.DecodeRuneInString(s[i:])
 }
 
-// spanWhile consumes runes satisfying f from i and returns the end offset and
+// spanWhile consumes runes of class c from i and returns the end offset and
 // the number of runes taken (at most limit when limit > 0).
-func spanWhile(s string, i int, f func(rune) bool, limit int) (int, int) {
+func spanWhile(s string, i int, c *class, limit int) (int, int) {
 	n := 0
 	for i < len(s) && (limit <= 0 || n < limit) {
-		r, w := at(s, i)
-		if !f(r) {
+		if b := s[i]; b < utf8.RuneSelf {
+			if !c.ascii[b] {
+				break
+			}
+			i++
+			n++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if !c.f(r) {
 			break
 		}
 		i += w
@@ -71,19 +108,50 @@ func spanWhile(s string, i int, f func(rune) bool, limit int) (int, int) {
 
 func (f fastSplit) find(s string) [][2]int {
 	out := make([][2]int, 0, len(s)/4+1)
-	for i := 0; i < len(s); {
-		e := f.matchAt(s, i)
-		if e <= i {
-			// Unreachable for these patterns (every rune is a letter, number,
-			// space or other), kept so a bad guess cannot loop.
-			_, w := at(s, i)
-			i += w
-			continue
+	for i := 0; ; {
+		start, end := f.next(s, i)
+		if start == len(s) {
+			return out
 		}
-		out = append(out, [2]int{i, e})
-		i = e
+		out = append(out, [2]int{start, end})
+		i = end
 	}
-	return out
+}
+
+// next returns the first match at or after i, or (len(s), len(s)) when
+// there is none. Every match is non-empty.
+func (f *fastSplit) next(s string, i int) (start, end int) {
+	for i < len(s) {
+		if i = f.skip(s, i); i == len(s) {
+			break
+		}
+		if e := f.matchAt(s, i); e > i {
+			return i, e
+		}
+		// No match here: a rune in none of the pattern's classes.
+		_, w := at(s, i)
+		i += w
+	}
+	return len(s), len(s)
+}
+
+// skip returns the first offset from i where a match can start. The
+// patterns that match only digits or only CJK match nothing in most of an
+// English text, so their ASCII stretches are passed over a byte at a time.
+func (f *fastSplit) skip(s string, i int) int {
+	var c *class
+	switch f.kind {
+	case kindDigits3:
+		c = classN
+	case kindCJK:
+		c = classCJK
+	default:
+		return i
+	}
+	for i < len(s) && s[i] < utf8.RuneSelf && !c.ascii[s[i]] {
+		i++
+	}
+	return i
 }
 
 func (f fastSplit) matchAt(s string, i int) int {
@@ -93,10 +161,10 @@ func (f fastSplit) matchAt(s string, i int) int {
 	case kindGPT2:
 		return f.matchGPT2(s, i, r0, w0, r1)
 	case kindDigits3:
-		e, _ := spanWhile(s, i, isN, 3)
+		e, _ := spanWhile(s, i, classN, 3)
 		return e
 	case kindCJK:
-		e, _ := spanWhile(s, i, isDeepSeekCJK, 0)
+		e, _ := spanWhile(s, i, classCJK, 0)
 		return e
 	case kindDeepSeek:
 		return matchDeepSeek(s, i, r0, w0, r1)
@@ -119,16 +187,16 @@ func (f fastSplit) matchAt(s string, i int) int {
 	}
 	// [^\r\n\p{L}\p{N}]?\p{L}+
 	if r0 != '\r' && r0 != '\n' && !isL(r0) && !isN(r0) && r1 >= 0 && isL(r1) {
-		e, _ := spanWhile(s, i+w0, isL, 0)
+		e, _ := spanWhile(s, i+w0, classL, 0)
 		return e
 	}
 	if isL(r0) {
-		e, _ := spanWhile(s, i, isL, 0)
+		e, _ := spanWhile(s, i, classL, 0)
 		return e
 	}
 	// \p{N}{1,3} or \p{N}
 	if isN(r0) {
-		e, _ := spanWhile(s, i, isN, f.maxDigits)
+		e, _ := spanWhile(s, i, classN, f.maxDigits)
 		return e
 	}
 	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
@@ -139,8 +207,8 @@ func (f fastSplit) matchAt(s string, i int) int {
 		start = i
 	}
 	if start >= 0 {
-		e, _ := spanWhile(s, start, isOther, 0)
-		e, _ = spanWhile(s, e, func(r rune) bool { return r == '\r' || r == '\n' }, 0)
+		e, _ := spanWhile(s, start, classOther, 0)
+		e, _ = spanWhile(s, e, classNewline, 0)
 		return e
 	}
 	return wsMatch(s, i, true)
@@ -148,7 +216,7 @@ func (f fastSplit) matchAt(s string, i int) int {
 
 // wsMatch covers \s*[\r\n]+ (when withNewline), \s+(?!\S) and \s+ at i.
 func wsMatch(s string, i int, withNewline bool) int {
-	end, n := spanWhile(s, i, isWS, 0)
+	end, n := spanWhile(s, i, classWS, 0)
 	if n == 0 {
 		return i
 	}
@@ -187,13 +255,13 @@ func (f fastSplit) matchGPT2(s string, i int, r0 rune, w0 int, r1 rune) int {
 			}
 		}
 	}
-	for _, class := range []func(rune) bool{isL, isN, isOther} {
-		if r0 == ' ' && r1 >= 0 && class(r1) {
-			e, _ := spanWhile(s, i+w0, class, 0)
+	for _, c := range gpt2Classes {
+		if r0 == ' ' && r1 >= 0 && c.f(r1) {
+			e, _ := spanWhile(s, i+w0, c, 0)
 			return e
 		}
-		if class(r0) {
-			e, _ := spanWhile(s, i, class, 0)
+		if c.f(r0) {
+			e, _ := spanWhile(s, i, c, 0)
 			return e
 		}
 	}
@@ -222,15 +290,15 @@ func isLM(r rune) bool { return unicode.IsLetter(r) || unicode.IsMark(r) }
 // not match at all, exactly as with the regex.
 func matchDeepSeek(s string, i int, r0 rune, w0 int, r1 rune) int {
 	if isASCIIPunct(r0) && r1 >= 0 && isASCIILetter(r1) {
-		e, _ := spanWhile(s, i+w0, isASCIILetter, 0)
+		e, _ := spanWhile(s, i+w0, classASCIIL, 0)
 		return e
 	}
 	if r0 != '\r' && r0 != '\n' && !unicode.IsLetter(r0) && !isPS(r0) && r1 >= 0 && isLM(r1) {
-		e, _ := spanWhile(s, i+w0, isLM, 0)
+		e, _ := spanWhile(s, i+w0, classLM, 0)
 		return e
 	}
 	if isLM(r0) {
-		e, _ := spanWhile(s, i, isLM, 0)
+		e, _ := spanWhile(s, i, classLM, 0)
 		return e
 	}
 	start := -1
@@ -240,8 +308,8 @@ func matchDeepSeek(s string, i int, r0 rune, w0 int, r1 rune) int {
 		start = i
 	}
 	if start >= 0 {
-		e, _ := spanWhile(s, start, isPS, 0)
-		e, _ = spanWhile(s, e, func(r rune) bool { return r == '\r' || r == '\n' }, 0)
+		e, _ := spanWhile(s, start, classPS, 0)
+		e, _ = spanWhile(s, e, classNewline, 0)
 		return e
 	}
 	return wsMatch(s, i, true)

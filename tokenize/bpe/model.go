@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"unicode/utf8"
 )
 
@@ -21,16 +20,12 @@ type model struct {
 	prefix       *string // continuing_subword_prefix
 	suffix       *string // end_of_word_suffix
 
-	// words caches merged words like HF's BPE cache: bounded, and once
-	// full it stops taking new entries instead of evicting.
-	wordsMu sync.RWMutex
-	words   map[string][]uint32
+	// words caches merged words. Its key is the word as the tokenizer hands
+	// it over: the pre-tokenized string, or the raw bytes before the
+	// byte-level mapping on the fused path (see wordSplitter); a tokenizer
+	// uses one form for all its words, so the two never mix.
+	words *wordCache
 }
-
-const (
-	wordCacheCap    = 10000
-	wordCacheMaxLen = 256
-)
 
 type mergeRule struct {
 	rank  uint32
@@ -75,6 +70,7 @@ func parseModel(raw json.RawMessage) (*model, error) {
 		ignoreMerges: js.IgnoreMerges,
 		prefix:       js.ContinuingSubwordPrefix,
 		suffix:       js.EndOfWordSuffix,
+		words:        newWordCache(),
 	}
 	if m.vocab == nil {
 		m.vocab = map[string]uint32{}
@@ -186,33 +182,35 @@ func (m *model) tokenize(dst []uint32, w string) []uint32 {
 	if w == "" {
 		return dst
 	}
+	if ids, ok := m.words.get(w); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = m.tokenizeUncached(dst, w)
+	m.words.put(w, dst[start:])
+	return dst
+}
+
+// tokenizeByteLevel appends the ids of one raw word that the byte-level
+// mapping turns into the model's word; the cache is keyed by the raw bytes,
+// so the mapped form is built only on a miss.
+func (m *model) tokenizeByteLevel(dst []uint32, raw string) []uint32 {
+	if ids, ok := m.words.get(raw); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = m.tokenizeUncached(dst, byteLevelString(raw))
+	m.words.put(raw, dst[start:])
+	return dst
+}
+
+func (m *model) tokenizeUncached(dst []uint32, w string) []uint32 {
 	if m.ignoreMerges {
 		if id, ok := m.vocab[w]; ok {
 			return append(dst, id)
 		}
 	}
-	cacheable := len(w) < wordCacheMaxLen
-	if cacheable {
-		m.wordsMu.RLock()
-		ids, ok := m.words[w]
-		m.wordsMu.RUnlock()
-		if ok {
-			return append(dst, ids...)
-		}
-	}
-	start := len(dst)
-	dst = m.merge(dst, w)
-	if cacheable {
-		m.wordsMu.Lock()
-		if m.words == nil {
-			m.words = make(map[string][]uint32, 1024)
-		}
-		if len(m.words) < wordCacheCap {
-			m.words[strings.Clone(w)] = append([]uint32(nil), dst[start:]...)
-		}
-		m.wordsMu.Unlock()
-	}
-	return dst
+	return m.merge(dst, w)
 }
 
 // merge splits a word into symbols and applies the merges.

@@ -30,6 +30,7 @@ type Tokenizer struct {
 	normMatch  *matcher // normalized=true tokens, matched after normalization
 	norm       normalizer
 	pre        preTokenizer
+	words      *wordSplitter // pre as one fused pass; nil: the general path
 	model      *model
 	post       postProcessor
 	dec        decoder
@@ -78,6 +79,7 @@ func Parse(data []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.hasPrefixM = usesFirstScheme(t.pre)
+	t.words = newWordSplitter(t.pre)
 	t.tokenToID = make(map[string]uint32, len(t.model.vocab)+len(f.AddedTokens))
 	t.idToToken = make(map[uint32]string, len(t.model.vocab)+len(f.AddedTokens))
 	for tok, id := range t.model.vocab {
@@ -263,6 +265,12 @@ func (t *Tokenizer) encodeSegmentUncached(dst []uint32, seg string, first bool) 
 
 func (t *Tokenizer) encodePieces(dst []uint32, pieces []piece) ([]uint32, error) {
 	if len(pieces) == 0 {
+		return dst, nil
+	}
+	if t.words != nil {
+		for _, p := range pieces {
+			dst = t.words.encode(dst, t.model, p.s, 0)
+		}
 		return dst, nil
 	}
 	if t.pre != nil {
