@@ -193,27 +193,38 @@ func (h *Hasher) HashBlock(parent Digest, tokens []uint32, extra []any) (Digest,
 // Digests chains every full block of tokens from the root, appending to dst.
 // Trailing tokens that do not fill a block are ignored, as in vLLM.
 func (h *Hasher) Digests(dst []Digest, tokens []uint32, extras RequestExtras) ([]Digest, error) {
-	err := h.chain(tokens, extras, &dst, nil)
+	_, err := h.chain(0, h.root, tokens, extras, &dst, nil)
 	return dst, err
 }
 
 // Keys implements Keyer: the wire values of every full block.
 func (h *Hasher) Keys(dst []Key, tokens []uint32, extras RequestExtras) ([]Key, error) {
-	err := h.chain(tokens, extras, nil, &dst)
+	_, err := h.chain(0, h.root, tokens, extras, nil, &dst)
 	return dst, err
 }
 
-// chain hashes every full block, appending digests or wire keys. It runs
-// for every request, so it avoids a callback per block and builds extra
-// keys only when the request has any.
-func (h *Hasher) chain(tokens []uint32, extras RequestExtras, digests *[]Digest, keys *[]Key) error {
+// Extend implements Keyer.
+func (h *Hasher) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) error {
+	parent := c.parent
+	if len(c.Keys) == 0 {
+		parent = h.root
+	}
+	parent, err := h.chain(len(c.Keys), parent, tokens, extras, nil, &c.Keys)
+	c.parent = parent
+	return err
+}
+
+// chain hashes every full block of tokens from block first (chained on
+// parent), appending digests or wire keys, and returns the last digest. It
+// runs for every request, so it avoids a callback per block and builds
+// extra keys only when the request has any.
+func (h *Hasher) chain(first int, parent Digest, tokens []uint32, extras RequestExtras, digests *[]Digest, keys *[]Key) (Digest, error) {
 	n := len(tokens) / h.blockSize
 	buf := getBuf()
 	defer putBuf(buf)
-	parent := h.root
 	hasExtras := extras.LoRAName != "" || extras.CacheSalt != "" || len(extras.MM) > 0
 	var extraBuf [4]any
-	for i := 0; i < n; i++ {
+	for i := first; i < n; i++ {
 		start := i * h.blockSize
 		var extra []any
 		if hasExtras {
@@ -222,7 +233,7 @@ func (h *Hasher) chain(tokens []uint32, extras RequestExtras, digests *[]Digest,
 		b, err := h.Serialize((*buf)[:0], parent, tokens[start:start+h.blockSize], extra)
 		*buf = b
 		if err != nil {
-			return fmt.Errorf("block %d: %w", i, err)
+			return parent, fmt.Errorf("block %d: %w", i, err)
 		}
 		parent = h.digest(b)
 		if keys != nil {
@@ -231,7 +242,7 @@ func (h *Hasher) chain(tokens []uint32, extras RequestExtras, digests *[]Digest,
 			*digests = append(*digests, parent)
 		}
 	}
-	return nil
+	return parent, nil
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}

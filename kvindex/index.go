@@ -397,6 +397,42 @@ func (ix *Index) Lookup(dst []Match, keys []Key) []Match {
 	return dst
 }
 
+// Reach tracks which targets hold every key of a prompt seen so far, for a
+// caller that learns the keys a piece at a time. Once no target does, no
+// later key can lengthen any target's run (runs start at block 0), so the
+// rest of the prompt cannot change a Lookup. The zero value is ready.
+type Reach struct {
+	alive []uint64 // per group of 64 slots
+}
+
+// Extend narrows r by the prompt's next keys, in order, and reports whether
+// some target still holds every key so far. A target added since r began
+// counts as holding the earlier keys: that can only make a caller read on.
+func (ix *Index) Extend(r *Reach, keys []Key) bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	groups := len(ix.masks[TierGPU])
+	for len(r.alive) < groups {
+		r.alive = append(r.alive, ^uint64(0))
+	}
+	for _, k := range keys {
+		any := false
+		for g := range groups {
+			if r.alive[g] == 0 {
+				continue
+			}
+			held := ix.masks[TierGPU][g][k] | ix.masks[TierCPU][g][k] | ix.masks[TierStorage][g][k]
+			if r.alive[g] &= held; r.alive[g] != 0 {
+				any = true
+			}
+		}
+		if !any {
+			return false
+		}
+	}
+	return true
+}
+
 func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]bool) []Match {
 	var (
 		alive    = ^uint64(0)

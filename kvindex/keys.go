@@ -9,7 +9,20 @@ type Key uint64
 // implementations are Hasher (vLLM-exact) and TokenKeyer (seed unknown).
 type Keyer interface {
 	Keys(dst []Key, tokens []uint32, extras RequestExtras) ([]Key, error)
+	// Extend appends to c the keys of the full blocks of tokens it does not
+	// hold yet: tokens is the prompt so far, of which c holds the first
+	// len(c.Keys) blocks. A prompt keyed piece by piece gets the keys Keys
+	// gives for the whole.
+	Extend(c *KeyChain, tokens []uint32, extras RequestExtras) error
 	BlockSize() int
+}
+
+// KeyChain is a prompt's block keys computed so far, for a caller that
+// learns the prompt's tokens a piece at a time (the router stops
+// tokenizing once no target can match further).
+type KeyChain struct {
+	Keys   []Key
+	parent Digest // the Hasher's last digest: a wire key is only its tail
 }
 
 // MMItem is one multimodal input placed in the prompt: its content

@@ -59,19 +59,29 @@ func (t *TokenKeyer) KeyBlock(parent Key, tokens []uint32, extra []any) (Key, er
 
 // Keys implements Keyer.
 func (t *TokenKeyer) Keys(dst []Key, tokens []uint32, extras RequestExtras) ([]Key, error) {
+	c := KeyChain{Keys: dst[len(dst):]}
+	err := t.Extend(&c, tokens, extras)
+	return append(dst, c.Keys...), err
+}
+
+// Extend implements Keyer: a token-derived key is its own chain state.
+func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) error {
 	parent := tokenKeyRoot
+	if len(c.Keys) > 0 {
+		parent = c.Keys[len(c.Keys)-1]
+	}
 	var extraBuf [4]any
 	n := len(tokens) / t.blockSize
-	for i := 0; i < n; i++ {
+	for i := len(c.Keys); i < n; i++ {
 		start := i * t.blockSize
 		k, err := t.KeyBlock(parent, tokens[start:start+t.blockSize], extras.AppendBlockExtra(extraBuf[:0], i, start, start+t.blockSize))
 		if err != nil {
-			return dst, fmt.Errorf("block %d: %w", i, err)
+			return fmt.Errorf("block %d: %w", i, err)
 		}
-		dst = append(dst, k)
+		c.Keys = append(c.Keys, k)
 		parent = k
 	}
-	return dst, nil
+	return nil
 }
 
 // engineKeyMap remembers, for one target, which router key each engine hash
