@@ -39,19 +39,7 @@ func BenchmarkCorpus(b *testing.B) {
 // has never seen, in a process whose word cache is warm. This is the cold
 // case of the router's 4k-token chat goal.
 func BenchmarkLongPrompt(b *testing.B) {
-	var sb strings.Builder
-	n := 0
-	for _, s := range loadCorpus(b) {
-		if len(s) < 400 || len(s) > 4000 || strings.Contains(s, "<|") || strings.Contains(s, "<｜") {
-			continue
-		}
-		role := []string{"user", "assistant"}[n%2]
-		fmt.Fprintf(&sb, "<|im_start|>%s\n%s<|im_end|>\n", role, s)
-		if n++; sb.Len() > 25000 {
-			break
-		}
-	}
-	prompt := sb.String()
+	prompt := chatShapedPrompt(b, 25000)
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(model, func(b *testing.B) {
 			tk, err := Load(modelPath(b, model))
@@ -72,4 +60,22 @@ func BenchmarkLongPrompt(b *testing.B) {
 			b.ReportMetric(float64(len(ids)), "tokens")
 		})
 	}
+}
+
+// chatShapedPrompt joins the corpus's longer paragraphs between qwen3-style
+// turn markers until the text passes size bytes.
+func chatShapedPrompt(tb testing.TB, size int) string {
+	var sb strings.Builder
+	n := 0
+	for _, s := range loadCorpus(tb) {
+		if len(s) < 400 || len(s) > 4000 || strings.Contains(s, "<|") || strings.Contains(s, "<｜") {
+			continue
+		}
+		role := []string{"user", "assistant"}[n%2]
+		fmt.Fprintf(&sb, "<|im_start|>%s\n%s<|im_end|>\n", role, s)
+		if n++; sb.Len() > size {
+			break
+		}
+	}
+	return sb.String()
 }

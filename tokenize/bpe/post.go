@@ -3,6 +3,7 @@ package bpe
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // postProcessor adds the special tokens of add_special_tokens=true. Only
@@ -10,6 +11,11 @@ import (
 type postProcessor interface {
 	resolve(vocab map[string]uint32) error
 	apply(ids []uint32) []uint32
+	// affixes returns the ids apply puts before and after the sequence;
+	// ok is false when apply is not of that form (a template without
+	// exactly one sequence), so the ids cannot be produced a prefix at a
+	// time.
+	affixes() (prefix, suffix []uint32, ok bool)
 }
 
 func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
@@ -95,8 +101,9 @@ func parsePostProcessor(raw json.RawMessage) (postProcessor, error) {
 
 type noPost struct{}
 
-func (noPost) resolve(map[string]uint32) error { return nil }
-func (noPost) apply(ids []uint32) []uint32     { return ids }
+func (noPost) resolve(map[string]uint32) error     { return nil }
+func (noPost) apply(ids []uint32) []uint32         { return ids }
+func (noPost) affixes() ([]uint32, []uint32, bool) { return nil, nil, true }
 
 type sequencePost []postProcessor
 
@@ -116,6 +123,20 @@ func (q sequencePost) apply(ids []uint32) []uint32 {
 	return ids
 }
 
+// affixes composes the members' affixes: each wraps what the ones before
+// it produced.
+func (q sequencePost) affixes() (prefix, suffix []uint32, ok bool) {
+	for _, p := range q {
+		pre, suf, ok := p.affixes()
+		if !ok {
+			return nil, nil, false
+		}
+		prefix = append(slices.Clone(pre), prefix...)
+		suffix = append(suffix, suf...)
+	}
+	return prefix, suffix, true
+}
+
 type templatePiece struct {
 	seq bool
 	ids []uint32
@@ -126,6 +147,21 @@ type templateProcessing struct {
 }
 
 func (tp *templateProcessing) resolve(map[string]uint32) error { return nil }
+
+func (tp *templateProcessing) affixes() (prefix, suffix []uint32, ok bool) {
+	seqs := 0
+	for _, p := range tp.single {
+		switch {
+		case p.seq:
+			seqs++
+		case seqs == 0:
+			prefix = append(prefix, p.ids...)
+		default:
+			suffix = append(suffix, p.ids...)
+		}
+	}
+	return prefix, suffix, seqs == 1
+}
 
 func (tp *templateProcessing) apply(ids []uint32) []uint32 {
 	n := len(ids)

@@ -187,28 +187,88 @@ func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 // Encode tokenizes text. Invalid UTF-8 is replaced by U+FFFD first (HF only
 // takes valid strings).
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error) {
-	if !utf8.ValidString(text) {
-		text = strings.ToValidUTF8(text, "\uFFFD")
-	}
-	ids := make([]uint32, 0, len(text)/3+4)
-	var segs []segment
-	segs = t.rawMatch.find(text, segs)
-	for _, sg := range segs {
-		if sg.tok != nil {
-			ids = append(ids, sg.tok.id)
-			continue
-		}
-		var err error
-		ids, err = t.encodeSegment(ids, text[sg.start:sg.end], sg.start == 0)
-		if err != nil {
+	st := t.NewStream(text, addSpecialTokens)
+	for !st.Done() {
+		if err := st.Step(); err != nil {
 			return nil, err
 		}
 	}
-	if addSpecialTokens && t.post != nil {
-		ids = t.post.apply(ids)
-	}
-	return ids, nil
+	return st.IDs(), nil
 }
+
+// Stream encodes a text a segment at a time — the spans between added
+// tokens, which encode independently of one another — so a caller that
+// needs the ids of only a prefix (the router, once no pod can match further)
+// can stop early and finish later. After every Step, IDs is a prefix of what
+// Encode returns; once Done, it is all of it.
+type Stream struct {
+	t    *Tokenizer
+	text string
+	segs []segment
+	next int
+	ids  []uint32
+	// suffix is what the post-processor appends after the sequence; whole
+	// means the post-processor is not of the prefix-sequence-suffix form, so
+	// the stream encodes everything in its first step and applies it.
+	suffix   []uint32
+	whole    bool
+	done     bool
+	consumed int
+}
+
+// NewStream starts encoding text (see Encode).
+func (t *Tokenizer) NewStream(text string, addSpecialTokens bool) *Stream {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	st := &Stream{t: t, text: text, ids: make([]uint32, 0, len(text)/3+4)}
+	st.segs = t.rawMatch.find(text, nil)
+	if addSpecialTokens && t.post != nil {
+		pre, suf, ok := t.post.affixes()
+		st.ids, st.suffix, st.whole = append(st.ids, pre...), suf, !ok
+	}
+	return st
+}
+
+// Step encodes the next text segment and the added tokens before it; the
+// last step also appends the post-processor's closing ids.
+func (st *Stream) Step() error {
+	for st.next < len(st.segs) {
+		sg := st.segs[st.next]
+		st.next++
+		st.consumed = sg.end
+		if sg.tok != nil {
+			st.ids = append(st.ids, sg.tok.id)
+			continue
+		}
+		var err error
+		if st.ids, err = st.t.encodeSegment(st.ids, st.text[sg.start:sg.end], sg.start == 0); err != nil {
+			return err
+		}
+		if !st.whole && st.next < len(st.segs) {
+			return nil
+		}
+	}
+	if !st.done {
+		st.done = true
+		if st.whole {
+			st.ids = st.t.post.apply(st.ids)
+		} else {
+			st.ids = append(st.ids, st.suffix...)
+		}
+	}
+	return nil
+}
+
+// Done reports whether the whole text is encoded.
+func (st *Stream) Done() bool { return st.done }
+
+// IDs returns the ids encoded so far; the slice is only valid until the
+// next Step.
+func (st *Stream) IDs() []uint32 { return st.ids }
+
+// Consumed is how many bytes of the text the ids so far cover.
+func (st *Stream) Consumed() int { return st.consumed }
 
 // encodeSegment encodes text between raw-matched added tokens. Its result
 // depends only on the text and, for Metaspace "first", whether it starts the
