@@ -26,24 +26,51 @@ func Bytes() *Model {
 
 type bytesEncoder struct{}
 
-func (bytesEncoder) encode(text string, addSpecial bool) ([]uint32, error) {
-	ids := make([]uint32, 0, len(text)+1)
-	if addSpecial {
-		ids = append(ids, BytesBOS)
+func (e bytesEncoder) encode(text string, addSpecial bool) ([]uint32, error) {
+	st := e.stream(text, addSpecial)
+	for !st.Done() {
+		_ = st.Step() // the bytes model cannot fail
 	}
-	for i := 0; i < len(text); {
-		if text[i] == '<' {
-			if id, n := bytesSpecialAt(text[i:]); n > 0 {
-				ids = append(ids, id)
-				i += n
-				continue
+	return st.IDs(), nil
+}
+
+func (bytesEncoder) stream(text string, addSpecial bool) idStream {
+	st := &bytesStream{text: text, ids: make([]uint32, 0, len(text)+1)}
+	if addSpecial {
+		st.ids = append(st.ids, BytesBOS)
+	}
+	return st
+}
+
+// bytesStream encodes up to and including the next special token per
+// step, so chat prompts arrive a message at a time as with tokenizer.json
+// models.
+type bytesStream struct {
+	text string
+	pos  int
+	ids  []uint32
+	done bool
+}
+
+func (st *bytesStream) Step() error {
+	for st.pos < len(st.text) {
+		if st.text[st.pos] == '<' {
+			if id, n := bytesSpecialAt(st.text[st.pos:]); n > 0 {
+				st.ids = append(st.ids, id)
+				st.pos += n
+				break
 			}
 		}
-		ids = append(ids, uint32(text[i]))
-		i++
+		st.ids = append(st.ids, uint32(st.text[st.pos]))
+		st.pos++
 	}
-	return ids, nil
+	st.done = st.pos == len(st.text)
+	return nil
 }
+
+func (st *bytesStream) Done() bool    { return st.done }
+func (st *bytesStream) IDs() []uint32 { return st.ids }
+func (st *bytesStream) Consumed() int { return st.pos }
 
 func bytesSpecialAt(s string) (uint32, int) {
 	for j, sp := range bytesSpecials {

@@ -1,9 +1,11 @@
 package tokenize
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 )
 
@@ -69,6 +71,17 @@ type ChatRequest struct {
 	Body json.RawMessage `json:"-"`
 }
 
+// detached returns a copy of req that owns its bytes. A sampled comparison
+// runs after the caller has answered, when the buffer a server's request
+// fields point into may hold the next request.
+func (req ChatRequest) detached() ChatRequest {
+	req.Messages = bytes.Clone(req.Messages)
+	req.Tools = bytes.Clone(req.Tools)
+	req.ChatTemplateKwargs = bytes.Clone(req.ChatTemplateKwargs)
+	req.Body = bytes.Clone(req.Body)
+	return req
+}
+
 // Result is a mode-aware tokenization.
 type Result struct {
 	// Prompt is the rendered chat prompt when known (always for local chat).
@@ -101,6 +114,30 @@ type Model struct {
 	mode    atomic.Int32
 	// configured is the mode asked for; mode may later move to remote.
 	configured Mode
+	// rate is an average of bytes per token over finished streams (float64
+	// bits; 0 before the first), for estimating a prompt read in part.
+	rate atomic.Uint64
+}
+
+// bytesPerToken is the model's recent bytes per token, 4 before any.
+func (m *Model) bytesPerToken() float64 {
+	if r := math.Float64frombits(m.rate.Load()); r > 0 {
+		return r
+	}
+	return 4
+}
+
+// observeRate folds one finished prompt into the average; a lost update
+// between racing requests costs nothing but a sample.
+func (m *Model) observeRate(bytes, tokens int) {
+	if bytes == 0 || tokens == 0 {
+		return
+	}
+	r := float64(bytes) / float64(tokens)
+	if old := math.Float64frombits(m.rate.Load()); old > 0 {
+		r = 0.9*old + 0.1*r
+	}
+	m.rate.Store(math.Float64bits(r))
 }
 
 // Name is the model name the model was registered under.

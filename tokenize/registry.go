@@ -262,6 +262,7 @@ func (m *Model) tokenizeChat(ctx context.Context, req ChatRequest, baseURL strin
 			return Result{Mode: ModeLocal}, err
 		}
 		if err == nil && m.reg.sample() {
+			req := req.detached()
 			m.reg.compareInBackground(m, baseURL, func(ctx context.Context) (Result, error) {
 				return m.reg.remoteChat(ctx, m.name, req, baseURL)
 			}, prompt, ids)
