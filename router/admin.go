@@ -32,12 +32,15 @@ func (r *Router) adminHandler() http.Handler {
 // DryRun is the answer of POST /debug/route/v1/...: what the router would do
 // with the request, without doing it.
 type DryRun struct {
-	Model        string         `json:"model"`
-	PromptTokens int            `json:"prompt_tokens"`
-	BlockSize    int            `json:"block_size"`
-	Blocks       int            `json:"blocks"`
-	Decision     DryRunDecision `json:"decision"`
-	Candidates   []DryCandidate `json:"candidates"`
+	Model        string `json:"model"`
+	PromptTokens int    `json:"prompt_tokens"`
+	BlockSize    int    `json:"block_size"`
+	Blocks       int    `json:"blocks"`
+	// LookedUpBlocks is how many of the prompt's blocks the decision looked
+	// up: the router stops at the first block no target holds.
+	LookedUpBlocks int            `json:"looked_up_blocks"`
+	Decision       DryRunDecision `json:"decision"`
+	Candidates     []DryCandidate `json:"candidates"`
 }
 
 // DryRunDecision names the chosen target and why.
@@ -99,15 +102,18 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		writeAPIError(w, aerr)
 		return
 	}
+	// The dry run reports the whole prompt, so it encodes the rest now.
+	pl.startFinishing()
 	writeJSON(w, http.StatusOK, dryRunOf(pl))
 }
 
 func dryRunOf(pl *routePlan) DryRun {
 	chosen := pl.cands[pl.dec.idx].Target.ID
 	out := DryRun{
-		Model: pl.model, PromptTokens: pl.tokens.count, BlockSize: pl.blockSize, Blocks: len(pl.keys),
-		Decision:   DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
-		Candidates: make([]DryCandidate, 0, len(pl.cands)),
+		Model: pl.model, PromptTokens: pl.promptForOutcome().count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(),
+		LookedUpBlocks: len(pl.keys),
+		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
+		Candidates:     make([]DryCandidate, 0, len(pl.cands)),
 	}
 	for _, c := range pl.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{

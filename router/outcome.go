@@ -200,7 +200,7 @@ type outcomeRec struct {
 	model     string
 	target    string
 	predicted int
-	prompt    promptTokens
+	plan      *routePlan
 	status    int
 	start     time.Time
 	ttft      time.Duration
@@ -214,8 +214,9 @@ func (o *outcomeRec) finish(label string, u usage) {
 	if o.status >= 300 {
 		return
 	}
-	prompt := int64(o.prompt.count)
-	if o.prompt.ids == nil && u.known {
+	pt := o.plan.promptForOutcome()
+	prompt := int64(pt.count)
+	if pt.ids == nil && u.known {
 		prompt = u.promptTokens
 	}
 	m.promptTokens.WithLabelValues(o.target, o.model, pol).Add(float64(prompt))

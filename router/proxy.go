@@ -180,6 +180,7 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b
 // byte has reached the client.
 func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, id string, start time.Time) {
 	body := ctx.PostBody()
+	pl.startFinishing()
 	for attempt := 0; ; attempt++ {
 		cd := &pl.cands[pl.dec.idx]
 		res := r.attempt(ctx, req, pl, cd, body, id, start, attempt)
@@ -265,12 +266,14 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	if r.cfg.DebugHeaders {
 		h := &ctx.Response.Header
 		h.Set("X-Prefixrouter-Target", tname)
-		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(len(pl.keys)))
+		// Debug only: waits, if need be, for the rest of the prompt.
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pl.promptBlocks()))
+		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pl.keys)))
 		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
 		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))
 		h.Set("X-Prefixrouter-Reason", pl.dec.reason)
 	}
-	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, prompt: pl.tokens, status: resp.StatusCode, start: start, ttft: ttft}
+	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, plan: pl, status: resp.StatusCode, start: start, ttft: ttft}
 	if resp.StatusCode >= 500 {
 		r.met.upstreamErrors.WithLabelValues(tname, "status_5xx").Inc()
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -11,13 +12,21 @@ import (
 // its prompt as the pod will see it, its block keys, the candidates with
 // their confirmed runs and costs, and the choice.
 type routePlan struct {
-	model        string
-	tokens       promptTokens
+	model  string
+	tokens promptTokens
+	// keys are the prompt's block keys up to the first block no target
+	// holds (all of them when every block is held somewhere): the rest
+	// cannot change any target's run.
 	keys         []kvindex.Key
+	chain        kvindex.KeyChain
 	blockSize    int
 	cands        []Candidate
 	dec          decision
 	approxChunks []uint64
+	// full is closed once finishPrompt has encoded the rest of the prompt
+	// into finished; nil when there was nothing left to encode.
+	full     chan struct{}
+	finished promptTokens
 }
 
 // plan resolves targets, tokenizes, looks the blocks up and chooses. With
@@ -65,23 +74,29 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		return nil, err
 	}
 	pl.tokens = pt
-	if ks != nil && pt.ids != nil {
+	if ks != nil {
 		pl.blockSize = ks.blockSize
+	}
+	precise := r.cfg.Policy == PolicyPrecise
+	if ks != nil && (pt.ids != nil || (pt.stream != nil && precise)) {
 		extras := kvindex.RequestExtras{CacheSalt: req.CacheSalt}
 		if r.cat.isAdapter(req.Model) {
 			extras.LoRAName = req.Model
 		}
-		keys, kerr := ks.keyer.Keys(nil, pt.ids, extras)
+		var kerr error
+		if pt.stream != nil {
+			kerr = r.keyUntilMiss(pl, ks.keyer, extras)
+		} else {
+			kerr = ks.keyer.Extend(&pl.chain, pt.ids, extras)
+		}
 		if kerr != nil {
 			return nil, errBadRequest("prompt", "cannot compute block keys: "+kerr.Error())
 		}
-		pl.keys = keys
-		if len(keys) > 0 && r.cfg.Policy == PolicyPrecise {
+		pl.keys = pl.chain.Keys
+		if len(pl.keys) > 0 && precise {
 			var mbuf [16]kvindex.Match
-			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], keys))
+			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], pl.keys))
 		}
-	} else if ks != nil {
-		pl.blockSize = ks.blockSize
 	}
 	if r.ch.approx != nil {
 		pl.approxChunks = approxChunks(nil, approxText(req))
@@ -92,6 +107,91 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		return nil, errNoTarget("no routable target for model "+req.Model, r.retryAfter())
 	}
 	return pl, nil
+}
+
+// keyUntilMiss encodes the prompt a segment at a time and keys each new
+// block, stopping at the first block no target holds: runs start at block
+// 0, so no later block can lengthen any target's run, and the decision is
+// the one the whole prompt would give. For a prompt no pod has seen, this is
+// the difference between encoding a few dozen tokens and encoding all of
+// them before the request leaves. The rest is encoded after dispatch.
+func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex.RequestExtras) error {
+	st := pl.tokens.stream
+	var reach kvindex.Reach
+	for !st.Done() {
+		if err := st.Step(); err != nil {
+			// The pod will judge the prompt; route on what is known.
+			slog.Debug("tokenization failed; routing on the blocks so far", "model", pl.model, "err", err)
+			pl.tokens.stream = nil
+			break
+		}
+		before := len(pl.chain.Keys)
+		if err := keyer.Extend(&pl.chain, st.IDs(), extras); err != nil {
+			return err
+		}
+		if len(pl.chain.Keys) > before && !r.pl.index.Extend(&reach, pl.chain.Keys[before:]) {
+			break
+		}
+	}
+	if st.Done() {
+		// Finish encodes nothing more here; it records the encode and, in
+		// auto mode, starts the sampled comparison.
+		if ids, err := st.Finish(); err == nil {
+			pl.tokens = promptTokens{ids: ids, count: len(ids), source: "local"}
+		}
+	} else {
+		pl.tokens.count = st.EstimateCount()
+	}
+	return nil
+}
+
+// finishPrompt encodes the rest of a prompt the plan stopped reading,
+// after the request left: the exact token count for the outcome metrics,
+// the segment cache warm for the conversation's next turn, auto mode's
+// sampled comparison. It runs once; tokens is written only here, and read
+// by others after full is closed.
+func (pl *routePlan) finishPrompt() {
+	defer close(pl.full)
+	st := pl.tokens.stream
+	ids, err := st.Finish()
+	if err != nil {
+		slog.Debug("tokenization failed after dispatch", "model", pl.model, "err", err)
+		return
+	}
+	pl.finished = promptTokens{ids: ids, count: len(ids), source: "local"}
+}
+
+// startFinishing starts finishPrompt when the plan left part of the prompt
+// unread, and returns at once.
+func (pl *routePlan) startFinishing() {
+	if pl.tokens.stream == nil || pl.full != nil {
+		return
+	}
+	pl.full = make(chan struct{})
+	go pl.finishPrompt()
+}
+
+// promptForOutcome is the prompt as the outcome records it: the finished
+// count when the plan stopped early.
+func (pl *routePlan) promptForOutcome() promptTokens {
+	if pl.full == nil {
+		return pl.tokens
+	}
+	<-pl.full
+	if pl.finished.ids == nil {
+		return pl.tokens
+	}
+	return pl.finished
+}
+
+// promptBlocks is the number of full blocks in the whole prompt (waiting
+// for finishPrompt when the plan stopped early); 0 without a block size.
+func (pl *routePlan) promptBlocks() int {
+	pt := pl.promptForOutcome()
+	if pl.blockSize == 0 || pt.ids == nil {
+		return len(pl.keys)
+	}
+	return len(pt.ids) / pl.blockSize
 }
 
 // predictedCached is the number of prompt tokens the router expects the

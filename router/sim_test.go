@@ -249,3 +249,86 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 	}
 	waitFor(t, "the old process's placements dropped", func() bool { return confirmed() == 0 })
 }
+
+// TestSimStopsAtFirstUnheldBlock: a prompt no pod has seen is looked up
+// only as far as its first block no pod holds, yet the router still
+// reports the whole prompt — the dry run's prompt_tokens and blocks, and
+// the outcome's prompt-token count — exactly as the pod counts it; a
+// prompt whose prefix a pod holds is read past that prefix.
+func TestSimStopsAtFirstUnheldBlock(t *testing.T) {
+	f := startFleet(t, 2, sim.Faults{})
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyPrecise
+	cfg.DebugHeaders = true
+	cfg.HashSeed, cfg.HasHashSeed = "0", true
+	cfg.Health = fastHealth(f.Endpoints()...)
+	r := startRouter(t, cfg, "sim-tiny=bytes")
+	waitFor(t, "2 fresh pods", func() bool { return freshCount(r, "sim-tiny") == 2 })
+	waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+
+	chat := func(system string, turns int) string {
+		msgs := []string{fmt.Sprintf(`{"role":"system","content":%q}`, system)}
+		for i := range turns {
+			msgs = append(msgs, fmt.Sprintf(`{"role":"user","content":%q}`, strings.Repeat(fmt.Sprintf("turn %d says something new. ", i), 20)))
+		}
+		return `{"model":"sim-tiny","max_tokens":2,"messages":[` + strings.Join(msgs, ",") + `]}`
+	}
+	system := strings.Repeat("Answer as a careful operator would. ", 20) // 700 bytes
+	base := "http://" + r.Addr()
+	promptTokens := func(target string) float64 {
+		return metricValue(t, r, `prefixrouter_prompt_tokens_total{model="sim-tiny",policy="precise",target="`+target+`"}`)
+	}
+
+	fresh := chat(system, 8)
+	d := dryRun(t, r, "/v1/chat/completions", fresh)
+	if d.LookedUpBlocks == 0 || d.LookedUpBlocks > len(system)/16+2 || d.Blocks < 4*d.LookedUpBlocks {
+		t.Fatalf("unseen prompt: looked up %d of %d blocks, want only the first message's (%d bytes)", d.LookedUpBlocks, d.Blocks, len(system))
+	}
+	code, hdr, b := post(t, base+"/v1/chat/completions", fresh)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	var c completion
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	holder := hdr.Get("X-Prefixrouter-Target")
+	if c.Usage.PromptTokens != d.PromptTokens || d.Blocks != d.PromptTokens/16 {
+		t.Fatalf("dry run counted %d tokens (%d blocks), the pod %d", d.PromptTokens, d.Blocks, c.Usage.PromptTokens)
+	}
+	waitFor(t, "the outcome's exact prompt count", func() bool { return promptTokens(holder) == float64(c.Usage.PromptTokens) })
+	if got, _ := strconv.Atoi(hdr.Get("X-Prefixrouter-Prompt-Blocks")); got != d.Blocks {
+		t.Fatalf("debug header says %d prompt blocks, want %d", got, d.Blocks)
+	}
+
+	// Once the holder's events arrive, the same conversation one turn on is
+	// read through the held prefix.
+	next := chat(system, 9)
+	waitFor(t, "the holder's blocks to be confirmed", func() bool {
+		d = dryRun(t, r, "/v1/chat/completions", next)
+		return decisionName(d) == holder && candidateByName(d, holder).ConfirmedBlocks >= d.Blocks*8/10
+	})
+	if d.LookedUpBlocks <= candidateByName(d, holder).ConfirmedBlocks {
+		t.Fatalf("looked up %d blocks, holder confirms %d: the lookup stopped inside the held prefix", d.LookedUpBlocks, candidateByName(d, holder).ConfirmedBlocks)
+	}
+}
+
+func metricValue(t *testing.T, r *Router, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + r.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
+}

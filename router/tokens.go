@@ -12,11 +12,16 @@ import (
 // promptTokens is a request's prompt as the router knows it.
 type promptTokens struct {
 	// ids are the prompt's token ids as the pod computes them; nil when
-	// unknown (no tokenizer, or a load-only policy that does not need them).
+	// unknown (no tokenizer, or a load-only policy that does not need them)
+	// or not all encoded yet (stream).
 	ids []uint32
-	// count is len(ids), or an estimate (four bytes a token) when unknown.
+	// count is len(ids), or an estimate when ids is nil.
 	count  int
 	source string // ids, local, remote, estimate
+	// stream is the local encoding when the router tokenizes in process: the
+	// plan reads it only as far as the decision needs, and the rest is
+	// encoded after dispatch (routePlan.finishPrompt).
+	stream *tokenize.Stream
 }
 
 // tokenizers resolves a request's model to its tokenizer: a --tokenizer
@@ -78,7 +83,8 @@ func estimateTokens(req *Request) int {
 
 // prompt returns the request's prompt tokens. need says the policy needs
 // exact ids; without it a remote round trip is not worth it and the count is
-// estimated unless a local tokenizer makes ids cheap.
+// estimated unless a local tokenizer makes ids cheap. A local tokenizer
+// returns a stream the caller reads as far as it needs.
 func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string) (promptTokens, *apiError) {
 	if req.HasIDs {
 		return promptTokens{ids: req.PromptIDs, count: len(req.PromptIDs), source: "ids"}, nil
@@ -104,6 +110,20 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 	url := ""
 	if m.NeedsBaseURL(chat) {
 		url = base()
+	}
+	if local {
+		var st *tokenize.Stream
+		var err error
+		if chat {
+			st, err = m.StreamChat(req.Chat, url)
+		} else {
+			st, err = m.StreamPrompt(req.PromptText, req.AddSpecialTokens, url)
+		}
+		if err == nil {
+			return promptTokens{count: st.EstimateCount(), source: "local", stream: st}, nil
+		}
+		// A local render that fails takes the call path below, which in
+		// auto mode asks the pod.
 	}
 	var res tokenize.Result
 	var err error
