@@ -1,9 +1,9 @@
 package bpe
 
 import (
-	"container/heap"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"strings"
 	"unicode/utf8"
 )
@@ -12,13 +12,27 @@ import (
 // the unknown token.
 type model struct {
 	vocab        map[string]uint32
-	merges       map[[2]uint32]mergeRule
+	merges       mergeTable
 	unk          *uint32
 	fuseUnk      bool
 	byteFallback bool
 	ignoreMerges bool
-	prefix       *string // continuing_subword_prefix
-	suffix       *string // end_of_word_suffix
+	// continuing_subword_prefix and end_of_word_suffix; an absent one
+	// acts as "" does.
+	prefix, suffix string
+
+	// runeIDs[r] is the token of the bare char r, for the runes that cover
+	// byte-level alphabets and most Latin, Greek and Cyrillic text: a table
+	// read instead of hashing a string per char.
+	runeIDs []optID
+	// byteFallbackIDs holds the <0xXX> tokens, so that byte fallback is a
+	// table read instead of a formatted string and a map lookup per byte.
+	byteFallbackIDs [256]optID
+	// byteLevelIDs, when not nil, holds the token of each raw byte's
+	// byte-level character: with no prefix or suffix and all 256 characters
+	// in the vocab, a byte-level word's symbols follow from its raw bytes
+	// alone, without building the mapped string or looking its runes up.
+	byteLevelIDs *[256]uint32
 
 	// words caches merged words. Its key is the word as the tokenizer hands
 	// it over: the pre-tokenized string, or the raw bytes before the
@@ -30,6 +44,11 @@ type model struct {
 type mergeRule struct {
 	rank  uint32
 	newID uint32
+}
+
+type optID struct {
+	id uint32
+	ok bool
 }
 
 type modelJS struct {
@@ -68,12 +87,16 @@ func parseModel(raw json.RawMessage) (*model, error) {
 		fuseUnk:      js.FuseUnk,
 		byteFallback: js.ByteFallback,
 		ignoreMerges: js.IgnoreMerges,
-		prefix:       js.ContinuingSubwordPrefix,
-		suffix:       js.EndOfWordSuffix,
 		words:        newWordCache(),
 	}
 	if m.vocab == nil {
 		m.vocab = map[string]uint32{}
+	}
+	if js.ContinuingSubwordPrefix != nil {
+		m.prefix = *js.ContinuingSubwordPrefix
+	}
+	if js.EndOfWordSuffix != nil {
+		m.suffix = *js.EndOfWordSuffix
 	}
 	if js.UnkToken != nil {
 		id, ok := m.vocab[*js.UnkToken]
@@ -86,11 +109,7 @@ func parseModel(raw json.RawMessage) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model BPE: %w", err)
 	}
-	m.merges = make(map[[2]uint32]mergeRule, len(pairs))
-	var pfx string
-	if m.prefix != nil {
-		pfx = *m.prefix
-	}
+	m.merges = newMergeTable(len(pairs))
 	for i, p := range pairs {
 		a, ok := m.vocab[p[0]]
 		if !ok {
@@ -101,15 +120,35 @@ func parseModel(raw json.RawMessage) (*model, error) {
 			return nil, fmt.Errorf("model BPE: merge %d: token %q not in vocab", i, p[1])
 		}
 		// The right side loses the continuing-subword prefix when merged.
-		right := p[1]
-		if pfx != "" && strings.HasPrefix(right, pfx) {
-			right = right[len(pfx):]
-		}
+		right := strings.TrimPrefix(p[1], m.prefix)
 		n, ok := m.vocab[p[0]+right]
 		if !ok {
 			return nil, fmt.Errorf("model BPE: merge %d: result %q not in vocab", i, p[0]+right)
 		}
-		m.merges[[2]uint32{a, b}] = mergeRule{rank: uint32(i), newID: n}
+		m.merges.put(a, b, mergeRule{rank: uint32(i), newID: n})
+	}
+	m.runeIDs = make([]optID, runeTableSize)
+	for r := range m.runeIDs {
+		id, ok := m.vocab[string(rune(r))]
+		m.runeIDs[r] = optID{id, ok}
+	}
+	if m.byteFallback {
+		for b := range m.byteFallbackIDs {
+			id, ok := m.vocab[fmt.Sprintf("<0x%02X>", b)]
+			m.byteFallbackIDs[b] = optID{id, ok}
+		}
+	}
+	if m.prefix == "" && m.suffix == "" {
+		var ids [256]uint32
+		all := true
+		for b, r := range byteToRune {
+			id, ok := m.vocab[string(r)]
+			ids[b] = id
+			all = all && ok
+		}
+		if all {
+			m.byteLevelIDs = &ids
+		}
 	}
 	return m, nil
 }
@@ -146,36 +185,6 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 	return out, nil
 }
 
-type symbol struct {
-	id         uint32
-	prev, next int
-	dead       bool
-}
-
-type mergeItem struct {
-	pos   int
-	rank  uint32
-	newID uint32
-}
-
-type mergeQueue []mergeItem
-
-func (q mergeQueue) Len() int { return len(q) }
-func (q mergeQueue) Less(i, j int) bool {
-	if q[i].rank != q[j].rank {
-		return q[i].rank < q[j].rank
-	}
-	return q[i].pos < q[j].pos
-}
-func (q mergeQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *mergeQueue) Push(x any)   { *q = append(*q, x.(mergeItem)) }
-func (q *mergeQueue) Pop() any {
-	old := *q
-	it := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return it
-}
-
 // tokenize appends the ids of one pre-tokenized word, following HF's
 // BPE::tokenize / merge_word / Word::merge_all.
 func (m *model) tokenize(dst []uint32, w string) []uint32 {
@@ -199,7 +208,11 @@ func (m *model) tokenizeByteLevel(dst []uint32, raw string) []uint32 {
 		return append(dst, ids...)
 	}
 	start := len(dst)
-	dst = m.tokenizeUncached(dst, byteLevelString(raw))
+	if m.byteLevelIDs != nil {
+		dst = m.mergeByteLevel(dst, raw)
+	} else {
+		dst = m.tokenizeUncached(dst, byteLevelString(raw))
+	}
 	m.words.put(raw, dst[start:])
 	return dst
 }
@@ -213,25 +226,71 @@ func (m *model) tokenizeUncached(dst []uint32, w string) []uint32 {
 	return m.merge(dst, w)
 }
 
-// merge splits a word into symbols and applies the merges.
+// Words up to these sizes merge in buffers on the stack; longer ones
+// allocate.
+const (
+	stackSyms  = 32
+	stackBytes = 128
+)
+
+// runeTableSize bounds runeIDs: the runes of one- and two-byte UTF-8.
+const runeTableSize = 0x800
+
+// mergeByteLevel is tokenizeUncached(dst, byteLevelString(raw)) for a model
+// with byteLevelIDs: every rune of the mapped word is in the vocab, so its
+// symbols are one per raw byte and neither byte fallback nor unk can occur.
+func (m *model) mergeByteLevel(dst []uint32, raw string) []uint32 {
+	if m.ignoreMerges {
+		var buf [stackBytes]byte
+		mapped := buf[:0]
+		for i := 0; i < len(raw); i++ {
+			mapped = utf8.AppendRune(mapped, byteToRune[raw[i]])
+		}
+		if id, ok := m.vocab[string(mapped)]; ok {
+			return append(dst, id)
+		}
+	}
+	if len(raw) == 0 {
+		return dst
+	}
+	var symBuf [stackSyms]symbol
+	syms := symBuf[:0]
+	for i := 0; i < len(raw); i++ {
+		syms = append(syms, symbol{id: m.byteLevelIDs[raw[i]], prev: int32(i) - 1, next: int32(i) + 1})
+	}
+	return m.mergeAll(dst, syms)
+}
+
+// merge splits a word into symbols and applies the merges (HF's
+// BPE::merge_word).
 func (m *model) merge(dst []uint32, w string) []uint32 {
-	syms := make([]symbol, 0, len(w))
+	var symBuf [stackSyms]symbol
+	var keyBuf [stackBytes]byte
+	syms := symBuf[:0]
 	add := func(id uint32) {
-		syms = append(syms, symbol{id: id, prev: len(syms) - 1, next: len(syms) + 1})
+		syms = append(syms, symbol{id: id, prev: int32(len(syms)) - 1, next: int32(len(syms)) + 1})
 	}
 	var unkPending bool
 	for i := 0; i < len(w); {
-		_, size := utf8.DecodeRuneInString(w[i:])
-		end := i + size
-		s := w[i:end]
-		if i > 0 && m.prefix != nil {
-			s = *m.prefix + s
-		}
-		if end == len(w) && m.suffix != nil {
-			s += *m.suffix
-		}
+		r, size := utf8.DecodeRuneInString(w[i:])
+		start, end := i, i+size
 		i = end
-		if id, ok := m.vocab[s]; ok {
+		withPrefix := start > 0 && m.prefix != ""
+		withSuffix := end == len(w) && m.suffix != ""
+		var s []byte // the token looked up, built only when needed
+		var id uint32
+		var ok bool
+		if !withPrefix && !withSuffix && int(r) < len(m.runeIDs) {
+			// r is valid here: an invalid byte decodes to RuneError, which is
+			// past the table.
+			id, ok = m.runeIDs[r].id, m.runeIDs[r].ok
+		} else {
+			// Built in keyBuf: a map index by string(bytes) does not
+			// allocate, where concatenating the prefix or suffix would.
+			s = m.token(keyBuf[:0], w[start:end], withPrefix, withSuffix)
+			id, ok = m.vocab[string(s)]
+		}
+		if ok {
 			if unkPending {
 				add(*m.unk)
 				unkPending = false
@@ -239,25 +298,16 @@ func (m *model) merge(dst []uint32, w string) []uint32 {
 			add(id)
 			continue
 		}
-		if m.byteFallback {
-			ok := true
-			ids := make([]uint32, 0, len(s))
-			for j := 0; j < len(s); j++ {
-				id, found := m.vocab[fmt.Sprintf("<0x%02X>", s[j])]
-				if !found {
-					ok = false
-					break
-				}
-				ids = append(ids, id)
+		if s == nil {
+			s = m.token(keyBuf[:0], w[start:end], withPrefix, withSuffix)
+		}
+		if m.byteFallback && m.hasByteFallback(s) {
+			// Like HF, a pending unk stays pending across byte-fallback
+			// chars: it is emitted before the next vocab hit or at the end.
+			for _, b := range s {
+				add(m.byteFallbackIDs[b].id)
 			}
-			if ok {
-				// Like HF, a pending unk stays pending across byte-fallback
-				// chars: it is emitted before the next vocab hit or at the end.
-				for _, id := range ids {
-					add(id)
-				}
-				continue
-			}
+			continue
 		}
 		if m.unk != nil {
 			if unkPending && !m.fuseUnk {
@@ -272,49 +322,199 @@ func (m *model) merge(dst []uint32, w string) []uint32 {
 	if len(syms) == 0 {
 		return dst
 	}
+	return m.mergeAll(dst, syms)
+}
+
+// token appends the vocab string of one char of a word to b.
+func (m *model) token(b []byte, char string, withPrefix, withSuffix bool) []byte {
+	if withPrefix {
+		b = append(b, m.prefix...)
+	}
+	b = append(b, char...)
+	if withSuffix {
+		b = append(b, m.suffix...)
+	}
+	return b
+}
+
+// hasByteFallback reports whether every byte of s has a <0xXX> token; HF
+// falls back per char only when all of its bytes do.
+func (m *model) hasByteFallback(s []byte) bool {
+	for _, b := range s {
+		if !m.byteFallbackIDs[b].ok {
+			return false
+		}
+	}
+	return true
+}
+
+// symbol is one part of a word being merged, in a list linked by index.
+// next is -1 for the last symbol and for one merged into its left
+// neighbour: HF skips a queue entry in either case.
+type symbol struct {
+	id         uint32
+	prev, next int32
+}
+
+// mergeItem is a queue entry of HF's Word::merge_all.
+type mergeItem struct {
+	order uint64 // rank<<32 | pos: HF's order, by rank then position
+	pair  uint64 // the ids the entry was queued for
+	newID uint32
+}
+
+func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
+
+// mergeAll applies the ranked merges to syms (linked in order, the last's
+// next -1; the word has at least one symbol) as HF's Word::merge_all does,
+// and appends the resulting ids.
+func (m *model) mergeAll(dst []uint32, syms []symbol) []uint32 {
+	// Positions are int32, which keeps symbols and queue entries small;
+	// Stream.Step refuses texts of MaxInt32 bytes or more, so no word has
+	// that many symbols.
 	syms[len(syms)-1].next = -1
-	m.mergeAll(syms)
-	for i := 0; i >= 0 && i < len(syms); i = syms[i].next {
+	var qBuf [stackSyms]mergeItem
+	q := qBuf[:0]
+	for i := 0; i+1 < len(syms); i++ {
+		if r, ok := m.merges.get(syms[i].id, syms[i+1].id); ok {
+			q = append(q, mergeItem{order: uint64(r.rank)<<32 | uint64(i), pair: pairKey(syms[i].id, syms[i+1].id), newID: r.newID})
+		}
+	}
+	for i := len(q)/2 - 1; i >= 0; i-- {
+		siftDown(q, i)
+	}
+	for len(q) > 0 {
+		top := q[0]
+		last := len(q) - 1
+		q[0] = q[last]
+		if q = q[:last]; last > 0 {
+			siftDown(q, 0)
+		}
+
+		pos := int32(top.order)
+		cur := &syms[pos]
+		if cur.next < 0 {
+			continue
+		}
+		right := syms[cur.next]
+		if pairKey(cur.id, right.id) != top.pair {
+			// The entry was queued for another pair. HF still merges when the
+			// pair now there yields the same token: look it up.
+			if r, ok := m.merges.get(cur.id, right.id); !ok || r.newID != top.newID {
+				continue
+			}
+		}
+		syms[cur.next].next = -1
+		cur.id = top.newID
+		cur.next = right.next
+		if right.next >= 0 {
+			syms[right.next].prev = pos
+		}
+		if cur.prev >= 0 {
+			left := syms[cur.prev].id
+			if r, ok := m.merges.get(left, cur.id); ok {
+				q = pushItem(q, mergeItem{order: uint64(r.rank)<<32 | uint64(cur.prev), pair: pairKey(left, cur.id), newID: r.newID})
+			}
+		}
+		if cur.next >= 0 {
+			nextID := syms[cur.next].id
+			if r, ok := m.merges.get(cur.id, nextID); ok {
+				q = pushItem(q, mergeItem{order: uint64(r.rank)<<32 | uint64(pos), pair: pairKey(cur.id, nextID), newID: r.newID})
+			}
+		}
+	}
+	for i := int32(0); i >= 0; i = syms[i].next {
 		dst = append(dst, syms[i].id)
 	}
 	return dst
 }
 
-func (m *model) mergeAll(syms []symbol) {
-	q := make(mergeQueue, 0, len(syms))
-	for i := 0; i+1 < len(syms); i++ {
-		if r, ok := m.merges[[2]uint32{syms[i].id, syms[i+1].id}]; ok {
-			q = append(q, mergeItem{pos: i, rank: r.rank, newID: r.newID})
+// The queue is a binary min-heap on order, written out for mergeItem:
+// container/heap boxes every pushed and popped item in an interface.
+
+func siftDown(q []mergeItem, i int) {
+	it := q[i]
+	for {
+		c := 2*i + 1
+		if c >= len(q) {
+			break
+		}
+		if c+1 < len(q) && q[c+1].order < q[c].order {
+			c++
+		}
+		if it.order <= q[c].order {
+			break
+		}
+		q[i] = q[c]
+		i = c
+	}
+	q[i] = it
+}
+
+func pushItem(q []mergeItem, it mergeItem) []mergeItem {
+	q = append(q, it)
+	i := len(q) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if q[p].order <= it.order {
+			break
+		}
+		q[i] = q[p]
+		i = p
+	}
+	q[i] = it
+	return q
+}
+
+// mergeTable maps a pair of ids to its merge. It is an open-addressing
+// table with linear probing over one flat slice: the merge lookups are most
+// of the merge path's time, and a probe here touches one cache line where a
+// Go map goes through its directory, control word and slot.
+type mergeTable struct {
+	slots []mergeSlot
+	shift uint // 64 - log2(len(slots))
+}
+
+type mergeSlot struct {
+	pair  uint64
+	seq   uint32 // rank+1; 0 marks an empty slot
+	newID uint32
+}
+
+func newMergeTable(n int) mergeTable {
+	// At most 2/3 full, so that a probe that misses stays short.
+	size := 1 << max(bits.Len(uint(n+n/2)), 1)
+	return mergeTable{slots: make([]mergeSlot, size), shift: uint(64 - bits.Len(uint(size-1)))}
+}
+
+func (t *mergeTable) home(pair uint64) uint64 {
+	return (pair * 0x9E3779B97F4A7C15) >> t.shift // Fibonacci hashing
+}
+
+// put stores r for (a, b); a later merge of the same pair replaces an
+// earlier one, as in HF's map.
+func (t *mergeTable) put(a, b uint32, r mergeRule) {
+	pair := pairKey(a, b)
+	mask := uint64(len(t.slots) - 1)
+	for i := t.home(pair); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.seq == 0 || s.pair == pair {
+			*s = mergeSlot{pair: pair, seq: r.rank + 1, newID: r.newID}
+			return
 		}
 	}
-	heap.Init(&q)
-	for q.Len() > 0 {
-		top := heap.Pop(&q).(mergeItem)
-		cur := &syms[top.pos]
-		if cur.dead || cur.next < 0 {
-			continue
+}
+
+func (t *mergeTable) get(a, b uint32) (mergeRule, bool) {
+	pair := pairKey(a, b)
+	mask := uint64(len(t.slots) - 1)
+	for i := t.home(pair); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.pair == pair && s.seq != 0 {
+			return mergeRule{rank: s.seq - 1, newID: s.newID}, true
 		}
-		nextPos := cur.next
-		right := syms[nextPos]
-		r, ok := m.merges[[2]uint32{cur.id, right.id}]
-		if !ok || r.newID != top.newID {
-			continue // stale queue entry
-		}
-		cur.id = top.newID
-		cur.next = right.next
-		syms[nextPos].dead = true
-		if right.next >= 0 {
-			syms[right.next].prev = top.pos
-		}
-		if cur.prev >= 0 {
-			if r, ok := m.merges[[2]uint32{syms[cur.prev].id, cur.id}]; ok {
-				heap.Push(&q, mergeItem{pos: cur.prev, rank: r.rank, newID: r.newID})
-			}
-		}
-		if cur.next >= 0 {
-			if r, ok := m.merges[[2]uint32{cur.id, syms[cur.next].id}]; ok {
-				heap.Push(&q, mergeItem{pos: top.pos, rank: r.rank, newID: r.newID})
-			}
+		if s.seq == 0 {
+			return mergeRule{}, false
 		}
 	}
 }

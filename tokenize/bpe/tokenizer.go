@@ -9,6 +9,7 @@ package bpe
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -233,6 +234,9 @@ func (t *Tokenizer) NewStream(text string, addSpecialTokens bool) *Stream {
 // Step encodes the next text segment and the added tokens before it; the
 // last step also appends the post-processor's closing ids.
 func (st *Stream) Step() error {
+	if len(st.text) >= math.MaxInt32 {
+		return fmt.Errorf("text of %d bytes is too long to encode (at most %d)", len(st.text), math.MaxInt32-1)
+	}
 	for st.next < len(st.segs) {
 		sg := st.segs[st.next]
 		st.next++
