@@ -155,6 +155,22 @@ func (f *fastSplit) skip(s string, i int) int {
 }
 
 func (f fastSplit) matchAt(s string, i int) int {
+	if f.kind == kindCL100k && i+1 < len(s) {
+		// Most of English text, decided on two ASCII bytes: a word, or a
+		// word after one space or punctuation byte (the apostrophe's
+		// contractions take the full path below).
+		c0, c1 := s[i], s[i+1]
+		if c0 < utf8.RuneSelf && c1 < utf8.RuneSelf && c0 != '\'' {
+			if classL.ascii[c0] {
+				e, _ := spanWhile(s, i+1, classL, 0)
+				return e
+			}
+			if c0 != '\r' && c0 != '\n' && !classN.ascii[c0] && classL.ascii[c1] {
+				e, _ := spanWhile(s, i+2, classL, 0)
+				return e
+			}
+		}
+	}
 	r0, w0 := at(s, i)
 	r1, w1 := at(s, i+w0)
 	switch f.kind {

@@ -23,6 +23,9 @@ type wordCache struct {
 type wordEntry struct {
 	word string
 	ids  []uint32
+	// small holds the ids of a word of few tokens (most words are one), so
+	// a hit reads them from the entry's own cache line.
+	small [4]uint32
 }
 
 const (
@@ -57,7 +60,12 @@ func (c *wordCache) put(w string, ids []uint32) {
 	if len(w) >= wordCacheMaxLen || c.size.Load() >= c.limit {
 		return
 	}
-	e := &wordEntry{word: strings.Clone(w), ids: slices.Clone(ids)}
+	e := &wordEntry{word: strings.Clone(w)}
+	if len(ids) <= len(e.small) {
+		e.ids = e.small[:copy(e.small[:], ids)]
+	} else {
+		e.ids = slices.Clone(ids)
+	}
 	h := maphash.String(c.seed, w)
 	for k := range uint64(wordProbe) {
 		slot := &c.slots[(h+k)&c.mask]
