@@ -129,8 +129,13 @@ func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex
 		if err := keyer.Extend(&pl.chain, st.IDs(), extras); err != nil {
 			return err
 		}
-		if len(pl.chain.Keys) > before && !r.pl.index.Extend(&reach, pl.chain.Keys[before:]) {
-			break
+		if len(pl.chain.Keys) > before {
+			if !r.pl.index.Extend(&reach, pl.chain.Keys[before:]) {
+				break
+			}
+			// A pod holds the prompt's start: it will likely be read to
+			// the end, so the second core encodes the later half meanwhile.
+			st.Prefetch()
 		}
 	}
 	if st.Done() {

@@ -146,6 +146,17 @@ func (s *Stream) Step() error {
 	return err
 }
 
+// Prefetch starts encoding the later half of the prompt on another
+// goroutine (see bpe.Stream.Prefetch), for a caller that expects to read it
+// all; a prompt too short to gain from it, or an encoder without segments,
+// is left alone.
+func (s *Stream) Prefetch() {
+	const minBytes, minSegments = 4096, 4
+	if p, ok := s.ids.(interface{ Prefetch(int) }); ok && len(s.Prompt)-s.ids.Consumed() >= minBytes {
+		p.Prefetch(minSegments)
+	}
+}
+
 // Done reports whether the whole prompt is encoded.
 func (s *Stream) Done() bool { return s.ids.Done() }
 

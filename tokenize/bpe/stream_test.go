@@ -76,3 +76,41 @@ func TestPostAffixes(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamPrefetch: a stream whose later half another goroutine encodes
+// gives the same ids, whether the caller reads on at once or stops and
+// finishes later.
+func TestStreamPrefetch(t *testing.T) {
+	tk, err := Load(modelPath(t, "qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := chatShapedPrompt(t, 6000)
+	want, err := tk.Encode(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stepsFirst := range []int{0, 1, 3, 1000} {
+		st := tk.NewStream(p, true)
+		for i := 0; i < stepsFirst && !st.Done(); i++ {
+			if err := st.Step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st.Prefetch(4)
+		if (st.ahead != nil) != !st.Done() {
+			t.Fatalf("after %d steps first: prefetching %v with the stream done %v", stepsFirst, st.ahead != nil, st.Done())
+		}
+		for !st.Done() {
+			if err := st.Step(); err != nil {
+				t.Fatal(err)
+			}
+			if got := st.IDs(); !slices.Equal(got, want[:len(got)]) {
+				t.Fatalf("after %d steps first: not a prefix", stepsFirst)
+			}
+		}
+		if !slices.Equal(st.IDs(), want) || st.Consumed() != len(p) {
+			t.Fatalf("after %d steps first: %d ids, want %d", stepsFirst, len(st.IDs()), len(want))
+		}
+	}
+}
