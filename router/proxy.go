@@ -209,7 +209,8 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		r.ch.approx.record(t.ID, pl.approxChunks)
 	}
 	r.met.routed.WithLabelValues(tname, req.Model, r.cfg.Policy.String()).Inc()
-	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(time.Since(start).Seconds())
+	decided := time.Since(start)
+	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(decided.Seconds())
 
 	c := newCall(r.reqCtx)
 	watch := watchDisconnect(ctx.Conn(), func() { c.abort(cancelClientGone) })
@@ -272,6 +273,8 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
 		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))
 		h.Set("X-Prefixrouter-Reason", pl.dec.reason)
+		// Arrival to dispatch, the router's own time before the pod starts.
+		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(decided.Microseconds())/1e3, 'f', 3, 64))
 	}
 	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, plan: pl, status: resp.StatusCode, start: start, ttft: ttft}
 	if resp.StatusCode >= 500 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -109,6 +110,10 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 				}
 				if hdr.Get("X-Prefixrouter-Confirmed-Blocks") != "16" {
 					t.Fatalf("confirmed blocks header %q", hdr.Get("X-Prefixrouter-Confirmed-Blocks"))
+				}
+				ms, ok := strings.CutPrefix(hdr.Get("Server-Timing"), "route;dur=")
+				if d, err := strconv.ParseFloat(ms, 64); !ok || err != nil || d <= 0 {
+					t.Fatalf("Server-Timing %q, want route;dur=<ms>", hdr.Get("Server-Timing"))
 				}
 			}
 			if got := step.want.hits.Load() - before; got != 5 {
