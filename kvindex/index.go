@@ -421,7 +421,14 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 			if r.alive[g] == 0 {
 				continue
 			}
-			held := ix.masks[TierGPU][g][k] | ix.masks[TierCPU][g][k] | ix.masks[TierStorage][g][k]
+			var held uint64
+			for t := range ix.masks {
+				// A tier no target of the group uses (CPU and storage,
+				// in most fleets) costs no probe.
+				if m := ix.masks[t][g]; len(m) > 0 {
+					held |= m[k]
+				}
+			}
 			if r.alive[g] &= held; r.alive[g] != 0 {
 				any = true
 			}
