@@ -56,15 +56,13 @@ func (v *valueCache) close() {
 	}
 }
 
-// key is the seeded 128-bit XXH3 of an element's raw bytes: the decoded
-// value is a function of those bytes alone (FromJSONElem), so nothing else
-// belongs in the key.
-func (v *valueCache) key(raw []byte) string {
+// putKey appends an element's key to dst: the seeded 128-bit XXH3 of its
+// raw bytes. The decoded value is a function of those bytes alone
+// (FromJSONElem), so nothing else belongs in the key.
+func (v *valueCache) putKey(dst []byte, raw []byte) []byte {
 	h := xxh3.Hash128Seed(raw, v.seed)
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], h.Lo)
-	binary.LittleEndian.PutUint64(b[8:], h.Hi)
-	return string(b[:])
+	dst = binary.LittleEndian.AppendUint64(dst, h.Lo)
+	return binary.LittleEndian.AppendUint64(dst, h.Hi)
 }
 
 // decode turns a request's raw JSON field into a template value: None when
@@ -83,6 +81,25 @@ func (v *valueCache) decode(raw []byte) (chat.Value, error) {
 	if !ok || len(elems) == 0 {
 		return chat.FromJSON(raw)
 	}
+	// All the keys in one allocation rather than one each: ristretto
+	// hashes a key and keeps only the hash.
+	kb := make([]byte, 0, 16*len(elems))
+	for _, e := range elems {
+		if len(e) >= minCachedElem {
+			kb = v.putKey(kb, e)
+		}
+	}
+	keys := string(kb)
+	// The counters are added to once per request, not per element.
+	var hits, misses int
+	defer func() {
+		if hits > 0 {
+			v.metrics.msgHits.Add(float64(hits))
+		}
+		if misses > 0 {
+			v.metrics.msgMisses.Add(float64(misses))
+		}
+	}()
 	l := &chat.List{Items: make([]chat.Value, len(elems))}
 	for i, e := range elems {
 		if len(e) < minCachedElem {
@@ -95,13 +112,14 @@ func (v *valueCache) decode(raw []byte) (chat.Value, error) {
 			l.Items[i] = x
 			continue
 		}
-		k := v.key(e)
+		k := keys[:16]
+		keys = keys[16:]
 		if x, ok := v.c.Get(k); ok {
-			v.metrics.msgHits.Inc()
+			hits++
 			l.Items[i] = x
 			continue
 		}
-		v.metrics.msgMisses.Inc()
+		misses++
 		x, err := chat.FromJSONElem(e)
 		if err != nil {
 			return chat.FromJSON(raw)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"time"
 )
 
 // errBreak and errContinue unwind loop bodies.
@@ -23,32 +24,42 @@ const (
 	maxRange        = 100_000
 )
 
-// frame is one scope. Scopes hold a handful of names (the loop variable,
-// loop, a few sets), so an ordered Dict's slice scan beats a Go map, and a
-// frame costs no allocation until something is set in it.
+// frame is one scope's variables at run time: a slot per name the scope
+// can bind, numbered at compile time (see compile.go), so a lookup indexes
+// instead of comparing names.
 type frame struct {
-	vars   Dict
+	slots  []slot
 	parent *frame
-	// globals are the render's variables, read in place rather than copied
-	// per render: the outermost scope, below anything set at top level.
-	globals *Dict
 }
 
-func (f *frame) lookup(n string) (Value, bool) {
-	for ; f != nil; f = f.parent {
-		if v, ok := f.vars.Get(n); ok {
-			return v, true
-		}
-		if f.globals != nil {
-			if v, ok := f.globals.Get(n); ok {
-				return v, true
-			}
-		}
+// slot is a variable; set distinguishes a name bound to None from a name
+// not bound yet, which a lookup passes over to the enclosing scopes.
+type slot struct {
+	v   Value
+	set bool
+}
+
+// frame4 is a frame with room for its slots, allocated at once: loop and
+// macro scopes rarely have more than a few names.
+type frame4 struct {
+	frame
+	buf [4]slot
+}
+
+func newFrame(parent *frame, n int) *frame {
+	if n <= len(frame4{}.buf) {
+		f := &frame4{frame: frame{parent: parent}}
+		f.slots = f.buf[:n]
+		return &f.frame
 	}
-	return nil, false
+	return &frame{slots: make([]slot, n), parent: parent}
 }
 
-func (f *frame) set(n string, v Value) { f.vars.Set(n, v) }
+func (f *frame) bind(i int, v Value) { f.slots[i] = slot{v, true} }
+
+// slotRef is a scope that can bind a name: hops frames out from the frame
+// of the scope using it, at slot.
+type slotRef struct{ hops, slot int }
 
 type evaluator struct {
 	out      *strings.Builder
@@ -56,11 +67,49 @@ type evaluator struct {
 	steps    int
 	maxSteps int
 	depth    int
-	now      func() timeLike
+	now      func() time.Time
+	// vars and base are the render's variables (base under vars), read in
+	// place rather than copied per render: below every scope's slots.
+	vars, base *Dict
+	// globals caches, per render, the value of each name no scope of the
+	// template binds (messages, tools, ...): vars and base do not change
+	// during a render, so the first lookup's answer holds for the rest.
+	globals []slot
+	strsBuf [16]string // strs' first backing array, allocated with e
+}
+
+// lookup finds a name as the interpreter's scoping does: the innermost
+// scope that has bound it, then the render's variables. Builtins come
+// after, and only for expressions (set ns.attr does not see them).
+func (e *evaluator) lookup(f *frame, refs []slotRef, n string) (Value, bool) {
+	hops := 0
+	for _, r := range refs {
+		for ; hops < r.hops; hops++ {
+			f = f.parent
+		}
+		if s := &f.slots[r.slot]; s.set {
+			return s.v, true
+		}
+	}
+	return e.lookupVars(n)
+}
+
+func (e *evaluator) lookupVars(n string) (Value, bool) {
+	if e.vars != nil {
+		if v, ok := e.vars.Get(n); ok {
+			return v, true
+		}
+	}
+	if e.base != nil {
+		if v, ok := e.base.Get(n); ok {
+			return v, true
+		}
+	}
+	return nil, false
 }
 
 type macro struct {
-	n       *macroNode
+	code    *macroCode
 	closure *frame
 }
 
@@ -69,10 +118,13 @@ type loopInfo struct {
 	items          []Value
 }
 
+// step counts a statement run. Only statements write output, and a
+// statement's own step comes before any of its output, so checking the
+// output size here alone finds it past the limit exactly where a check on
+// every step would.
 func (e *evaluator) step() error {
-	e.steps++
-	if e.steps > e.maxSteps {
-		return errors.New("RuntimeError: template exceeded the evaluation step limit")
+	if err := e.tick(); err != nil {
+		return err
 	}
 	if e.out.Len() > maxOutput {
 		return errors.New("RuntimeError: template output exceeded the size limit")
@@ -80,158 +132,77 @@ func (e *evaluator) step() error {
 	return nil
 }
 
-func (e *evaluator) render(body []stmt, f *frame) error {
+// tick counts an expression evaluated.
+func (e *evaluator) tick() error {
+	e.steps++
+	if e.steps > e.maxSteps {
+		return errStepLimit()
+	}
+	return nil
+}
+
+// ticks counts n expressions evaluated with nothing that can fail between
+// them.
+func (e *evaluator) ticks(n int) error {
+	e.steps += n
+	if e.steps > e.maxSteps {
+		return errStepLimit()
+	}
+	return nil
+}
+
+func errStepLimit() error {
+	return errors.New("RuntimeError: template exceeded the evaluation step limit")
+}
+
+func (e *evaluator) render(body []execFn, f *frame) error {
 	for _, s := range body {
 		if err := e.step(); err != nil {
 			return err
 		}
-		if err := e.exec(s, f); err != nil {
+		if err := s(e, f); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (e *evaluator) exec(s stmt, f *frame) error {
-	switch s := s.(type) {
-	case *textNode:
-		e.out.WriteString(s.s)
-	case *outputNode:
-		if x, ok := isPlusChain(s.e); ok {
-			start, _, v, isStr, err := e.plusParts(x, f)
-			if err != nil {
-				return err
-			}
-			if !isStr {
-				e.out.WriteString(str(v))
-				return nil
-			}
-			for _, p := range e.strs[start:] {
-				e.out.WriteString(p)
-			}
-			e.strs = e.strs[:start]
-			return nil
-		}
-		v, err := e.eval(s.e, f)
-		if err != nil {
-			return err
-		}
-		e.out.WriteString(str(v))
-	case *ifNode:
-		for i, c := range s.conds {
-			v, err := e.eval(c, f)
-			if err != nil {
-				return err
-			}
-			if truthy(v) {
-				return e.render(s.bodies[i], f)
-			}
-		}
-		return e.render(s.els, f)
-	case *forNode:
-		return e.execFor(s, f)
-	case *setNode:
-		return e.execSet(s, f)
-	case *macroNode:
-		f.set(s.n(), &macro{n: s, closure: f})
-	case *callBlockNode:
-		caller := &macro{n: &macroNode{name: "caller", body: s.body}, closure: f}
-		c := *s.call
-		fn, err := e.eval(c.fn, f)
-		if err != nil {
-			return err
-		}
-		args, kw, err := e.evalArgs(c.args, c.kwKeys, c.kwVals, f)
-		if err != nil {
-			return err
-		}
-		if kw == noKwargs {
-			kw = NewDict()
-		}
-		kw.Set("caller", caller)
-		v, err := e.call(fn, args, kw)
-		if err != nil {
-			return err
-		}
-		e.out.WriteString(str(v))
-	case *filterBlockNode:
-		saved := e.out
-		var buf strings.Builder
-		e.out = &buf
-		err := e.render(s.body, f)
-		e.out = saved
-		if err != nil {
-			return err
-		}
-		v, err := e.applyFilter(s.f, buf.String(), f)
-		if err != nil {
-			return err
-		}
-		e.out.WriteString(str(v))
-	case *breakNode:
-		return errBreak
-	case *continueNode:
-		return errContinue
-	default:
-		return fmt.Errorf("internal: unknown statement %T", s)
+// renderTo renders body into a string instead of the output (macros, block
+// sets, filter blocks).
+func (e *evaluator) renderTo(body []execFn, f *frame) (string, error) {
+	saved := e.out
+	var buf strings.Builder
+	e.out = &buf
+	err := e.render(body, f)
+	e.out = saved
+	if err != nil {
+		return "", err
 	}
-	return nil
+	return buf.String(), nil
 }
 
-func (n *macroNode) n() string { return n.name }
-
-func (e *evaluator) execSet(s *setNode, f *frame) error {
-	var v Value
-	if s.body != nil {
-		saved := e.out
-		var buf strings.Builder
-		e.out = &buf
-		err := e.render(s.body, f)
-		e.out = saved
-		if err != nil {
-			return err
-		}
-		v = buf.String()
-	} else {
-		var err error
-		if v, err = e.eval(s.e, f); err != nil {
-			return err
-		}
-	}
-	if s.ns != "" {
-		nsv, _ := f.lookup(s.ns)
-		ns, ok := nsv.(*Namespace)
-		if !ok {
-			return fmt.Errorf("TemplateRuntimeError: cannot assign attribute on non-namespace object")
-		}
-		ns.d.Set(s.names[0], v)
-		return nil
-	}
-	return unpack(f, s.names, v)
-}
-
-// unpack binds v to names in f as Python assignment does: one name takes
+// unpack binds v to slots in f as Python assignment does: one name takes
 // the value, several take the items of an iterable of the same length.
-func unpack(f *frame, names []string, v Value) error {
-	if len(names) == 1 {
-		f.set(names[0], v)
+func unpack(f *frame, slots []int, v Value) error {
+	if len(slots) == 1 {
+		f.bind(slots[0], v)
 		return nil
 	}
 	items, err := iterate(v)
 	if err != nil {
 		return err
 	}
-	if len(items) != len(names) {
-		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(names), len(items))
+	if len(items) != len(slots) {
+		return fmt.Errorf("ValueError: expected %d values to unpack, got %d", len(slots), len(items))
 	}
-	for i, n := range names {
-		f.set(n, items[i])
+	for i, s := range slots {
+		f.bind(s, items[i])
 	}
 	return nil
 }
 
-func (e *evaluator) execFor(s *forNode, f *frame) error {
-	it, err := e.eval(s.iter, f)
+func (e *evaluator) execFor(s *forCode, f *frame) error {
+	it, err := s.iter(e, f)
 	if err != nil {
 		return err
 	}
@@ -239,17 +210,16 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 	if err != nil {
 		return err
 	}
-	inner := &frame{parent: f}
-	bind := func(v Value) error { return unpack(inner, s.targets, v) }
+	inner := newFrame(f, s.nslots)
 	if s.cond != nil {
 		// The loop filter runs before the loop, so loop.length counts only
 		// the kept items.
 		var kept []Value
 		for _, v := range items {
-			if err := bind(v); err != nil {
+			if err := unpack(inner, s.targets, v); err != nil {
 				return err
 			}
-			c, err := e.eval(s.cond, inner)
+			c, err := s.cond(e, inner)
 			if err != nil {
 				return err
 			}
@@ -263,18 +233,21 @@ func (e *evaluator) execFor(s *forNode, f *frame) error {
 		return e.render(s.els, f)
 	}
 	loop := &loopInfo{length: len(items), items: items}
-	inner.set("loop", loop)
+	inner.bind(s.loop, loop)
 	for i, v := range items {
 		loop.index0 = i
-		if err := bind(v); err != nil {
+		if len(s.targets) == 1 {
+			inner.bind(s.targets[0], v)
+		} else if err := unpack(inner, s.targets, v); err != nil {
 			return err
 		}
-		err := e.render(s.body, inner)
-		if errors.Is(err, errBreak) {
-			break
-		}
-		if err != nil && !errors.Is(err, errContinue) {
-			return err
+		if err := e.render(s.body, inner); err != nil {
+			if errors.Is(err, errBreak) {
+				break
+			}
+			if !errors.Is(err, errContinue) {
+				return err
+			}
 		}
 	}
 	return nil
@@ -306,185 +279,6 @@ func iterate(v Value) ([]Value, error) {
 	return nil, fmt.Errorf("TypeError: '%s' object is not iterable", typeName(v))
 }
 
-func (e *evaluator) eval(x expr, f *frame) (Value, error) {
-	if err := e.step(); err != nil {
-		return nil, err
-	}
-	switch x := x.(type) {
-	case *literal:
-		return x.v, nil
-	case *nameExpr:
-		if v, ok := f.lookup(x.n); ok {
-			return v, nil
-		}
-		if g, ok := globals[x.n]; ok {
-			return g, nil
-		}
-		return x.undef, nil
-	case *attrExpr:
-		obj, err := e.eval(x.obj, f)
-		if err != nil {
-			return nil, err
-		}
-		if d, ok := obj.(*Dict); ok {
-			// getAttr's dict case, with the Undefined prebuilt.
-			if m := dictMethod(d, x.name); m != nil {
-				return m, nil
-			}
-			if v, ok := d.Get(x.name); ok {
-				return v, nil
-			}
-			return x.undefDict, nil
-		}
-		return getAttr(obj, x.name)
-	case *itemExpr:
-		obj, err := e.eval(x.obj, f)
-		if err != nil {
-			return nil, err
-		}
-		idx, err := e.eval(x.idx, f)
-		if err != nil {
-			return nil, err
-		}
-		return getItem(obj, idx)
-	case *sliceExpr:
-		return e.evalSlice(x, f)
-	case *callExpr:
-		fn, err := e.eval(x.fn, f)
-		if err != nil {
-			return nil, err
-		}
-		args, kw, err := e.evalArgs(x.args, x.kwKeys, x.kwVals, f)
-		if err != nil {
-			return nil, err
-		}
-		return e.call(fn, args, kw)
-	case *filterExpr:
-		v, err := e.eval(x.e, f)
-		if err != nil {
-			return nil, err
-		}
-		return e.applyFilter(x, v, f)
-	case *testExpr:
-		v, err := e.eval(x.e, f)
-		if err != nil {
-			return nil, err
-		}
-		args := make([]Value, len(x.args))
-		for i, a := range x.args {
-			if args[i], err = e.eval(a, f); err != nil {
-				return nil, err
-			}
-		}
-		r, err := runTest(x.name, v, args)
-		if err != nil {
-			return nil, err
-		}
-		return r != x.negate, nil
-	case *binExpr:
-		return e.evalBin(x, f)
-	case *unaryExpr:
-		v, err := e.eval(x.x, f)
-		if err != nil {
-			return nil, err
-		}
-		switch x.op {
-		case "not":
-			return !truthy(v), nil
-		case "-":
-			switch n := v.(type) {
-			case int64:
-				return -n, nil
-			case float64:
-				return -n, nil
-			case bool:
-				return -boolInt(n), nil
-			}
-			if u, ok := v.(Undefined); ok {
-				return nil, u.err()
-			}
-			return nil, fmt.Errorf("TypeError: bad operand type for unary -: '%s'", typeName(v))
-		case "+":
-			switch v.(type) {
-			case int64, float64:
-				return v, nil
-			}
-			return nil, fmt.Errorf("TypeError: bad operand type for unary +: '%s'", typeName(v))
-		}
-	case *compareExpr:
-		l, err := e.eval(x.first, f)
-		if err != nil {
-			return nil, err
-		}
-		for i, op := range x.ops {
-			r, err := e.eval(x.rest[i], f)
-			if err != nil {
-				return nil, err
-			}
-			ok, err := compare(op, l, r)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				return false, nil
-			}
-			l = r
-		}
-		return true, nil
-	case *condExpr:
-		c, err := e.eval(x.cond, f)
-		if err != nil {
-			return nil, err
-		}
-		if truthy(c) {
-			return e.eval(x.a, f)
-		}
-		if x.b == nil {
-			return Undefined{hint: "the inline if-expression evaluated to false and no else section was defined"}, nil
-		}
-		return e.eval(x.b, f)
-	case *listExpr:
-		l := &List{Items: make([]Value, len(x.items))}
-		for i, it := range x.items {
-			v, err := e.eval(it, f)
-			if err != nil {
-				return nil, err
-			}
-			l.Items[i] = v
-		}
-		return l, nil
-	case *tupleExpr:
-		l := &List{Items: make([]Value, len(x.items)), Tuple: true}
-		for i, it := range x.items {
-			v, err := e.eval(it, f)
-			if err != nil {
-				return nil, err
-			}
-			l.Items[i] = v
-		}
-		return l, nil
-	case *dictExpr:
-		d := NewDict()
-		for i := range x.keys {
-			k, err := e.eval(x.keys[i], f)
-			if err != nil {
-				return nil, err
-			}
-			ks, ok := k.(string)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: only string dict keys are supported, got %s", typeName(k))
-			}
-			v, err := e.eval(x.vals[i], f)
-			if err != nil {
-				return nil, err
-			}
-			d.Set(ks, v)
-		}
-		return d, nil
-	}
-	return nil, fmt.Errorf("internal: unknown expression %T", x)
-}
-
 func (u Undefined) err() error {
 	hint := u.hint
 	if u.format != "" {
@@ -508,10 +302,10 @@ func boolInt(b bool) int64 {
 // writer, a call block adding "caller", makes its own.
 var noKwargs = &Dict{}
 
-func (e *evaluator) evalArgs(args []expr, kk []string, kv []expr, f *frame) ([]Value, *Dict, error) {
+func (e *evaluator) evalArgs(args []evalFn, kk []string, kv []evalFn, f *frame) ([]Value, *Dict, error) {
 	out := make([]Value, len(args))
 	for i, a := range args {
-		v, err := e.eval(a, f)
+		v, err := a(e, f)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -522,7 +316,7 @@ func (e *evaluator) evalArgs(args []expr, kk []string, kv []expr, f *frame) ([]V
 	}
 	kw := NewDict()
 	for i, k := range kk {
-		v, err := e.eval(kv[i], f)
+		v, err := kv[i](e, f)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -549,60 +343,52 @@ func (e *evaluator) call(fn Value, args []Value, kw *Dict) (Value, error) {
 }
 
 func (e *evaluator) callMacro(m *macro, args []Value, kw *Dict) (Value, error) {
-	fr := &frame{parent: m.closure}
-	n := m.n
+	n := m.code
+	fr := newFrame(m.closure, n.nslots)
 	if len(args) > len(n.params) {
 		return nil, fmt.Errorf("TypeError: macro '%s' takes not more than %d argument(s)", n.name, len(n.params))
 	}
 	for i, p := range n.params {
 		switch {
 		case i < len(args):
-			fr.set(p, args[i])
+			fr.bind(n.paramSlots[i], args[i])
 		default:
 			if v, ok := kw.Get(p); ok {
-				fr.set(p, v)
+				fr.bind(n.paramSlots[i], v)
 			} else if n.defaults[i] != nil {
-				v, err := e.eval(n.defaults[i], fr)
+				v, err := n.defaults[i](e, fr)
 				if err != nil {
 					return nil, err
 				}
-				fr.set(p, v)
+				fr.bind(n.paramSlots[i], v)
 			} else {
-				fr.set(p, Undefined{format: "parameter '%s' was not provided", args: []any{p}})
+				fr.bind(n.paramSlots[i], Undefined{format: "parameter '%s' was not provided", args: []any{p}})
 			}
 		}
 	}
 	if c, ok := kw.Get("caller"); ok {
-		fr.set("caller", c)
+		fr.bind(n.callerSlot, c)
 	}
 	extra := &List{}
 	for i := len(n.params); i < len(args); i++ {
 		extra.Items = append(extra.Items, args[i])
 	}
-	fr.set("varargs", extra)
-	saved := e.out
-	var buf strings.Builder
-	e.out = &buf
-	err := e.render(n.body, fr)
-	e.out = saved
-	if err != nil {
-		return nil, err
-	}
-	return buf.String(), nil
+	fr.bind(n.varargsSlot, extra)
+	return e.renderTo(n.body, fr)
 }
 
-func (e *evaluator) evalSlice(x *sliceExpr, f *frame) (Value, error) {
-	obj, err := e.eval(x.obj, f)
+func (e *evaluator) evalSlice(x *sliceCode, f *frame) (Value, error) {
+	obj, err := x.obj(e, f)
 	if err != nil {
 		return nil, err
 	}
 	var bounds [3]int64
 	var set [3]bool
-	for i, b := range [3]expr{x.start, x.stop, x.step} {
+	for i, b := range x.bounds {
 		if b == nil {
 			continue
 		}
-		v, err := e.eval(b, f)
+		v, err := b(e, f)
 		if err != nil {
 			return nil, err
 		}
@@ -689,8 +475,8 @@ func pySlice(n int, b [3]int64, set [3]bool) (start, step int64, count int, err 
 // evalPlusChain evaluates a left-deep a + b + c ... in Python's order but
 // without a new string per "+" (chat templates concatenate whole messages
 // this way).
-func (e *evaluator) evalPlusChain(x *binExpr, f *frame) (Value, error) {
-	start, total, v, isStr, err := e.plusParts(x, f)
+func (e *evaluator) evalPlusChain(chain []operand, f *frame) (Value, error) {
+	start, total, v, isStr, err := e.plusParts(chain, f)
 	if err != nil || !isStr {
 		return v, err
 	}
@@ -710,10 +496,10 @@ func isPlusChain(x expr) (*binExpr, bool) {
 // truncates e.strs back to start. Otherwise it returns Python's pairwise
 // result. e.strs is a stack shared by nested chains (an operand may itself
 // render a macro with chains), so no chain allocates its own list.
-func (e *evaluator) plusParts(x *binExpr, f *frame) (start, total int, v Value, isStr bool, err error) {
+func (e *evaluator) plusParts(chain []operand, f *frame) (start, total int, v Value, isStr bool, err error) {
 	start = len(e.strs)
-	for i, o := range x.chain {
-		v, err := e.eval(o, f)
+	for i := range chain {
+		v, err := chain[i].fn(e, f)
 		if err != nil {
 			e.strs = e.strs[:start]
 			return start, 0, nil, false, err
@@ -732,8 +518,8 @@ func (e *evaluator) plusParts(x *binExpr, f *frame) (start, total int, v Value, 
 		if err != nil {
 			return start, 0, nil, false, err
 		}
-		for _, o := range x.chain[i+1:] {
-			v, err := e.eval(o, f)
+		for j := range chain[i+1:] {
+			v, err := chain[i+1+j].fn(e, f)
 			if err != nil {
 				return start, 0, nil, false, err
 			}
@@ -753,35 +539,6 @@ func joinStrings(strs []string, total int) string {
 		b.WriteString(s)
 	}
 	return b.String()
-}
-
-func (e *evaluator) evalBin(x *binExpr, f *frame) (Value, error) {
-	if x.op == "+" {
-		if l, ok := x.l.(*binExpr); ok && l.op == "+" {
-			return e.evalPlusChain(x, f)
-		}
-	}
-	l, err := e.eval(x.l, f)
-	if err != nil {
-		return nil, err
-	}
-	switch x.op {
-	case "and":
-		if !truthy(l) {
-			return l, nil
-		}
-		return e.eval(x.r, f)
-	case "or":
-		if truthy(l) {
-			return l, nil
-		}
-		return e.eval(x.r, f)
-	}
-	r, err := e.eval(x.r, f)
-	if err != nil {
-		return nil, err
-	}
-	return binop(x.op, l, r)
 }
 
 func binop(op string, l, r Value) (Value, error) {

@@ -29,6 +29,14 @@ func TestRenderExpressions(t *testing.T) {
 		{src: `{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}`, want: `1`},
 		{src: `{% set ns = namespace(x=1) %}{% for i in [1] %}{% set ns.x = 2 %}{% endfor %}{{ ns.x }}`, want: `2`},
 		{src: `{% macro m(a, b="d") %}[{{ a }}{{ b }}]{% endmacro %}{{ m(1) }}{{ m(1, b=2) }}`, want: `[1d][12]`},
+		// Names resolve to compile-time slots: the innermost loop's loop, a
+		// loop variable shadowing a top-level set only inside the loop, a
+		// macro reading the scope it was defined in, a set inside an if.
+		{src: `{% for a in [1,2] %}{% for b in [3] %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}{{ loop.index }}{% endfor %}`, want: `13112312`},
+		{src: `{% set x = 'out' %}{% macro m() %}{{ x }}{% endmacro %}{% for x in ['in'] %}{{ x }}{% endfor %}{{ m() }}{{ x }}`, want: `inoutout`},
+		{src: `{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}`, want: `321`},
+		{src: `{% if true %}{% set t = 1 %}{% endif %}{{ t }}`, want: `1`},
+		{src: `{{ {'items': 1}['items'] }}|{{ {'items': 1}.items() }}|{{ {'a': 1}['b'] is defined }}`, want: `1|[('items', 1)]|False`},
 		{src: `{{ "  a b  ".strip() }}|{{ "xxaxx".strip("x") }}|{{ "a,b".split(",") }}|{{ "Ab".upper() }}|{{ "ab".startswith(("x", "a")) }}`, want: `a b|a|['a', 'b']|AB|True`},
 		{src: `{{ x is defined }}|{{ x is none }}|{{ 3 is divisibleby 3 }}|{{ "a" is string }}|{{ {} is mapping }}`, want: `False|False|True|True|True`},
 		{src: `{{ [3,1,2]|sort|join(",") }}|{{ [1,1,2]|unique|list|length }}|{{ [{"a":1},{"a":2}]|map(attribute="a")|list }}|{{ [{"t":"x"},{"t":"y"}]|selectattr("t","equalto","y")|list|length }}`, want: `1,2,3|2|[1, 2]|1`},

@@ -11,14 +11,6 @@ import (
 	"unicode"
 )
 
-func (e *evaluator) applyFilter(fx *filterExpr, v Value, f *frame) (Value, error) {
-	args, kw, err := e.evalArgs(fx.args, fx.kwKeys, fx.kwVals, f)
-	if err != nil {
-		return nil, err
-	}
-	return e.filter(fx.name, v, args, kw)
-}
-
 func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
 	if i < len(args) {
 		return args[i]
@@ -52,17 +44,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return v, nil
 	case "length", "count":
-		switch x := v.(type) {
-		case string:
-			return int64(len([]rune(x))), nil
-		case *List:
-			return int64(len(x.Items)), nil
-		case *Dict:
-			return int64(x.Len()), nil
-		case Undefined:
-			return int64(0), nil
-		}
-		return nil, fmt.Errorf("TypeError: object of type '%s' has no len()", typeName(v))
+		return length(v)
 	case "string":
 		return str(v), nil
 	case "safe", "e", "escape", "forceescape":
@@ -459,6 +441,20 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		return out, nil
 	}
 	return nil, fmt.Errorf("TemplateRuntimeError: no filter named '%s'", name)
+}
+
+func length(v Value) (Value, error) {
+	switch x := v.(type) {
+	case string:
+		return int64(len([]rune(x))), nil
+	case *List:
+		return int64(len(x.Items)), nil
+	case *Dict:
+		return int64(x.Len()), nil
+	case Undefined:
+		return int64(0), nil
+	}
+	return nil, fmt.Errorf("TypeError: object of type '%s' has no len()", typeName(v))
 }
 
 func strIn(filter string, v Value) (string, error) {

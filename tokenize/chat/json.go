@@ -360,6 +360,7 @@ func ArrayElems(raw []byte) (elems [][]byte, ok bool) {
 	if i < len(raw) && raw[i] == ']' {
 		return [][]byte{}, skipWS(raw, i+1) == len(raw)
 	}
+	elems = make([][]byte, 0, 16) // a chat's messages: fewer regrowths
 	for {
 		end, ok := elemEnd(raw, i)
 		if !ok {

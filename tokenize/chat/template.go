@@ -19,7 +19,9 @@ import (
 
 // Template is a compiled chat template, safe for concurrent use.
 type Template struct {
-	body []stmt
+	body     []execFn
+	nslots   int // the root scope's variables
+	nglobals int // names no scope binds (evaluator.globals)
 	// Now returns the time strftime_now formats; tests pin it.
 	Now func() time.Time
 	// MaxSteps bounds evaluation work per render (0: 10 million steps,
@@ -34,11 +36,12 @@ func Compile(src string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("TemplateSyntaxError: %w", err)
 	}
-	body, err := parse(toks)
+	tree, err := parse(toks)
 	if err != nil {
 		return nil, err
 	}
-	return &Template{body: body, Now: time.Now}, nil
+	body, nslots, nglobals := compileTemplate(tree)
+	return &Template{body: body, nslots: nslots, nglobals: nglobals, Now: time.Now}, nil
 }
 
 // Vars are the template's variables, in insertion order.
@@ -48,7 +51,7 @@ type Vars = Dict
 // carry Python's exception class name first ("TypeError: ...",
 // "UndefinedError: ...", "TemplateError: ..." for raise_exception).
 func (t *Template) Render(vars *Vars) (string, error) {
-	return t.render(&frame{globals: vars})
+	return t.render(nil, vars)
 }
 
 // RenderOver renders with vars layered over base: a name vars lacks is
@@ -56,17 +59,21 @@ func (t *Template) Render(vars *Vars) (string, error) {
 // Variables that are the same for every render (a model's special tokens)
 // are then built once instead of copied into each render's variables.
 func (t *Template) RenderOver(base, vars *Vars) (string, error) {
-	return t.render(&frame{globals: vars, parent: &frame{globals: base}})
+	return t.render(base, vars)
 }
 
-func (t *Template) render(root *frame) (string, error) {
+func (t *Template) render(base, vars *Vars) (string, error) {
 	var out strings.Builder
 	out.Grow(int(t.sizeHint.Load()))
 	now := t.Now
 	if now == nil {
 		now = time.Now
 	}
-	e := &evaluator{out: &out, maxSteps: t.MaxSteps, now: func() timeLike { return now() }}
+	e := &evaluator{out: &out, maxSteps: t.MaxSteps, now: now, vars: vars, base: base}
+	e.strs = e.strsBuf[:0]
+	if t.nglobals > 0 {
+		e.globals = make([]slot, t.nglobals)
+	}
 	if e.maxSteps <= 0 {
 		e.maxSteps = defaultMaxSteps
 	}
@@ -76,7 +83,7 @@ func (t *Template) render(root *frame) (string, error) {
 			t.sizeHint.Store(n)
 		}
 	}()
-	if err := e.render(t.body, root); err != nil {
+	if err := e.render(t.body, newFrame(nil, t.nslots)); err != nil {
 		switch err {
 		case errBreak, errContinue:
 			return "", fmt.Errorf("TemplateSyntaxError: break or continue outside a loop")
