@@ -13,7 +13,10 @@
 // exist, can take work and how busy they are; tokenize turns prompts into the
 // pod's token ids; kvindex turns ids into block keys and follows every
 // target's KV events into the placement index. Data flows one way: request
-// in, parse, tokenize, key, look up, score, dispatch, proxy, record.
+// in, parse, tokenize, key, look up, score, dispatch, proxy, record. The
+// precise policy tokenizes and keys a prompt only up to its first block no
+// target holds (no later block can change a run); the rest is encoded after
+// dispatch.
 //
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
 // it is answered with an OpenAI-shaped error ({"error": {"message", "type",

@@ -22,6 +22,12 @@
 //	res, err := m.TokenizePrompt(ctx, prompt, true, "http://pod:8000")
 //	m.NeedsBaseURL(chat) // true when the call may contact the pod: pass a URL
 //
+//	// Local models also stream: ids a segment (the text between special
+//	// tokens) at a time, for a caller that may need only a prefix.
+//	st, err := m.StreamChat(req, "http://pod:8000") // ErrNotLocal when the pod tokenizes
+//	err = st.Step(); ids := st.IDs(); st.Done(); st.EstimateCount(); st.Prefetch()
+//	ids, err = st.Finish()                          // the rest; records metrics, auto comparison
+//
 //	b := tokenize.Bytes() // the built-in model without a registry (local only)
 //
 // A spec is NAME=PATH or NAME:MODE=PATH. PATH is a model directory
