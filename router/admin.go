@@ -108,9 +108,10 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 }
 
 func dryRunOf(pl *routePlan) DryRun {
+	pt := pl.promptForOutcome()
 	chosen := pl.cands[pl.dec.idx].Target.ID
 	out := DryRun{
-		Model: pl.model, PromptTokens: pl.promptForOutcome().count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(),
+		Model: pl.model, PromptTokens: pt.count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(pt),
 		LookedUpBlocks: len(pl.keys),
 		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
 		Candidates:     make([]DryCandidate, 0, len(pl.cands)),

@@ -267,8 +267,8 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	if r.cfg.DebugHeaders {
 		h := &ctx.Response.Header
 		h.Set("X-Prefixrouter-Target", tname)
-		// Debug only: waits, if need be, for the rest of the prompt.
-		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pl.promptBlocks()))
+		// An estimate while the rest of the prompt is still being encoded.
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pl.promptBlocks(pl.promptNow())))
 		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pl.keys)))
 		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
 		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))

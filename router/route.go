@@ -153,8 +153,8 @@ func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex
 // finishPrompt encodes the rest of a prompt the plan stopped reading,
 // after the request left: the exact token count for the outcome metrics,
 // the segment cache warm for the conversation's next turn, auto mode's
-// sampled comparison. It runs once; tokens is written only here, and read
-// by others after full is closed.
+// sampled comparison. It runs once; finished is written only here, and
+// read by others after full is closed.
 func (pl *routePlan) finishPrompt() {
 	defer close(pl.full)
 	st := pl.tokens.stream
@@ -189,14 +189,29 @@ func (pl *routePlan) promptForOutcome() promptTokens {
 	return pl.finished
 }
 
-// promptBlocks is the number of full blocks in the whole prompt (waiting
-// for finishPrompt when the plan stopped early); 0 without a block size.
-func (pl *routePlan) promptBlocks() int {
-	pt := pl.promptForOutcome()
-	if pl.blockSize == 0 || pt.ids == nil {
+// promptNow is the prompt as known at this moment, without waiting: the
+// finished count if finishPrompt is done, else the plan's (an estimate when
+// it stopped early).
+func (pl *routePlan) promptNow() promptTokens {
+	if pl.full != nil {
+		select {
+		case <-pl.full:
+			if pl.finished.ids != nil {
+				return pl.finished
+			}
+		default:
+		}
+	}
+	return pl.tokens
+}
+
+// promptBlocks is the number of full blocks of pt, or of the keys looked up
+// when the router has no count of its own.
+func (pl *routePlan) promptBlocks(pt promptTokens) int {
+	if pl.blockSize == 0 || (pt.ids == nil && pt.stream == nil) {
 		return len(pl.keys)
 	}
-	return len(pt.ids) / pl.blockSize
+	return pt.count / pl.blockSize
 }
 
 // predictedCached is the number of prompt tokens the router expects the

@@ -297,8 +297,8 @@ func TestSimStopsAtFirstUnheldBlock(t *testing.T) {
 		t.Fatalf("dry run counted %d tokens (%d blocks), the pod %d", d.PromptTokens, d.Blocks, c.Usage.PromptTokens)
 	}
 	waitFor(t, "the outcome's exact prompt count", func() bool { return promptTokens(holder) == float64(c.Usage.PromptTokens) })
-	if got, _ := strconv.Atoi(hdr.Get("X-Prefixrouter-Prompt-Blocks")); got != d.Blocks {
-		t.Fatalf("debug header says %d prompt blocks, want %d", got, d.Blocks)
+	if got, _ := strconv.Atoi(hdr.Get("X-Prefixrouter-Looked-Up-Blocks")); got != d.LookedUpBlocks {
+		t.Fatalf("debug header says %d blocks looked up, the dry run %d", got, d.LookedUpBlocks)
 	}
 
 	// Once the holder's events arrive, the same conversation one turn on is
