@@ -14,12 +14,13 @@ import (
 // the first step.
 type Stream struct {
 	// Prompt is the text being encoded (the rendered chat for chat).
-	Prompt  string
-	ids     idStream
-	model   *Model
-	m       *Model        // until observed; nil after
-	spent   time.Duration // time inside Step, for the model's histogram
-	compare func(ids []uint32)
+	Prompt string
+	ids    idStream
+	model  *Model
+	spent  time.Duration // time inside Step, for the model's histogram
+	// observed says the encode is in the model's metrics already.
+	observed bool
+	compare  func(ids []uint32)
 }
 
 // idStream is the encoder side of a Stream.
@@ -126,7 +127,7 @@ func (m *Model) newStream(text string, addSpecial bool, spent time.Duration) (*S
 	if m.enc == nil {
 		return nil, ErrNotLocal
 	}
-	st := &Stream{Prompt: text, model: m, m: m, spent: spent}
+	st := &Stream{Prompt: text, model: m, spent: spent}
 	if s, ok := m.enc.(segmentStreamer); ok {
 		st.ids = s.stream(text, addSpecial)
 	} else {
@@ -206,14 +207,14 @@ func (s *Stream) Finish() ([]uint32, error) {
 
 // observe records the stream once, as TokenizeChat records a call.
 func (s *Stream) observe(err error) {
-	if s.m == nil || s.m.reg == nil {
+	if s.observed || s.model.reg == nil {
 		return
 	}
-	met := s.m.reg.metrics
-	met.requests.WithLabelValues(s.m.name, ModeLocal.String()).Inc()
-	met.seconds.WithLabelValues(s.m.name, ModeLocal.String()).Observe(s.spent.Seconds())
+	s.observed = true
+	met, name := s.model.reg.metrics, s.model.name
+	met.requests.WithLabelValues(name, ModeLocal.String()).Inc()
+	met.seconds.WithLabelValues(name, ModeLocal.String()).Observe(s.spent.Seconds())
 	if err != nil {
-		met.errors.WithLabelValues(s.m.name, ModeLocal.String()).Inc()
+		met.errors.WithLabelValues(name, ModeLocal.String()).Inc()
 	}
-	s.m = nil
 }
