@@ -10,10 +10,7 @@ import (
 // oracle did), without a segment cache; MB/s is the encoder's throughput.
 func BenchmarkCorpus(b *testing.B) {
 	corpus := loadCorpus(b)
-	var n int64
-	for _, s := range corpus {
-		n += int64(len(s))
-	}
+	n := totalBytes(corpus)
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(model, func(b *testing.B) {
 			tk, err := Load(modelPath(b, model))
@@ -78,4 +75,13 @@ func chatShapedPrompt(tb testing.TB, size int) string {
 		}
 	}
 	return sb.String()
+}
+
+// totalBytes is what a benchmark over texts reports MB/s against.
+func totalBytes(texts []string) int64 {
+	var n int64
+	for _, t := range texts {
+		n += int64(len(t))
+	}
+	return n
 }

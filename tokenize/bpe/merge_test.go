@@ -438,10 +438,7 @@ func corpusWords(tb testing.TB) []string {
 // word; MB/s counts the words' raw bytes.
 func BenchmarkMerge(b *testing.B) {
 	words := corpusWords(b)
-	var n int64
-	for _, w := range words {
-		n += int64(len(w))
-	}
+	n := totalBytes(words)
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(name, func(b *testing.B) {
 			m, _ := loadModel(b, name)

@@ -216,12 +216,7 @@ func (c *compiler) stmt(s stmt) execFn {
 				kw = NewDict()
 			}
 			kw.Set("caller", caller)
-			v, err := e.call(fv, args, kw)
-			if err != nil {
-				return err
-			}
-			e.out.WriteString(str(v))
-			return nil
+			return e.emit(e.call(fv, args, kw))
 		}
 	case *filterBlockNode:
 		body := c.body(s.body)
@@ -231,12 +226,7 @@ func (c *compiler) stmt(s stmt) execFn {
 			if err != nil {
 				return err
 			}
-			v, err := fc.apply(e, s, f)
-			if err != nil {
-				return err
-			}
-			e.out.WriteString(str(v))
-			return nil
+			return e.emit(fc.apply(e, s, f))
 		}
 	case *breakNode:
 		return func(*evaluator, *frame) error { return errBreak }
@@ -288,12 +278,7 @@ func (c *compiler) output(s *outputNode) execFn {
 	}
 	o := c.operand(s.e)
 	return func(e *evaluator, f *frame) error {
-		v, err := o.fn(e, f)
-		if err != nil {
-			return err
-		}
-		e.out.WriteString(str(v))
-		return nil
+		return e.emit(o.fn(e, f))
 	}
 }
 
@@ -461,6 +446,15 @@ func (fc *filterCode) apply(e *evaluator, v Value, f *frame) (Value, error) {
 	return e.filter(fc.name, v, args, kw)
 }
 
+// emit writes a statement's value to the output, or passes its error on.
+func (e *evaluator) emit(v Value, err error) error {
+	if err != nil {
+		return err
+	}
+	e.out.WriteString(str(v))
+	return nil
+}
+
 // tickThen counts the node's step, then evaluates its first operand: the
 // prologue of most nodes.
 func tickThen(e *evaluator, f *frame, fn evalFn) (Value, error) {
@@ -468,6 +462,20 @@ func tickThen(e *evaluator, f *frame, fn evalFn) (Value, error) {
 		return nil, err
 	}
 	return fn(e, f)
+}
+
+// tickBoth counts the node's step, then evaluates its two operands in
+// order.
+func tickBoth(e *evaluator, f *frame, a, b evalFn) (Value, Value, error) {
+	av, err := tickThen(e, f, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	bv, err := b(e, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return av, bv, nil
 }
 
 func (c *compiler) expr(x expr) evalFn {
@@ -497,11 +505,7 @@ func (c *compiler) expr(x expr) evalFn {
 		}
 		obj, idx := c.expr(x.obj), c.expr(x.idx)
 		return func(e *evaluator, f *frame) (Value, error) {
-			o, err := tickThen(e, f, obj)
-			if err != nil {
-				return nil, err
-			}
-			i, err := idx(e, f)
+			o, i, err := tickBoth(e, f, obj, idx)
 			if err != nil {
 				return nil, err
 			}
@@ -936,11 +940,7 @@ func (c *compiler) bin(x *binExpr) evalFn {
 		intOp = op[0]
 	}
 	return func(e *evaluator, f *frame) (Value, error) {
-		lv, err := tickThen(e, f, l)
-		if err != nil {
-			return nil, err
-		}
-		rv, err := r(e, f)
+		lv, rv, err := tickBoth(e, f, l, r)
 		if err != nil {
 			return nil, err
 		}
