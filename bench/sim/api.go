@@ -54,6 +54,18 @@ func (p *Pod) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiErro
 	return body, nil
 }
 
+// readJSON reads the body and decodes it strictly into v.
+func (p *Pod) readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body, aerr := p.readBody(w, r)
+	if aerr != nil {
+		return aerr
+	}
+	if err := decodeStrict(body, v); err != nil {
+		return asAPIError(err)
+	}
+	return nil
+}
+
 // available reports a pod that cannot take requests right now.
 func (p *Pod) available() *apiError {
 	if p.down.Load() {

@@ -53,14 +53,9 @@ type tokenizeResponse struct {
 }
 
 func (p *Pod) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	body, aerr := p.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req tokenizeRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeError(w, asAPIError(err))
+	if aerr := p.readJSON(w, r, &req); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	if _, _, aerr := p.resolveModel(req.Model); aerr != nil {
@@ -70,6 +65,7 @@ func (p *Pod) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	switch {
 	case !isNull(req.Messages):
+		var aerr *apiError
 		ids, aerr = p.encodeChat(req.Messages, req.Tools, req.ChatTemplateKwargs, req.AddGenerationPrompt, req.ContinueFinalMessage, req.AddSpecialTokens)
 		if aerr != nil {
 			writeError(w, aerr)
@@ -103,14 +99,9 @@ func (p *Pod) handleTokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pod) handleDetokenize(w http.ResponseWriter, r *http.Request) {
-	body, aerr := p.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var req detokenizeRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeError(w, asAPIError(err))
+	if aerr := p.readJSON(w, r, &req); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	if _, _, aerr := p.resolveModel(req.Model); aerr != nil {
@@ -178,14 +169,9 @@ func (p *Pod) handleGetFaults(w http.ResponseWriter, _ *http.Request) {
 // handlePostFaults applies a partial update: fields left out keep their
 // value. Durations are strings ("50ms") or milliseconds.
 func (p *Pod) handlePostFaults(w http.ResponseWriter, r *http.Request) {
-	body, aerr := p.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
 	var patch faultPatch
-	if err := decodeStrict(body, &patch); err != nil {
-		writeError(w, asAPIError(err))
+	if aerr := p.readJSON(w, r, &patch); aerr != nil {
+		writeError(w, aerr)
 		return
 	}
 	f := patch.apply(p.faults.get())
