@@ -22,7 +22,14 @@ type segmentCache struct {
 const maxCachedSegment = 1 << 20
 
 func newSegmentCache(maxBytes int64, m *metrics) *segmentCache {
-	c, err := ristretto.NewCache(&ristretto.Config[string, []uint32]{
+	return &segmentCache{c: newHashKeyedCache[[]uint32](maxBytes), metrics: m}
+}
+
+// newHashKeyedCache makes a ristretto cache bounded by maxBytes whose keys
+// are already 128-bit hashes (16-byte strings), so ristretto's own hashing
+// is skipped.
+func newHashKeyedCache[V any](maxBytes int64) *ristretto.Cache[string, V] {
+	c, err := ristretto.NewCache(&ristretto.Config[string, V]{
 		NumCounters: max(maxBytes/100, 1000), // ~10 counters per expected entry
 		MaxCost:     maxBytes,
 		BufferItems: 64,
@@ -35,7 +42,7 @@ func newSegmentCache(maxBytes int64, m *metrics) *segmentCache {
 		// arithmetic above rules out.
 		panic(err)
 	}
-	return &segmentCache{c: c, metrics: m}
+	return c
 }
 
 func (s *segmentCache) close() { s.c.Close() }

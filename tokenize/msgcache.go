@@ -32,22 +32,9 @@ type valueCache struct {
 const minCachedElem = 32
 
 func newValueCache(maxBytes int64, m *metrics) *valueCache {
-	c, err := ristretto.NewCache(&ristretto.Config[string, chat.Value]{
-		NumCounters: max(maxBytes/100, 1000), // ~10 counters per expected message
-		MaxCost:     maxBytes,
-		BufferItems: 64,
-		KeyToHash: func(k string) (uint64, uint64) {
-			return binary.LittleEndian.Uint64([]byte(k[:8])), binary.LittleEndian.Uint64([]byte(k[8:16]))
-		},
-	})
-	if err != nil {
-		// Only reachable with a zero NumCounters or MaxCost, which the
-		// arithmetic above and the caller rule out.
-		panic(err)
-	}
 	// A per-process seed: clients choose message bytes, and a known seed
 	// would let one craft a collision with another client's message.
-	return &valueCache{c: c, seed: rand.Uint64(), metrics: m}
+	return &valueCache{c: newHashKeyedCache[chat.Value](maxBytes), seed: rand.Uint64(), metrics: m}
 }
 
 func (v *valueCache) close() {

@@ -100,6 +100,15 @@ type prepared struct {
 	salt    string
 }
 
+// readPrepared reads the body and prepares it as prepare does.
+func (p *Pod) readPrepared(w http.ResponseWriter, r *http.Request, chat bool) (*prepared, *apiError) {
+	body, aerr := p.readBody(w, r)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return p.prepare(body, chat)
+}
+
 func (p *Pod) prepare(body []byte, chat bool) (*prepared, *apiError) {
 	req, err := parseGenRequest(body, chat)
 	if err != nil {
@@ -273,12 +282,7 @@ func (p *Pod) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, aerr)
 		return
 	}
-	body, aerr := p.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	pr, aerr := p.prepare(body, chat)
+	pr, aerr := p.readPrepared(w, r, chat)
 	if aerr != nil {
 		writeError(w, aerr)
 		return

@@ -12,12 +12,7 @@ func (p *Pod) handleRenderChat(w http.ResponseWriter, r *http.Request)        { 
 // render answers vLLM's render endpoints: the GenerateRequest the engine
 // would receive (a list for completions, one object for chat).
 func (p *Pod) render(w http.ResponseWriter, r *http.Request, chat bool) {
-	body, aerr := p.readBody(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	pr, aerr := p.prepare(body, chat)
+	pr, aerr := p.readPrepared(w, r, chat)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
