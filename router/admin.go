@@ -112,7 +112,7 @@ func dryRunOf(pl *routePlan) DryRun {
 	chosen := pl.cands[pl.dec.idx].Target.ID
 	out := DryRun{
 		Model: pl.model, PromptTokens: pt.count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(pt),
-		LookedUpBlocks: len(pl.keys),
+		LookedUpBlocks: len(pl.chain.Keys),
 		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
 		Candidates:     make([]DryCandidate, 0, len(pl.cands)),
 	}

@@ -269,7 +269,7 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		h.Set("X-Prefixrouter-Target", tname)
 		// An estimate while the rest of the prompt is still being encoded.
 		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pl.promptBlocks(pl.promptNow())))
-		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pl.keys)))
+		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pl.chain.Keys)))
 		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
 		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))
 		h.Set("X-Prefixrouter-Reason", pl.dec.reason)

@@ -14,10 +14,9 @@ import (
 type routePlan struct {
 	model  string
 	tokens promptTokens
-	// keys are the prompt's block keys up to the first block no target
+	// chain holds the prompt's block keys up to the first block no target
 	// holds (all of them when every block is held somewhere): the rest
 	// cannot change any target's run.
-	keys         []kvindex.Key
 	chain        kvindex.KeyChain
 	blockSize    int
 	cands        []Candidate
@@ -92,10 +91,9 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		if kerr != nil {
 			return nil, errBadRequest("prompt", "cannot compute block keys: "+kerr.Error())
 		}
-		pl.keys = pl.chain.Keys
-		if len(pl.keys) > 0 && precise {
+		if keys := pl.chain.Keys; len(keys) > 0 && precise {
 			var mbuf [16]kvindex.Match
-			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], pl.keys))
+			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], keys))
 		}
 	}
 	if r.ch.approx != nil {
@@ -209,7 +207,7 @@ func (pl *routePlan) promptNow() promptTokens {
 // when the router has no count of its own.
 func (pl *routePlan) promptBlocks(pt promptTokens) int {
 	if pl.blockSize == 0 || (pt.ids == nil && pt.stream == nil) {
-		return len(pl.keys)
+		return len(pl.chain.Keys)
 	}
 	return pt.count / pl.blockSize
 }
