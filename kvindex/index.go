@@ -440,6 +440,23 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 	return true
 }
 
+// Holders appends the targets that hold every key r has been extended by:
+// the only ones whose run a later key can still lengthen.
+func (ix *Index) Holders(r *Reach, dst []TargetID) []TargetID {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	for slot, ts := range ix.targets {
+		if ts == nil {
+			continue
+		}
+		// A group r has not seen yet was added since: it counts as holding.
+		if g := slot / 64; g >= len(r.alive) || r.alive[g]&(1<<(slot%64)) != 0 {
+			dst = append(dst, ts.id)
+		}
+	}
+	return dst
+}
+
 func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]bool) []Match {
 	var (
 		alive    = ^uint64(0)

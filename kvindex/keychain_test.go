@@ -3,6 +3,7 @@ package kvindex
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -56,7 +57,7 @@ func TestExtendMatchesKeys(t *testing.T) {
 
 // TestReachAgreesWithLookup: over targets in two groups of 64 and all
 // three tiers, Extend says "read on" exactly while some target's Lookup run
-// covers every key so far.
+// covers every key so far, and Holders names exactly those targets.
 func TestReachAgreesWithLookup(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	ix := NewIndex(IndexConfig{})
@@ -76,6 +77,18 @@ func TestReachAgreesWithLookup(t *testing.T) {
 		}
 		return best
 	}
+	covering := func(keys []Key) []TargetID {
+		var ids []TargetID
+		for _, m := range ix.Lookup(nil, keys) {
+			if m.Blocks == len(keys) {
+				ids = append(ids, m.Target)
+			}
+		}
+		return ids
+	}
+	sorted := func(ids []TargetID) []TargetID {
+		return slices.SortedFunc(slices.Values(ids), func(a, b TargetID) int { return strings.Compare(a.String(), b.String()) })
+	}
 	for trial := range 20 {
 		var r Reach
 		for n := 0; n < len(prompt); {
@@ -88,6 +101,9 @@ func TestReachAgreesWithLookup(t *testing.T) {
 			n = next
 			if !got {
 				break
+			}
+			if got, want := sorted(ix.Holders(&r, nil)), sorted(covering(prompt[:next])); !slices.Equal(got, want) {
+				t.Fatalf("trial %d after %d keys: Holders %v, Lookup says %v", trial, next, got, want)
 			}
 		}
 	}
