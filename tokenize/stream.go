@@ -158,6 +158,15 @@ func (s *Stream) Prefetch() {
 	}
 }
 
+// StopPrefetch asks the work Prefetch started to stop at its next segment:
+// the caller has read as far as it needs before the request leaves, and
+// the core is better spent on requests. Later Steps encode the rest.
+func (s *Stream) StopPrefetch() {
+	if p, ok := s.ids.(interface{ StopPrefetch() }); ok {
+		p.StopPrefetch()
+	}
+}
+
 // Done reports whether the whole prompt is encoded.
 func (s *Stream) Done() bool { return s.ids.Done() }
 

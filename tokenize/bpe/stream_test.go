@@ -79,7 +79,8 @@ func TestPostAffixes(t *testing.T) {
 
 // TestStreamPrefetch: a stream whose later half another goroutine encodes
 // gives the same ids, whether the caller reads on at once or stops and
-// finishes later.
+// finishes later, and whether or not the goroutine is told to stop part
+// way (StopPrefetch).
 func TestStreamPrefetch(t *testing.T) {
 	tk, err := Load(modelPath(t, "qwen3"))
 	if err != nil {
@@ -90,7 +91,11 @@ func TestStreamPrefetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, stepsFirst := range []int{0, 1, 3, 1000} {
+	for _, c := range []struct {
+		stepsFirst int
+		stop       bool
+	}{{0, false}, {1, false}, {3, false}, {1000, false}, {0, true}, {1, true}, {3, true}} {
+		stepsFirst := c.stepsFirst
 		st := tk.NewStream(p, true)
 		for i := 0; i < stepsFirst && !st.Done(); i++ {
 			if err := st.Step(); err != nil {
@@ -101,6 +106,9 @@ func TestStreamPrefetch(t *testing.T) {
 		if (st.ahead != nil) != !st.Done() {
 			t.Fatalf("after %d steps first: prefetching %v with the stream done %v", stepsFirst, st.ahead != nil, st.Done())
 		}
+		if c.stop {
+			st.StopPrefetch()
+		}
 		for !st.Done() {
 			if err := st.Step(); err != nil {
 				t.Fatal(err)
@@ -108,9 +116,27 @@ func TestStreamPrefetch(t *testing.T) {
 			if got := st.IDs(); !slices.Equal(got, want[:len(got)]) {
 				t.Fatalf("after %d steps first: not a prefix", stepsFirst)
 			}
+			if n := len(st.IDs()); !st.Done() && !slices.Equal(mustEncode(t, tk, p[:st.Consumed()]), want[:n]) {
+				t.Fatalf("after %d steps first: %d ids do not encode the %d bytes consumed", stepsFirst, n, st.Consumed())
+			}
 		}
 		if !slices.Equal(st.IDs(), want) || st.Consumed() != len(p) {
 			t.Fatalf("after %d steps first: %d ids, want %d", stepsFirst, len(st.IDs()), len(want))
 		}
 	}
+}
+
+// mustEncode is the ids of text with the post-processor's prefix (and no
+// suffix: the texts here end before the stream does).
+func mustEncode(t *testing.T, tk *Tokenizer, text string) []uint32 {
+	t.Helper()
+	ids, err := tk.Encode(text, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.post == nil {
+		return ids
+	}
+	_, suf, _ := tk.post.affixes()
+	return ids[:len(ids)-len(suf)]
 }

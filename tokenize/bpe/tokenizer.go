@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -221,9 +222,11 @@ type Stream struct {
 // prefetch is the later half of a stream's segments, encoded by another
 // goroutine (see Prefetch).
 type prefetch struct {
-	from int // first segment it covers; it runs to the end
+	from int // first segment it covers; it runs to the end unless stopped
+	n    int // segments it encoded
 	ids  []uint32
 	err  error
+	stop atomic.Bool
 	done chan struct{}
 }
 
@@ -243,15 +246,26 @@ func (st *Stream) Prefetch(minSegs int) {
 	go func() {
 		defer close(p.done)
 		for _, sg := range st.segs[p.from:] {
-			if sg.tok != nil {
-				p.ids = append(p.ids, sg.tok.id)
-				continue
-			}
-			if p.ids, p.err = st.t.encodeSegment(p.ids, st.text[sg.start:sg.end], sg.start == 0); p.err != nil {
+			if p.stop.Load() {
 				return
 			}
+			if sg.tok != nil {
+				p.ids = append(p.ids, sg.tok.id)
+			} else if p.ids, p.err = st.t.encodeSegment(p.ids, st.text[sg.start:sg.end], sg.start == 0); p.err != nil {
+				return
+			}
+			p.n++
 		}
 	}()
+}
+
+// StopPrefetch asks the goroutine Prefetch started to stop after the
+// segment it is encoding: the caller has read enough for now and would
+// rather have the core. Later Steps encode what it left.
+func (st *Stream) StopPrefetch() {
+	if st.ahead != nil {
+		st.ahead.stop.Store(true)
+	}
 }
 
 // NewStream starts encoding text (see Encode).
@@ -280,8 +294,15 @@ func (st *Stream) Step() error {
 			if p.err != nil {
 				return p.err
 			}
+			st.ahead = nil
 			st.ids = append(st.ids, p.ids...)
-			st.next, st.consumed = len(st.segs), len(st.text)
+			if p.n > 0 {
+				st.next += p.n
+				st.consumed = st.segs[st.next-1].end
+			}
+			if st.next < len(st.segs) {
+				return nil
+			}
 			break
 		}
 		sg := st.segs[st.next]
