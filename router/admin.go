@@ -103,7 +103,7 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	pl.startFinishing()
+	pl.startFinishing(r.pl.index)
 	writeJSON(w, http.StatusOK, dryRunOf(pl))
 }
 
@@ -116,10 +116,10 @@ func dryRunOf(pl *routePlan) DryRun {
 		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
 		Candidates:     make([]DryCandidate, 0, len(pl.cands)),
 	}
-	for _, c := range pl.cands {
+	for i, c := range pl.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{
 			Target: c.Target.ID.Endpoint, Rank: c.Target.ID.Rank, Routable: c.Routable,
-			ConfirmedBlocks: c.ConfirmedBlocks, SpeculativeBlocks: c.SpeculativeBlocks,
+			ConfirmedBlocks: pl.confirmedNow(i), SpeculativeBlocks: c.SpeculativeBlocks,
 			Cost: c.Cost, Load: c.Load,
 		})
 	}

@@ -149,3 +149,56 @@ func TestApproximatePolicy(t *testing.T) {
 		t.Fatalf("table holds %d hashes, capacity 8", len(small.m))
 	}
 }
+
+// TestSettled: reading a prompt stops early only when the cheapest
+// candidate is strictly cheapest and no other routable candidate still
+// holds every block read, so more blocks could only help the winner.
+func TestSettled(t *testing.T) {
+	keys := make([]kvindex.Key, 8)
+	for i := range keys {
+		keys[i] = kvindex.Key(1000 + i)
+	}
+	queued := LoadView{InFlight: 3, Prefilling: 3, QueuedUncachedTokens: 5000}
+	cases := []struct {
+		name string
+		held map[string]int // target: blocks of keys it holds from block 0
+		load map[string]LoadView
+		down string // not routable
+		dead string // events disconnected: its run counts nothing
+		want bool
+	}{
+		{"one holder, idle", map[string]int{"a": 8, "b": 3}, nil, "", "", true},
+		{"two holders may both grow", map[string]int{"a": 8, "b": 8}, nil, "", "", false},
+		{"the other holder cannot take the request", map[string]int{"a": 8, "b": 8}, nil, "b", "", true},
+		{"the holder is not cheapest yet", map[string]int{"a": 8}, map[string]LoadView{"a": queued}, "", "", false},
+		{"a tie is not settled", map[string]int{"a": 8}, nil, "", "a", false},
+		{"nobody holds it", map[string]int{"b": 2}, nil, "", "", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := kvindex.NewIndex(kvindex.IndexConfig{})
+			pl := &routePlan{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
+			for _, name := range []string{"a", "b", "c"} {
+				verdict := health.VerdictFresh
+				if name == c.dead {
+					verdict = health.VerdictDisconnected
+				}
+				cd := cand(name, 0, verdict, c.load[name])
+				cd.Weighted = 0
+				cd.Routable = name != c.down
+				pl.cands = append(pl.cands, cd)
+				ix.AddTarget(cd.Target.ID)
+				ix.Store(cd.Target.ID, kvindex.TierGPU, keys[:c.held[name]])
+			}
+			var reach kvindex.Reach
+			ix.Extend(&reach, keys)
+			r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+			if got := r.settled(pl, &reach, 1000); got != c.want {
+				for _, cd := range pl.cands {
+					t.Logf("%s run %d cost %.1f", cd.Target.ID.Endpoint, cd.ConfirmedBlocks, cd.Cost)
+				}
+				t.Fatalf("settled %v, want %v", got, c.want)
+			}
+		})
+	}
+}

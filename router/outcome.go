@@ -201,6 +201,7 @@ type outcomeRec struct {
 	target    string
 	predicted int
 	plan      *routePlan
+	cand      int // the chosen candidate, in plan.cands
 	status    int
 	start     time.Time
 	ttft      time.Duration
@@ -214,8 +215,20 @@ func (o *outcomeRec) finish(label string, u usage) {
 	if o.status >= 300 {
 		return
 	}
-	pt := o.plan.promptForOutcome()
+	// The prompt's count may still be being encoded; the response does not
+	// wait for it.
+	o.plan.whenFinished(func(pt promptTokens) { o.recordPrompt(pt, u) })
+}
+
+// recordPrompt records what the outcome says about the prompt and the
+// router's prediction of its cached tokens.
+func (o *outcomeRec) recordPrompt(pt promptTokens, u usage) {
+	m, pol := o.r.met, o.r.cfg.Policy.String()
 	prompt := int64(pt.count)
+	if pl := o.plan; pl.finalBlocks != nil {
+		// The plan settled early; predict from the whole prompt's run.
+		o.predicted = pl.predictedFor(&pl.cands[o.cand], pl.finalBlocks[o.cand], pt.count)
+	}
 	if pt.ids == nil && u.known {
 		prompt = u.promptTokens
 	}

@@ -180,7 +180,7 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b
 // byte has reached the client.
 func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, id string, start time.Time) {
 	body := ctx.PostBody()
-	pl.startFinishing()
+	pl.startFinishing(r.pl.index)
 	for attempt := 0; ; attempt++ {
 		cd := &pl.cands[pl.dec.idx]
 		res := r.attempt(ctx, req, pl, cd, body, id, start, attempt)
@@ -270,13 +270,13 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		// An estimate while the rest of the prompt is still being encoded.
 		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pl.promptBlocks(pl.promptNow())))
 		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pl.chain.Keys)))
-		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(cd.ConfirmedBlocks))
+		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(pl.confirmedNow(pl.dec.idx)))
 		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(predicted))
 		h.Set("X-Prefixrouter-Reason", pl.dec.reason)
 		// Arrival to dispatch, the router's own time before the pod starts.
 		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(decided.Microseconds())/1e3, 'f', 3, 64))
 	}
-	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, plan: pl, status: resp.StatusCode, start: start, ttft: ttft}
+	oc := &outcomeRec{r: r, model: req.Model, target: tname, predicted: predicted, plan: pl, cand: pl.dec.idx, status: resp.StatusCode, start: start, ttft: ttft}
 	if resp.StatusCode >= 500 {
 		r.met.upstreamErrors.WithLabelValues(tname, "status_5xx").Inc()
 	}

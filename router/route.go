@@ -2,7 +2,10 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -22,10 +25,20 @@ type routePlan struct {
 	cands        []Candidate
 	dec          decision
 	approxChunks []uint64
+	// settled is set when reading stopped while the chosen target still
+	// held every block so far: no other target could catch up, so more
+	// blocks could only lengthen the winner's run. Its whole run is looked
+	// up after dispatch, with the keyer and extras kept for it.
+	settled bool
+	keyer   kvindex.Keyer
+	extras  kvindex.RequestExtras
 	// full is closed once finishPrompt has encoded the rest of the prompt
-	// into finished; nil when there was nothing left to encode.
-	full     chan struct{}
-	finished promptTokens
+	// into finished (and, when settled, looked up every candidate's whole
+	// run into finalBlocks, by candidate); nil when there was nothing left
+	// to encode.
+	full        chan struct{}
+	finished    promptTokens
+	finalBlocks []int
 }
 
 // plan resolves targets, tokenizes, looks the blocks up and chooses. With
@@ -84,7 +97,8 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		}
 		var kerr error
 		if pt.stream != nil {
-			kerr = r.keyUntilMiss(pl, ks.keyer, extras)
+			pl.keyer, pl.extras = ks.keyer, extras
+			kerr = r.keyUntilDecided(pl)
 		} else {
 			kerr = ks.keyer.Extend(&pl.chain, pt.ids, extras)
 		}
@@ -100,22 +114,35 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		pl.approxChunks = approxChunks(nil, approxText(req))
 		r.ch.approx.match(pl.cands, pl.approxChunks)
 	}
-	pl.dec = r.ch.choose(pl.cands, pt.count, pl.blockSize, dryRun)
+	pl.dec = r.ch.choose(pl.cands, pl.tokens.count, pl.blockSize, dryRun)
 	if pl.dec.idx < 0 {
 		return nil, errNoTarget("no routable target for model "+req.Model, r.retryAfter())
+	}
+	if pl.settled {
+		pl.dec.reason = fmt.Sprintf("lowest cost; confirmed run of at least %d blocks, which no other target can catch up with",
+			pl.cands[pl.dec.idx].ConfirmedBlocks)
 	}
 	return pl, nil
 }
 
-// keyUntilMiss encodes the prompt a segment at a time and keys each new
-// block, stopping at the first block no target holds: runs start at block
-// 0, so no later block can lengthen any target's run, and the decision is
-// the one the whole prompt would give. For a prompt no pod has seen, this is
-// the difference between encoding a few dozen tokens and encoding all of
-// them before the request leaves. The rest is encoded after dispatch.
-func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex.RequestExtras) error {
+// keyUntilDecided encodes the prompt a segment at a time and keys each new
+// block, and stops reading as soon as the rest cannot change the decision:
+//   - at the first block no target holds: runs start at block 0, so no
+//     later block can lengthen any run;
+//   - or once the cheapest candidate is strictly cheapest and no other
+//     routable candidate still holds every block so far: more blocks could
+//     only lengthen the winner's run and lower its cost.
+//
+// For a prompt no pod has seen, or one a single pod holds (a conversation
+// lives on one pod; others share at most its system prompt), this is the
+// difference between encoding a few segments and encoding all of them
+// before the request leaves. The rest is encoded after dispatch.
+func (r *Router) keyUntilDecided(pl *routePlan) error {
 	st := pl.tokens.stream
 	var reach kvindex.Reach
+	// A check looks every block so far up again; after one that could not
+	// settle, the next waits until the blocks have doubled.
+	checkFrom := 0
 	for !st.Done() {
 		if err := st.Step(); err != nil {
 			// The pod will judge the prompt; route on what is known.
@@ -124,15 +151,22 @@ func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex
 			break
 		}
 		before := len(pl.chain.Keys)
-		if err := keyer.Extend(&pl.chain, st.IDs(), extras); err != nil {
+		if err := pl.keyer.Extend(&pl.chain, st.IDs(), pl.extras); err != nil {
 			return err
 		}
-		if len(pl.chain.Keys) > before {
+		if n := len(pl.chain.Keys); n > before {
 			if !r.pl.index.Extend(&reach, pl.chain.Keys[before:]) {
 				break
 			}
-			// A pod holds the prompt's start: it will likely be read to
-			// the end, so the second core encodes the later half meanwhile.
+			if n >= checkFrom && !st.Done() {
+				if r.settled(pl, &reach, st.EstimateCount()) {
+					pl.settled = true
+					break
+				}
+				checkFrom = 2 * n
+			}
+			// A pod holds the prompt's start: it will likely be read on,
+			// so the second core encodes the later half meanwhile.
 			st.Prefetch()
 		}
 	}
@@ -143,9 +177,36 @@ func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex
 			pl.tokens = promptTokens{ids: ids, count: len(ids), source: "local"}
 		}
 	} else {
+		st.StopPrefetch()
 		pl.tokens.count = st.EstimateCount()
 	}
 	return nil
+}
+
+// settled reports whether the blocks read so far already decide the
+// request (see keyUntilDecided): the cheapest routable candidate is
+// strictly cheapest, and it is the only routable one that may still hold
+// the blocks to come. It fills the candidates' runs so far.
+func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) bool {
+	var hbuf [8]kvindex.TargetID
+	holders := r.pl.index.Holders(reach, hbuf[:0])
+	var mbuf [16]kvindex.Match
+	matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], pl.chain.Keys))
+	dec := r.ch.choose(pl.cands, count, pl.blockSize, true)
+	if dec.idx < 0 {
+		return false
+	}
+	best := &pl.cands[dec.idx]
+	for i := range pl.cands {
+		c := &pl.cands[i]
+		if i == dec.idx || !c.Routable || c.excluded {
+			continue
+		}
+		if c.Cost <= best.Cost+1e-9 || slices.Contains(holders, c.Target.ID) {
+			return false
+		}
+	}
+	return true
 }
 
 // finishPrompt encodes the rest of a prompt the plan stopped reading,
@@ -153,25 +214,52 @@ func (r *Router) keyUntilMiss(pl *routePlan, keyer kvindex.Keyer, extras kvindex
 // the segment cache warm for the conversation's next turn, auto mode's
 // sampled comparison. It runs once; finished is written only here, and
 // read by others after full is closed.
-func (pl *routePlan) finishPrompt() {
+func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 	defer close(pl.full)
 	st := pl.tokens.stream
+	for !st.Done() {
+		if err := st.Step(); err != nil {
+			slog.Debug("tokenization failed after dispatch", "model", pl.model, "err", err)
+			return
+		}
+		// Requests in flight come first: this work only has to be done
+		// before the pod answers, which it will not do for a while.
+		runtime.Gosched()
+	}
 	ids, err := st.Finish()
 	if err != nil {
 		slog.Debug("tokenization failed after dispatch", "model", pl.model, "err", err)
 		return
 	}
 	pl.finished = promptTokens{ids: ids, count: len(ids), source: "local"}
+	if !pl.settled {
+		return
+	}
+	// The plan's chain is read by the request; extend a copy.
+	chain := pl.chain
+	chain.Keys = slices.Clone(chain.Keys)
+	if err := pl.keyer.Extend(&chain, ids, pl.extras); err != nil {
+		return
+	}
+	pl.finalBlocks = make([]int, len(pl.cands))
+	var mbuf [16]kvindex.Match
+	for _, m := range ix.Lookup(mbuf[:0], chain.Keys) {
+		for i := range pl.cands {
+			if pl.cands[i].Target.ID == m.Target {
+				pl.finalBlocks[i] = m.Blocks
+			}
+		}
+	}
 }
 
 // startFinishing starts finishPrompt when the plan left part of the prompt
 // unread, and returns at once.
-func (pl *routePlan) startFinishing() {
+func (pl *routePlan) startFinishing(ix *kvindex.Index) {
 	if pl.tokens.stream == nil || pl.full != nil {
 		return
 	}
 	pl.full = make(chan struct{})
-	go pl.finishPrompt()
+	go pl.finishPrompt(ix)
 }
 
 // promptForOutcome is the prompt as the outcome records it: the finished
@@ -187,20 +275,42 @@ func (pl *routePlan) promptForOutcome() promptTokens {
 	return pl.finished
 }
 
+// whenFinished calls fn with the prompt as the outcome records it: now if
+// nothing is left to encode, else from another goroutine once it is, so
+// that a response never waits for the tail of its prompt.
+func (pl *routePlan) whenFinished(fn func(promptTokens)) {
+	if pl.full != nil {
+		select {
+		case <-pl.full:
+		default:
+			go func() { fn(pl.promptForOutcome()) }()
+			return
+		}
+	}
+	fn(pl.promptForOutcome())
+}
+
 // promptNow is the prompt as known at this moment, without waiting: the
 // finished count if finishPrompt is done, else the plan's (an estimate when
 // it stopped early).
 func (pl *routePlan) promptNow() promptTokens {
-	if pl.full != nil {
-		select {
-		case <-pl.full:
-			if pl.finished.ids != nil {
-				return pl.finished
-			}
-		default:
-		}
+	if pl.finishedNow() && pl.finished.ids != nil {
+		return pl.finished
 	}
 	return pl.tokens
+}
+
+// finishedNow reports whether finishPrompt has run to its end.
+func (pl *routePlan) finishedNow() bool {
+	if pl.full == nil {
+		return false
+	}
+	select {
+	case <-pl.full:
+		return true
+	default:
+		return false
+	}
 }
 
 // promptBlocks is the number of full blocks of pt, or of the keys looked up
@@ -215,19 +325,35 @@ func (pl *routePlan) promptBlocks(pt promptTokens) int {
 // predictedCached is the number of prompt tokens the router expects the
 // chosen candidate to serve from cache: its trusted confirmed run.
 func (pl *routePlan) predictedCached(c *Candidate) int {
+	return pl.predictedFor(c, c.ConfirmedBlocks, pl.tokens.count)
+}
+
+// predictedFor is predictedCached for a confirmed run of blocks and a
+// prompt of count tokens.
+func (pl *routePlan) predictedFor(c *Candidate, blocks, count int) int {
 	if c.Trust == 0 || pl.blockSize == 0 {
 		return 0
 	}
-	n := c.ConfirmedBlocks * pl.blockSize
+	n := blocks * pl.blockSize
 	if c.Trusted {
 		n += c.SpeculativeBlocks * pl.blockSize
 	}
 	// vLLM never serves the whole prompt from cache: the last token is
 	// always computed, so hits stop at the last full block before it.
-	if pl.tokens.count > 0 {
-		n = min(n, (pl.tokens.count-1)/pl.blockSize*pl.blockSize)
+	if count > 0 {
+		n = min(n, (count-1)/pl.blockSize*pl.blockSize)
 	}
 	return max(n, 0)
+}
+
+// confirmedNow is candidate i's confirmed run as known at this moment: of
+// the whole prompt once finishPrompt has looked it up (the plan may have
+// settled on fewer blocks), else of the blocks the plan read.
+func (pl *routePlan) confirmedNow(i int) int {
+	if pl.finishedNow() && pl.finalBlocks != nil {
+		return pl.finalBlocks[i]
+	}
+	return pl.cands[i].ConfirmedBlocks
 }
 
 // rechoose excludes the failed candidate and chooses again.

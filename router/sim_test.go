@@ -253,8 +253,10 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 // TestSimStopsAtFirstUnheldBlock: a prompt no pod has seen is looked up
 // only as far as its first block no pod holds, yet the router still
 // reports the whole prompt — the dry run's prompt_tokens and blocks, and
-// the outcome's prompt-token count — exactly as the pod counts it; a
-// prompt whose prefix a pod holds is read past that prefix.
+// the outcome's prompt-token count — exactly as the pod counts it. A
+// prompt whose start two pods hold is read past that shared start, and
+// stops once only the cheapest pod can hold the rest: the dry run and the
+// outcome's prediction then count that pod's whole run.
 func TestSimStopsAtFirstUnheldBlock(t *testing.T) {
 	f := startFleet(t, 2, sim.Faults{})
 	cfg := DefaultConfig()
@@ -301,15 +303,51 @@ func TestSimStopsAtFirstUnheldBlock(t *testing.T) {
 		t.Fatalf("debug header says %d blocks looked up, the dry run %d", got, d.LookedUpBlocks)
 	}
 
-	// Once the holder's events arrive, the same conversation one turn on is
-	// read through the held prefix.
+	// The other pod comes to hold the system prompt too (a conversation of
+	// its own, sent to it directly).
+	var other string
+	for _, p := range f.Pods {
+		if targetName(p.URL()) != holder {
+			other = targetName(p.URL())
+			if code, _, b := post(t, p.URL()+"/v1/chat/completions", chat(system, 1)); code != 200 {
+				t.Fatalf("other pod: %d %s", code, b)
+			}
+		}
+	}
+	systemBlocks := len(system) / 16
 	next := chat(system, 9)
-	waitFor(t, "the holder's blocks to be confirmed", func() bool {
+	waitFor(t, "both pods' blocks to be confirmed", func() bool {
 		d = dryRun(t, r, "/v1/chat/completions", next)
-		return decisionName(d) == holder && candidateByName(d, holder).ConfirmedBlocks >= d.Blocks*8/10
+		return decisionName(d) == holder && candidateByName(d, holder).ConfirmedBlocks >= d.Blocks*8/10 &&
+			candidateByName(d, other).ConfirmedBlocks >= systemBlocks
 	})
-	if d.LookedUpBlocks <= candidateByName(d, holder).ConfirmedBlocks {
-		t.Fatalf("looked up %d blocks, holder confirms %d: the lookup stopped inside the held prefix", d.LookedUpBlocks, candidateByName(d, holder).ConfirmedBlocks)
+	// Asked again: the run counts of the last answer may have been looked
+	// up after its decision, as events arrived.
+	d = dryRun(t, r, "/v1/chat/completions", next)
+	held := candidateByName(d, holder).ConfirmedBlocks
+	if d.LookedUpBlocks <= candidateByName(d, other).ConfirmedBlocks || d.LookedUpBlocks >= held {
+		t.Fatalf("looked up %d blocks, the other pod confirms %d, the holder %d: want past the shared start and short of the holder's run",
+			d.LookedUpBlocks, candidateByName(d, other).ConfirmedBlocks, held)
+	}
+	if !strings.Contains(d.Decision.Reason, "catch up") {
+		t.Fatalf("reason %q does not say the decision was settled early", d.Decision.Reason)
+	}
+	predicted := func() float64 {
+		return metricValue(t, r, `prefixrouter_predicted_cached_tokens_total{model="sim-tiny",policy="precise",target="`+holder+`"}`)
+	}
+	before := predicted()
+	code, hdr, b = post(t, base+"/v1/chat/completions", next)
+	if code != 200 || hdr.Get("X-Prefixrouter-Target") != holder {
+		t.Fatalf("%d from %s: %s", code, hdr.Get("X-Prefixrouter-Target"), b)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the outcome's prediction from the holder's whole run", func() bool {
+		return predicted()-before == float64(c.Usage.PromptTokensDetails.CachedTokens)
+	})
+	if c.Usage.PromptTokensDetails.CachedTokens <= d.LookedUpBlocks*16 {
+		t.Fatalf("the holder served %d cached tokens: no more than the %d blocks looked up", c.Usage.PromptTokensDetails.CachedTokens, d.LookedUpBlocks)
 	}
 }
 
