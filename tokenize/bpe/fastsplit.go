@@ -83,6 +83,30 @@ func at(s string, i int) (rune, int) {
 	return utf8.DecodeRuneInString(s[i:])
 }
 
+// spanLetters is spanWhile(s, i, classL, 0)'s end, the span nearly every
+// English word is: its loop reads one table per byte, with no limit and no
+// class pointer to follow.
+func spanLetters(s string, i int) int {
+	for i < len(s) {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			if !asciiLetters[b] {
+				return i
+			}
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if !isL(r) {
+			return i
+		}
+		i += w
+	}
+	return i
+}
+
+var asciiLetters = classL.ascii
+
 // spanWhile consumes runes of class c from i and returns the end offset and
 // the number of runes taken (at most limit when limit > 0).
 func spanWhile(s string, i int, c *class, limit int) (int, int) {
@@ -161,13 +185,11 @@ func (f fastSplit) matchAt(s string, i int) int {
 		// contractions take the full path below).
 		c0, c1 := s[i], s[i+1]
 		if c0 < utf8.RuneSelf && c1 < utf8.RuneSelf && c0 != '\'' {
-			if classL.ascii[c0] {
-				e, _ := spanWhile(s, i+1, classL, 0)
-				return e
+			if asciiLetters[c0] {
+				return spanLetters(s, i+1)
 			}
-			if c0 != '\r' && c0 != '\n' && !classN.ascii[c0] && classL.ascii[c1] {
-				e, _ := spanWhile(s, i+2, classL, 0)
-				return e
+			if c0 != '\r' && c0 != '\n' && !classN.ascii[c0] && asciiLetters[c1] {
+				return spanLetters(s, i+2)
 			}
 		}
 	}
