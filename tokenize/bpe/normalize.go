@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
 	"golang.org/x/text/unicode/norm"
@@ -95,7 +96,9 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 type unicodeNorm struct{ f norm.Form }
 
 func (u unicodeNorm) normalize(s string) (string, error) {
-	if u.f.IsNormalString(s) {
+	// ASCII is its own form under all four; most prompts are, and this
+	// test reads eight bytes at a time.
+	if isASCII(s) || u.f.IsNormalString(s) {
 		return s, nil
 	}
 	out := u.f.String(s)
@@ -290,4 +293,21 @@ func (q sequenceNorm) normalize(s string) (string, error) {
 		}
 	}
 	return s, nil
+}
+
+// isASCII reports whether s has no byte above 0x7F.
+func isASCII(s string) bool {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := s[i : i+8]
+		if (w[0]|w[1]|w[2]|w[3]|w[4]|w[5]|w[6]|w[7])&0x80 != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
