@@ -1,6 +1,10 @@
 package router
 
 import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/health"
@@ -201,4 +205,89 @@ func TestSettled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSettlingKeepsTheDecision: over random fleets — runs of random length
+// in random tiers, random loads, stale and disconnected event streams,
+// targets that cannot take requests — reading a prompt a random chunk at a
+// time and stopping where keyUntilDecided would stop chooses the target
+// that looking up the whole prompt chooses.
+func TestSettlingKeepsTheDecision(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const blocks, count = 64, 64 * 16
+	keys := make([]kvindex.Key, blocks)
+	for i := range keys {
+		keys[i] = kvindex.Key(5000 + i)
+	}
+	verdicts := []health.Verdict{health.VerdictFresh, health.VerdictFresh, health.VerdictStale, health.VerdictDisconnected}
+	settledEarly := 0
+	for trial := range 2000 {
+		ix := kvindex.NewIndex(kvindex.IndexConfig{})
+		var cands []Candidate
+		for i := range 2 + rng.IntN(4) {
+			cd := cand(fmt.Sprintf("t%d", i), 0, verdicts[rng.IntN(len(verdicts))], LoadView{
+				InFlight: 3, Prefilling: 3, QueuedUncachedTokens: int64(rng.IntN(3 * count)),
+			})
+			cd.Weighted = 0
+			cd.Routable = rng.IntN(6) > 0
+			cands = append(cands, cd)
+			ix.AddTarget(cd.Target.ID)
+			run := rng.IntN(blocks + 1)
+			for b := 0; b < run; {
+				n := min(run-b, 1+rng.IntN(16))
+				ix.Store(cd.Target.ID, kvindex.Tier(rng.IntN(3)), keys[b:b+n])
+				b += n
+			}
+		}
+		r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+
+		// The whole prompt looked up.
+		whole := slices.Clone(cands)
+		matchInto(whole, ix.Lookup(nil, keys))
+		want := r.ch.choose(whole, count, 16, true)
+		if ties(whole, want.idx) {
+			continue // a random tie-break: either answer is right
+		}
+
+		// Read a chunk at a time, as keyUntilDecided does.
+		pl := &routePlan{blockSize: 16, cands: slices.Clone(cands)}
+		var reach kvindex.Reach
+		for n := 0; n < blocks; {
+			next := min(blocks, n+1+rng.IntN(12))
+			pl.chain.Keys = keys[:next]
+			alive := ix.Extend(&reach, keys[n:next])
+			n = next
+			if !alive {
+				break
+			}
+			if n < blocks && r.settled(pl, &reach, count) {
+				settledEarly++
+				break
+			}
+		}
+		matchInto(pl.cands, ix.Lookup(nil, pl.chain.Keys))
+		got := r.ch.choose(pl.cands, count, 16, true)
+		if got.idx != want.idx {
+			for i := range whole {
+				t.Logf("%s: routable %v trust %.1f, whole run %d cost %.0f; read %d blocks, run %d cost %.0f", whole[i].Target.ID.Endpoint,
+					whole[i].Routable, whole[i].Trust, whole[i].ConfirmedBlocks, whole[i].Cost, len(pl.chain.Keys), pl.cands[i].ConfirmedBlocks, pl.cands[i].Cost)
+			}
+			t.Fatalf("trial %d: reading until settled chose %d, the whole prompt %d", trial, got.idx, want.idx)
+		}
+	}
+	t.Logf("settled early in %d trials", settledEarly)
+	if settledEarly < 100 {
+		t.Fatalf("only %d of 2000 trials settled before the end: the test does not exercise settling", settledEarly)
+	}
+}
+
+// ties reports whether another usable candidate costs the same as the
+// chosen one.
+func ties(cands []Candidate, idx int) bool {
+	for i := range cands {
+		if i != idx && cands[i].Routable && math.Abs(cands[i].Cost-cands[idx].Cost) <= 1e-9 {
+			return true
+		}
+	}
+	return false
 }
