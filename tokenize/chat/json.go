@@ -204,7 +204,7 @@ func (p *jsonParser) str() (string, error) {
 	}
 	seg := p.s[p.i : p.i+j]
 	if bytes.IndexByte(seg, '\\') >= 0 {
-		return p.strSlow(start)
+		return p.strSlow(start, j)
 	}
 	ascii, ctrl := scanBytes(seg)
 	if ctrl >= 0 {
@@ -218,10 +218,23 @@ func (p *jsonParser) str() (string, error) {
 	return string(seg), nil
 }
 
-func (p *jsonParser) strSlow(start int) (string, error) {
+// strSlow decodes a string with escapes from start, where p.i is;
+// sizeHint (the bytes up to the first quote) sizes its buffer. Runs
+// between escapes are copied whole: chat texts escape little more than
+// their newlines.
+func (p *jsonParser) strSlow(start, sizeHint int) (string, error) {
 	var b strings.Builder
+	b.Grow(sizeHint)
 	b.Write(p.s[start:p.i])
 	for p.i < len(p.s) {
+		run := p.i
+		for run < len(p.s) && !strStop[p.s[run]] {
+			run++
+		}
+		b.Write(p.s[p.i:run])
+		if p.i = run; p.i >= len(p.s) {
+			break
+		}
 		c := p.s[p.i]
 		switch {
 		case c == '"':
@@ -229,10 +242,6 @@ func (p *jsonParser) strSlow(start int) (string, error) {
 			return fixUTF8(b.String()), nil
 		case c < 0x20:
 			return "", p.errf("control character in string")
-		case c != '\\':
-			b.WriteByte(c)
-			p.i++
-			continue
 		}
 		if p.i+1 >= len(p.s) {
 			break
@@ -310,6 +319,16 @@ func fixUTF8(s string) string {
 	}
 	return b.String()
 }
+
+// strStop marks the bytes a string's plain run stops at: its closing
+// quote, an escape, a control byte (an error).
+var strStop = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 // scanBytes reports whether seg is all ASCII and the offset of its first
 // control byte (< 0x20), or -1; eight bytes at a time, as message texts
