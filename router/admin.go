@@ -37,7 +37,8 @@ type DryRun struct {
 	BlockSize    int    `json:"block_size"`
 	Blocks       int    `json:"blocks"`
 	// LookedUpBlocks is how many of the prompt's blocks the decision looked
-	// up: the router stops at the first block no target holds.
+	// up: the router stops at the first block no target holds, or once no
+	// other target can catch up with the cheapest (keyUntilDecided).
 	LookedUpBlocks int            `json:"looked_up_blocks"`
 	Decision       DryRunDecision `json:"decision"`
 	Candidates     []DryCandidate `json:"candidates"`
@@ -52,9 +53,12 @@ type DryRunDecision struct {
 
 // DryCandidate is one candidate's score.
 type DryCandidate struct {
-	Target            string   `json:"target"`
-	Rank              int      `json:"rank"`
-	Routable          bool     `json:"routable"`
+	Target   string `json:"target"`
+	Rank     int    `json:"rank"`
+	Routable bool   `json:"routable"`
+	// ConfirmedBlocks is the candidate's run over the whole prompt, looked
+	// up once the rest was encoded; Cost is the decision's, on the blocks
+	// it looked up.
 	ConfirmedBlocks   int      `json:"confirmed_blocks"`
 	SpeculativeBlocks int      `json:"speculative_blocks"`
 	Cost              float64  `json:"cost"`

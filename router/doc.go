@@ -14,9 +14,10 @@
 // pod's token ids; kvindex turns ids into block keys and follows every
 // target's KV events into the placement index. Data flows one way: request
 // in, parse, tokenize, key, look up, score, dispatch, proxy, record. The
-// precise policy tokenizes and keys a prompt only up to its first block no
-// target holds (no later block can change a run); the rest is encoded after
-// dispatch.
+// precise policy tokenizes and keys a prompt only until the rest cannot
+// change the choice — its first block no target holds, or the point past
+// which only the cheapest target can still hold it — and the rest is
+// encoded after dispatch.
 //
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
 // it is answered with an OpenAI-shaped error ({"error": {"message", "type",
