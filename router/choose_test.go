@@ -197,7 +197,7 @@ func TestSettled(t *testing.T) {
 			var reach kvindex.Reach
 			ix.Extend(&reach, keys)
 			r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
-			if got := r.settled(pl, &reach, 1000); got != c.want {
+			if got, _ := r.settled(pl, &reach, 1000); got != c.want {
 				for _, cd := range pl.cands {
 					t.Logf("%s run %d cost %.1f", cd.Target.ID.Endpoint, cd.ConfirmedBlocks, cd.Cost)
 				}
@@ -260,7 +260,7 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 			if !alive {
 				break
 			}
-			if n < blocks && r.settled(pl, &reach, count) {
+			if done, _ := r.settled(pl, &reach, count); n < blocks && done {
 				settledEarly++
 				break
 			}

@@ -140,8 +140,8 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 func (r *Router) keyUntilDecided(pl *routePlan) error {
 	st := pl.tokens.stream
 	var reach kvindex.Reach
-	// A check looks every block so far up again; after one that could not
-	// settle, the next waits until the blocks have doubled.
+	// A check that has to look every block so far up again and still
+	// cannot settle makes the next wait until the blocks have doubled.
 	checkFrom := 0
 	for !st.Done() {
 		if err := st.Step(); err != nil {
@@ -159,11 +159,14 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 				break
 			}
 			if n >= checkFrom && !st.Done() {
-				if r.settled(pl, &reach, st.EstimateCount()) {
+				done, looked := r.settled(pl, &reach, st.EstimateCount())
+				if done {
 					pl.settled = true
 					break
 				}
-				checkFrom = 2 * n
+				if looked {
+					checkFrom = 2 * n
+				}
 			}
 			// A pod holds the prompt's start: it will likely be read on,
 			// so the second core encodes the later half meanwhile.
@@ -186,15 +189,28 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 // settled reports whether the blocks read so far already decide the
 // request (see keyUntilDecided): the cheapest routable candidate is
 // strictly cheapest, and it is the only routable one that may still hold
-// the blocks to come. It fills the candidates' runs so far.
-func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) bool {
+// the blocks to come. While two routable candidates hold every block so
+// far (a system prompt all pods share) it answers at once; otherwise it
+// looks the blocks up, fills the candidates' runs so far, and says so in
+// looked.
+func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) (done, looked bool) {
 	var hbuf [8]kvindex.TargetID
 	holders := r.pl.index.Holders(reach, hbuf[:0])
+	routableHolders := 0
+	for i := range pl.cands {
+		c := &pl.cands[i]
+		if c.Routable && !c.excluded && slices.Contains(holders, c.Target.ID) {
+			routableHolders++
+		}
+	}
+	if routableHolders > 1 {
+		return false, false
+	}
 	var mbuf [16]kvindex.Match
 	matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], pl.chain.Keys))
 	dec := r.ch.choose(pl.cands, count, pl.blockSize, true)
 	if dec.idx < 0 {
-		return false
+		return false, true
 	}
 	best := &pl.cands[dec.idx]
 	for i := range pl.cands {
@@ -203,10 +219,10 @@ func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) bool {
 			continue
 		}
 		if c.Cost <= best.Cost+1e-9 || slices.Contains(holders, c.Target.ID) {
-			return false
+			return false, true
 		}
 	}
-	return true
+	return true, true
 }
 
 // finishPrompt encodes the rest of a prompt the plan stopped reading,
