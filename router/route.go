@@ -143,6 +143,10 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 	// A check that has to look every block so far up again and still
 	// cannot settle makes the next wait until the blocks have doubled.
 	checkFrom := 0
+	// readOn is set once reading looks set to go on: a check looked the
+	// blocks up and could not settle, or two checks in a row found several
+	// holders (more than a shared system prompt).
+	readOn, shared := false, 0
 	for !st.Done() {
 		if err := st.Step(); err != nil {
 			// The pod will judge the prompt; route on what is known.
@@ -165,12 +169,15 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 					break
 				}
 				if looked {
-					checkFrom = 2 * n
+					checkFrom, readOn = 2*n, true
+				} else if shared++; shared >= 2 {
+					readOn = true
 				}
 			}
-			// A pod holds the prompt's start: it will likely be read on,
-			// so the second core encodes the later half meanwhile.
-			st.Prefetch()
+			if readOn {
+				// The second core encodes the later half meanwhile.
+				st.Prefetch()
+			}
 		}
 	}
 	if st.Done() {
