@@ -250,14 +250,14 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 	waitFor(t, "the old process's placements dropped", func() bool { return confirmed() == 0 })
 }
 
-// TestSimStopsAtFirstUnheldBlock: a prompt no pod has seen is looked up
+// TestSimReadsUntilDecided: a prompt no pod has seen is looked up
 // only as far as its first block no pod holds, yet the router still
 // reports the whole prompt — the dry run's prompt_tokens and blocks, and
 // the outcome's prompt-token count — exactly as the pod counts it. A
 // prompt whose start two pods hold is read past that shared start, and
 // stops once only the cheapest pod can hold the rest: the dry run and the
 // outcome's prediction then count that pod's whole run.
-func TestSimStopsAtFirstUnheldBlock(t *testing.T) {
+func TestSimReadsUntilDecided(t *testing.T) {
 	f := startFleet(t, 2, sim.Faults{})
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
