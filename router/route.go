@@ -144,7 +144,7 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 	// cannot settle makes the next wait until the blocks have doubled.
 	checkFrom := 0
 	// readOn is set once reading looks set to go on: a check looked the
-	// blocks up and could not settle, or two checks in a row found several
+	// blocks up and could not settle, or two checks found several
 	// holders (more than a shared system prompt).
 	readOn, shared := false, 0
 	for !st.Done() {
