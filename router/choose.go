@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 
 	"github.com/prefixrouter/prefixrouter/health"
@@ -282,12 +283,14 @@ func minCost(cands []Candidate, usable []int) int {
 // matchInto copies index matches into the candidates by target.
 func matchInto(cands []Candidate, matches []kvindex.Match) {
 	for _, m := range matches {
-		for i := range cands {
-			if cands[i].Target.ID == m.Target {
-				cands[i].ConfirmedBlocks = m.Blocks
-				cands[i].Weighted = m.Weighted
-				break
-			}
+		if i := candidateOf(cands, m.Target); i >= 0 {
+			cands[i].ConfirmedBlocks = m.Blocks
+			cands[i].Weighted = m.Weighted
 		}
 	}
+}
+
+// candidateOf is the index of the candidate for target id, or -1.
+func candidateOf(cands []Candidate, id kvindex.TargetID) int {
+	return slices.IndexFunc(cands, func(c Candidate) bool { return c.Target.ID == id })
 }

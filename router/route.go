@@ -105,7 +105,8 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		if kerr != nil {
 			return nil, errBadRequest("prompt", "cannot compute block keys: "+kerr.Error())
 		}
-		if keys := pl.chain.Keys; len(keys) > 0 && precise {
+		// A settled plan's last check already looked these keys up.
+		if keys := pl.chain.Keys; len(keys) > 0 && precise && !pl.settled {
 			var mbuf [16]kvindex.Match
 			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], keys))
 		}
@@ -267,10 +268,8 @@ func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 	pl.finalBlocks = make([]int, len(pl.cands))
 	var mbuf [16]kvindex.Match
 	for _, m := range ix.Lookup(mbuf[:0], chain.Keys) {
-		for i := range pl.cands {
-			if pl.cands[i].Target.ID == m.Target {
-				pl.finalBlocks[i] = m.Blocks
-			}
+		if i := candidateOf(pl.cands, m.Target); i >= 0 {
+			pl.finalBlocks[i] = m.Blocks
 		}
 	}
 }
@@ -302,13 +301,9 @@ func (pl *routePlan) promptForOutcome() promptTokens {
 // nothing is left to encode, else from another goroutine once it is, so
 // that a response never waits for the tail of its prompt.
 func (pl *routePlan) whenFinished(fn func(promptTokens)) {
-	if pl.full != nil {
-		select {
-		case <-pl.full:
-		default:
-			go func() { fn(pl.promptForOutcome()) }()
-			return
-		}
+	if pl.full != nil && !pl.finishedNow() {
+		go func() { fn(pl.promptForOutcome()) }()
+		return
 	}
 	fn(pl.promptForOutcome())
 }
