@@ -107,7 +107,7 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	pl.startFinishing(r.pl.index)
+	pl.startFinishing(r.pl.index, &r.tails)
 	writeJSON(w, http.StatusOK, dryRunOf(pl))
 }
 

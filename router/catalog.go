@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/prefixrouter/prefixrouter/health"
 )
@@ -17,15 +17,15 @@ import (
 // router's own /v1/models and tells LoRA adapters (entries with a parent)
 // from base models, since an adapter's name is an extra key of every block.
 type catalog struct {
-	client *http.Client
-	mon    *health.Monitor
+	up  *upstream
+	mon *health.Monitor
 
 	mu       sync.RWMutex
 	adapters map[string]string // adapter name → base model
 }
 
-func newCatalog(client *http.Client, mon *health.Monitor) *catalog {
-	return &catalog{client: client, mon: mon, adapters: map[string]string{}}
+func newCatalog(up *upstream, mon *health.Monitor) *catalog {
+	return &catalog{up: up, mon: mon, adapters: map[string]string{}}
 }
 
 type modelEntry struct {
@@ -126,22 +126,22 @@ func (c *catalog) fetch(ctx context.Context) ([]modelEntry, int) {
 }
 
 func (c *catalog) fetchOne(ctx context.Context, endpoint string) ([]modelEntry, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/v1/models", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.client.Do(req)
+	resp, err := c.up.do(ctx, &upRequest{method: fasthttp.MethodGet, endpoint: endpoint, path: "/v1/models", dpRank: -1})
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode != fasthttp.StatusOK {
 		return nil, fmt.Errorf("GET %s/v1/models: status %d", endpoint, resp.StatusCode)
+	}
+	body, err := readAllLimit(resp.Body, nil, 8<<20)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s/v1/models: %w", endpoint, err)
 	}
 	var doc struct {
 		Data []json.RawMessage `json:"data"`
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&doc); err != nil {
+	if err := json.Unmarshal(body, &doc); err != nil {
 		return nil, fmt.Errorf("GET %s/v1/models: %w", endpoint, err)
 	}
 	out := make([]modelEntry, 0, len(doc.Data))

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,53 +19,21 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 )
 
-// upstream holds the pooled connections to the targets. Requests go out
-// through net/http's transport, which keeps an idle pool per target host
-// and, unlike fasthttp's client, can abort a request in flight: cancelling
-// its context closes the connection, which is how a vLLM pod learns that
-// the client gave up and frees the request's KV blocks.
-type upstream struct {
-	tr     *http.Transport
-	client *http.Client
-	cfg    Config
-}
-
-func newUpstream(cfg Config) *upstream {
-	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	tr := &http.Transport{
-		DialContext:         d.DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true, // bodies pass through as the pod sent them
-		ForceAttemptHTTP2:   false,
-		WriteBufferSize:     32 << 10,
-		ReadBufferSize:      32 << 10,
-	}
-	return &upstream{tr: tr, client: &http.Client{Transport: tr}, cfg: cfg}
-}
-
-func (u *upstream) close() { u.tr.CloseIdleConnections() }
-
 // Hop-by-hop headers (RFC 9110 section 7.6.1) never cross the proxy.
 var hopHeaders = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
 	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-// copyRequestHeaders copies the client's end-to-end headers.
-func copyRequestHeaders(dst http.Header, src *fasthttp.RequestHeader) {
-	conn := string(src.Peek("Connection"))
-	src.VisitAll(func(k, v []byte) {
-		key := http.CanonicalHeaderKey(string(k))
-		switch {
-		case hopHeaders[key], key == "Host", key == "Content-Length", key == "X-Request-Id", key == "X-Data-Parallel-Rank":
-			return
-		case conn != "" && connectionListed(conn, key):
-			return
-		}
-		dst.Add(key, string(v))
-	})
+// notForwarded reports whether a client's header (canonical key) stays at
+// the router: hop-by-hop ones, those the Connection header lists, and
+// those the router sets itself.
+func notForwarded(key, conn string) bool {
+	switch key {
+	case "Host", "Content-Length", "X-Request-Id", "X-Data-Parallel-Rank":
+		return true
+	}
+	return hopHeaders[key] || (conn != "" && connectionListed(conn, key))
 }
 
 func connectionListed(conn, key string) bool {
@@ -80,37 +46,25 @@ func connectionListed(conn, key string) bool {
 }
 
 // copyResponseHeaders copies the pod's end-to-end headers to the client.
-func copyResponseHeaders(dst *fasthttp.ResponseHeader, src http.Header) {
-	conn := src.Get("Connection")
-	for k, vs := range src {
-		if hopHeaders[k] || k == "Content-Length" || k == "X-Request-Id" || (conn != "" && connectionListed(conn, k)) {
-			continue
+func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
+	conn := string(src.Peek("Connection"))
+	src.VisitAll(func(k, v []byte) {
+		key := string(k)
+		if hopHeaders[key] || key == "Content-Length" || key == "X-Request-Id" || (conn != "" && connectionListed(conn, key)) {
+			return
 		}
-		for _, v := range vs {
-			dst.Add(k, v)
-		}
-	}
+		dst.AddBytesKV(k, v)
+	})
 }
 
-// newUpstreamRequest builds the request to one target.
-func newUpstreamRequest(ctx context.Context, t *health.Target, path string, body []byte, in *fasthttp.RequestCtx, id string) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.ID.Endpoint+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	copyRequestHeaders(req.Header, &in.Request.Header)
-	req.Header.Set("X-Request-Id", id)
+// upstreamRequest is the request to one target.
+func upstreamRequest(t *health.Target, path string, body []byte, in *fasthttp.RequestCtx, id string) *upRequest {
+	rq := &upRequest{method: fasthttp.MethodPost, endpoint: t.ID.Endpoint, path: path, body: body,
+		in: &in.Request.Header, clientIP: in.RemoteIP(), id: id, dpRank: -1}
 	if t.Spec.DP > 1 {
-		req.Header.Set("X-data-parallel-rank", strconv.Itoa(t.ID.Rank))
+		rq.dpRank = t.ID.Rank
 	}
-	if ip := in.RemoteIP(); ip != nil {
-		if prior := req.Header.Get("X-Forwarded-For"); prior != "" {
-			req.Header.Set("X-Forwarded-For", prior+", "+ip.String())
-		} else {
-			req.Header.Set("X-Forwarded-For", ip.String())
-		}
-	}
-	return req, nil
+	return rq
 }
 
 // attemptResult is how one attempt on one target ended.
@@ -180,7 +134,7 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b
 // byte has reached the client.
 func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, id string, start time.Time) {
 	body := ctx.PostBody()
-	pl.startFinishing(r.pl.index)
+	pl.startFinishing(r.pl.index, &r.tails)
 	for attempt := 0; ; attempt++ {
 		cd := &pl.cands[pl.dec.idx]
 		res := r.attempt(ctx, req, pl, cd, body, id, start, attempt)
@@ -219,14 +173,8 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		c.end()
 		flight.Finish(o)
 	}
-	up, err := newUpstreamRequest(c.ctx, t, req.Endpoint.Path(), body, ctx, id)
-	if err != nil {
-		finish(health.OutcomeUpstreamError)
-		r.log.Error("cannot build upstream request", "target", tname, "err", err)
-		return attemptRetryable
-	}
 	c.arm(r.cfg.FirstByteTimeout, cancelFirstByteTimeout)
-	resp, err := r.up.client.Do(up)
+	resp, err := r.up.do(c.ctx, upstreamRequest(t, req.Endpoint.Path(), body, ctx, id))
 	if err != nil {
 		return r.failedBeforeByte(ctx, req, c, finish, tname, err)
 	}
@@ -292,8 +240,8 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		return health.OutcomeSuccess
 	}
 
-	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") ||
-		(resp.ContentLength < 0 && req.Stream)
+	stream := bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) ||
+		(resp.streamed() && req.Stream)
 	if !stream {
 		// Small, complete JSON: read it whole and parse usage from it.
 		rest, err := readAllLimit(resp.Body, buf[:n], r.cfg.MaxResponseBytes)
@@ -364,6 +312,9 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		if label == "upstream_error" || label == "timeout" {
 			o = health.OutcomeUpstreamError
 		}
+		// The body first: a connection read to its end goes back to the
+		// pool, and finish ends the call's context, which would close it.
+		resp.Body.Close()
 		finish(o)
 		oc.finish(label, sc.usage())
 	})
@@ -463,12 +414,7 @@ func readAllLimit(r io.Reader, first []byte, limit int64) ([]byte, error) {
 func (r *Router) forwardSimple(ctx *fasthttp.RequestCtx, t *health.Target, path, id string) {
 	cctx, cancel := context.WithTimeout(r.reqCtx, 30*time.Second)
 	defer cancel()
-	up, err := newUpstreamRequest(cctx, t, path, ctx.PostBody(), ctx, id)
-	if err != nil {
-		errUpstream(fasthttp.StatusBadGateway, err.Error()).write(ctx)
-		return
-	}
-	resp, err := r.up.client.Do(up)
+	resp, err := r.up.do(cctx, upstreamRequest(t, path, ctx.PostBody(), ctx, id))
 	if err != nil {
 		errUpstream(fasthttp.StatusBadGateway, "target "+health.TargetName(t.ID)+" failed: "+err.Error()).write(ctx)
 		return

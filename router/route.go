@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"sync"
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -274,14 +275,18 @@ func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 	}
 }
 
-// startFinishing starts finishPrompt when the plan left part of the prompt
-// unread, and returns at once.
-func (pl *routePlan) startFinishing(ix *kvindex.Index) {
+// startFinishing starts finishPrompt, counted in tails, when the plan left
+// part of the prompt unread, and returns at once.
+func (pl *routePlan) startFinishing(ix *kvindex.Index, tails *sync.WaitGroup) {
 	if pl.tokens.stream == nil || pl.full != nil {
 		return
 	}
 	pl.full = make(chan struct{})
-	go pl.finishPrompt(ix)
+	tails.Add(1)
+	go func() {
+		defer tails.Done()
+		pl.finishPrompt(ix)
+	}()
 }
 
 // promptForOutcome is the prompt as the outcome records it: the finished

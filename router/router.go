@@ -154,6 +154,9 @@ type Router struct {
 	aln  net.Listener
 	stop context.CancelFunc
 	bg   sync.WaitGroup
+	// tails counts prompts still being encoded after their responses
+	// (routePlan.finishPrompt); shutdown waits for them.
+	tails sync.WaitGroup
 	// reqCtx parents upstream requests: it outlives the servers' shutdown
 	// so that draining requests finish.
 	reqCtx    context.Context
@@ -193,7 +196,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	r.ch = newChooser(cfg.Policy, cfg.Cost)
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
-	r.cat = newCatalog(r.up.client, r.mon)
+	r.cat = newCatalog(r.up, r.mon)
 	r.reqCtx, r.reqCancel = context.WithCancel(context.Background())
 	if cfg.BlockSize > 0 {
 		if _, err := r.pl.configure(cfg.BlockSize, cfg.HashAlgo); err != nil {
@@ -306,6 +309,7 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	if r.stop != nil {
 		r.stop()
 	}
+	r.tails.Wait()
 	r.pl.stop()
 	r.bg.Wait()
 	r.up.close()
