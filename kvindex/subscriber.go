@@ -168,6 +168,11 @@ func (s *Subscriber) receive(ctx context.Context) error {
 		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
 	}
 	defer mon.Close()
+	// Monitoring stops before the monitor socket closes. ZeroMQ's I/O
+	// thread sends each event to the monitor with a blocking send; an event
+	// with no reader (the pod going away as this subscriber stops) blocks
+	// that thread for good, and with it every socket of the process.
+	defer func() { _ = sub.Monitor("", 0) }()
 	_ = mon.SetLinger(0)
 	if err := mon.Connect(monAddr); err != nil {
 		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)

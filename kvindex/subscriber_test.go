@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -386,5 +387,26 @@ func TestSubscriberResync(t *testing.T) {
 	case <-restarted:
 	default:
 		t.Fatal("Restarted not called on resync")
+	}
+}
+
+// TestSubscriberStopsWhilePodLeaves stops subscribers as their pods go
+// away, round after round, as a fleet's churn does. Every new subscriber
+// must still connect: a monitor event sent while a subscriber stops must
+// not wedge ZeroMQ's I/O thread, which every socket of the process shares.
+func TestSubscriberStopsWhilePodLeaves(t *testing.T) {
+	for round := range 12 {
+		pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, _ := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Handle: func(uint64, *events.Batch, bool) {}})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = sub.Run(ctx); close(done) }()
+		waitFor(t, fmt.Sprintf("round %d connected", round), func() bool { return sub.Status().Connected })
+		cancel()
+		pub.Close()
+		<-done
 	}
 }
