@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 )
 
 // SubscriberConfig describes one target's event stream.
@@ -180,60 +182,85 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	if err := sub.Connect(s.cfg.Endpoint); err != nil {
 		return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
 	}
-	poller := zmq.NewPoller()
-	poller.Add(sub, zmq.POLLIN)
-	poller.Add(mon, zmq.POLLIN)
-	connectedOnce := false
-	for ctx.Err() == nil {
-		polled, err := poller.Poll(100 * time.Millisecond)
-		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(4) { // EINTR
-				continue
+	subWait, err := zmqwait.New(sub)
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+	}
+	defer subWait.Close()
+	monWait, err := zmqwait.New(mon)
+	if err != nil {
+		return fmt.Errorf("monitor %s: %w", s.cfg.Endpoint, err)
+	}
+	defer monWait.Close()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		s.watchConnection(wctx, mon, monWait)
+	}()
+	// The watcher sends on the queue and owns the monitor socket: it ends
+	// before either is closed.
+	defer func() { stopWatch(); <-watched }()
+	for {
+		if _, err := subWait.Wait(ctx, 0); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			return fmt.Errorf("poll %s: %w", s.cfg.Endpoint, err)
+			return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
 		}
-		for _, p := range polled {
-			switch p.Socket {
-			case mon:
-				ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
-				if err != nil {
-					continue
-				}
-				switch ev {
-				case zmq.EVENT_CONNECTED:
-					if connectedOnce {
-						s.update(func(st *SubscriberStatus) { st.Reconnects++ })
-						if s.cfg.Metrics != nil {
-							s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
-						}
-						s.log.Info("event stream reconnected")
-					}
-					connectedOnce = true
-					s.update(func(st *SubscriberStatus) { st.Connected = true })
-					select {
-					case s.queue <- rawMessage{connected: true}:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				case zmq.EVENT_DISCONNECTED:
-					s.update(func(st *SubscriberStatus) { st.Connected = false })
-					s.log.Warn("event stream disconnected")
-				}
-			case sub:
-				frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
-				if err != nil {
-					continue
-				}
-				msg := frameMessage(frames)
-				select {
-				case s.queue <- msg:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+		for {
+			frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
+			if err != nil {
+				break // drained (EAGAIN); the next wait asks the socket again
+			}
+			select {
+			case s.queue <- frameMessage(frames):
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
 	}
-	return ctx.Err()
+}
+
+// watchConnection reports the SUB socket's connects and disconnects from
+// its monitor socket, which it owns, until ctx ends. A connect queues the
+// moment to catch up through replay.
+func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zmqwait.Waiter) {
+	connectedOnce := false
+	for {
+		if _, err := w.Wait(ctx, 0); err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("monitor socket failed", "err", err)
+			}
+			return
+		}
+		for {
+			ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+			if err != nil {
+				break
+			}
+			switch ev {
+			case zmq.EVENT_CONNECTED:
+				if connectedOnce {
+					s.update(func(st *SubscriberStatus) { st.Reconnects++ })
+					if s.cfg.Metrics != nil {
+						s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
+					}
+					s.log.Info("event stream reconnected")
+				}
+				connectedOnce = true
+				s.update(func(st *SubscriberStatus) { st.Connected = true })
+				select {
+				case s.queue <- rawMessage{connected: true}:
+				case <-ctx.Done():
+					return
+				}
+			case zmq.EVENT_DISCONNECTED:
+				s.update(func(st *SubscriberStatus) { st.Connected = false })
+				s.log.Warn("event stream disconnected")
+			}
+		}
+	}
 }
 
 // monitorSeq names each subscriber's inproc monitor endpoint uniquely.
@@ -471,25 +498,31 @@ func ReplayRange(ctx context.Context, endpoint string, start uint64, timeout tim
 	if _, err := d.SendMessage([]byte{}, events.SeqFrame(start)); err != nil {
 		return fmt.Errorf("replay %s: send request: %w", endpoint, err)
 	}
+	w, err := zmqwait.New(d)
+	if err != nil {
+		return fmt.Errorf("replay %s: %w", endpoint, err)
+	}
+	defer w.Close()
 	deadline := time.Now().Add(timeout)
-	poller := zmq.NewPoller()
-	poller.Add(d, zmq.POLLIN)
 	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return fmt.Errorf("replay %s: no end marker within %s", endpoint, timeout)
 		}
-		polled, err := poller.Poll(min(left, 100*time.Millisecond))
+		ready, err := w.Wait(ctx, left)
 		if err != nil {
-			return fmt.Errorf("replay %s: poll: %w", endpoint, err)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("replay %s: %w", endpoint, err)
 		}
-		if len(polled) == 0 {
+		if !ready {
 			continue
 		}
-		frames, err := d.RecvMessageBytes(0)
+		frames, err := d.RecvMessageBytes(zmq.DONTWAIT)
+		if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("replay %s: receive: %w", endpoint, err)
 		}

@@ -22,6 +22,7 @@
 package publish
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 )
 
 // Config sets up a publisher.
@@ -439,18 +441,27 @@ func (p *Publisher) since(start uint64) []stored {
 func (p *Publisher) serveReplay(router *zmq.Socket) {
 	defer p.done.Done()
 	defer router.Close()
-	poller := zmq.NewPoller()
-	poller.Add(router, zmq.POLLIN)
-	for {
+	w, err := zmqwait.New(router)
+	if err != nil {
+		p.log.Error("replay socket cannot be waited on", "err", err)
+		return
+	}
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
 		select {
 		case <-p.stop:
-			return
-		default:
+			cancel()
+		case <-ctx.Done():
 		}
-		// A bounded poll so Close is noticed without a second socket.
-		polled, err := poller.Poll(50 * time.Millisecond)
-		if err != nil || len(polled) == 0 {
-			continue
+	}()
+	for {
+		if _, err := w.Wait(ctx, 0); err != nil {
+			if ctx.Err() == nil {
+				p.log.Error("replay socket failed", "err", err)
+			}
+			return
 		}
 		frames, err := router.RecvMessageBytes(zmq.DONTWAIT)
 		if err != nil {
