@@ -31,6 +31,8 @@ type upstream struct {
 	idle   map[string][]*upConn // by endpoint address, most recently used last
 	closed bool
 	eps    sync.Map // target endpoint URL -> *upEndpoint
+	stop   chan struct{}
+	reaped sync.WaitGroup
 }
 
 // upstreamIdleTimeout drops pooled connections before vLLM's server does
@@ -46,19 +48,64 @@ const maxIdlePerTarget = 1024
 var aLongTimeAgo = time.Unix(1, 0)
 
 func newUpstream(cfg Config) *upstream {
-	return &upstream{
+	u := &upstream{
 		dialer: net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second},
 		idle:   make(map[string][]*upConn),
+		stop:   make(chan struct{}),
+	}
+	u.reaped.Add(1)
+	go u.reapIdle()
+	return u
+}
+
+// reapIdle closes idle connections past the timeout, so that a pod that
+// gets no more requests (or left the fleet) holds none of the router's
+// descriptors.
+func (u *upstream) reapIdle() {
+	defer u.reaped.Done()
+	t := time.NewTicker(upstreamIdleTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-u.stop:
+			return
+		case now := <-t.C:
+			u.dropIdle(now)
+		}
+	}
+}
+
+// dropIdle closes the connections idle since before now minus the timeout.
+func (u *upstream) dropIdle(now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for addr, cs := range u.idle {
+		stale := 0
+		// The oldest come first.
+		for stale < len(cs) && now.Sub(cs[stale].idleSince) >= upstreamIdleTimeout {
+			cs[stale].nc.Close()
+			stale++
+		}
+		switch {
+		case stale == len(cs):
+			delete(u.idle, addr)
+		case stale > 0:
+			u.idle[addr] = append(cs[:0], cs[stale:]...)
+		}
 	}
 }
 
 // close drops the idle connections; those in use close when released.
 func (u *upstream) close() {
 	u.mu.Lock()
+	if !u.closed {
+		close(u.stop)
+	}
 	u.closed = true
 	idle := u.idle
 	u.idle = map[string][]*upConn{}
 	u.mu.Unlock()
+	u.reaped.Wait()
 	for _, cs := range idle {
 		for _, c := range cs {
 			c.nc.Close()
@@ -142,25 +189,14 @@ func (u *upstream) get(ctx context.Context, ep *upEndpoint) (c *upConn, reused b
 
 // put returns a connection whose last response was read to its end.
 func (u *upstream) put(c *upConn) {
-	now := time.Now()
 	u.mu.Lock()
 	cs := u.idle[c.addr]
-	// The oldest come first; those past the idle timeout go.
-	stale := 0
-	for stale < len(cs) && now.Sub(cs[stale].idleSince) >= upstreamIdleTimeout {
-		cs[stale].nc.Close()
-		stale++
-	}
-	if stale > 0 {
-		cs = append(cs[:0], cs[stale:]...)
-	}
 	if u.closed || len(cs) >= maxIdlePerTarget {
-		u.idle[c.addr] = cs
 		u.mu.Unlock()
 		c.nc.Close()
 		return
 	}
-	c.idleSince = now
+	c.idleSince = time.Now()
 	u.idle[c.addr] = append(cs, c)
 	u.mu.Unlock()
 }

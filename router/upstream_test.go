@@ -89,6 +89,40 @@ func TestUpstreamReusesConnections(t *testing.T) {
 	}
 }
 
+// Idle connections past the timeout are closed and forgotten, for every
+// target, whether or not it gets another request.
+func TestUpstreamDropsIdleConnections(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed <- struct{}{}
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	u := newUpstream(DefaultConfig())
+	defer u.close()
+	resp, err := u.do(context.Background(), postTo(srv, "/x", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readBody(t, resp)
+	u.dropIdle(time.Now())
+	if n := len(u.idle); n != 1 {
+		t.Fatalf("a fresh idle connection was dropped: %d targets pooled", n)
+	}
+	u.dropIdle(time.Now().Add(upstreamIdleTimeout))
+	if n := len(u.idle); n != 0 {
+		t.Fatalf("%d targets still pooled past the idle timeout", n)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pod never saw the idle connection close")
+	}
+}
+
 // A pooled connection the pod has closed while idle is replaced, and the
 // request is not lost.
 func TestUpstreamRedialsAConnectionClosedWhileIdle(t *testing.T) {
