@@ -155,7 +155,7 @@ type Router struct {
 	stop context.CancelFunc
 	bg   sync.WaitGroup
 	// tails counts prompts still being encoded after their responses
-	// (routePlan.finishPrompt); shutdown waits for them.
+	// (routePlan.finishPrompt); a clean shutdown waits for them.
 	tails sync.WaitGroup
 	// reqCtx parents upstream requests: it outlives the servers' shutdown
 	// so that draining requests finish.
@@ -297,19 +297,27 @@ func (r *Router) AdminAddr() string {
 // ends (then cancels them), and stops the background work.
 func (r *Router) Shutdown(ctx context.Context) error {
 	var errs []error
+	drained := true
 	if err := r.srv.ShutdownWithContext(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("router: drain: %w", err))
+		drained = false
 	}
 	r.reqCancel()
 	if r.adm != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = r.adm.Shutdown(actx)
+		if r.adm.Shutdown(actx) != nil {
+			drained = false
+		}
 		cancel()
 	}
 	if r.stop != nil {
 		r.stop()
 	}
-	r.tails.Wait()
+	// Prompt tails are waited for only once no handler can start another:
+	// after a drain cut short, a late one would race the wait.
+	if drained {
+		r.tails.Wait()
+	}
 	r.pl.stop()
 	r.bg.Wait()
 	r.up.close()
