@@ -25,15 +25,20 @@ var hopHeaders = map[string]bool{
 	"Proxy-Connection": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-// notForwarded reports whether a client's header (canonical key) stays at
-// the router: hop-by-hop ones, those the Connection header lists, and
-// those the router sets itself.
+// hopByHop reports whether a header (canonical key) is hop-by-hop: one of
+// RFC 9110's, or one the message's Connection header lists.
+func hopByHop(key, conn string) bool {
+	return hopHeaders[key] || (conn != "" && connectionListed(conn, key))
+}
+
+// notForwarded reports whether a client's header stays at the router: the
+// hop-by-hop ones and those the router sets itself.
 func notForwarded(key, conn string) bool {
 	switch key {
 	case "Host", "Content-Length", "X-Request-Id", "X-Data-Parallel-Rank":
 		return true
 	}
-	return hopHeaders[key] || (conn != "" && connectionListed(conn, key))
+	return hopByHop(key, conn)
 }
 
 func connectionListed(conn, key string) bool {
@@ -50,7 +55,7 @@ func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
 	conn := string(src.Peek("Connection"))
 	src.VisitAll(func(k, v []byte) {
 		key := string(k)
-		if hopHeaders[key] || key == "Content-Length" || key == "X-Request-Id" || (conn != "" && connectionListed(conn, key)) {
+		if key == "Content-Length" || key == "X-Request-Id" || hopByHop(key, conn) {
 			return
 		}
 		dst.AddBytesKV(k, v)
