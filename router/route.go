@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -247,9 +248,18 @@ func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 			slog.Debug("tokenization failed after dispatch", "model", pl.model, "err", err)
 			return
 		}
-		// Requests in flight come first: this work only has to be done
-		// before the pod answers, which it will not do for a while.
-		runtime.Gosched()
+		// Requests in flight come first. A goroutine that only yields is
+		// run again before the scheduler polls the network, so other
+		// requests' bytes would wait for the whole tail; sleeping lets
+		// the poller in. In a quiet process each sleep may last up to a
+		// millisecond. A settled plan cannot wait that long: its whole
+		// run must be looked up before the pod's events for this very
+		// request arrive, so it only yields.
+		if pl.settled {
+			runtime.Gosched()
+		} else {
+			time.Sleep(time.Microsecond)
+		}
 	}
 	ids, err := st.Finish()
 	if err != nil {
