@@ -28,7 +28,7 @@ import (
 type upstream struct {
 	dialer net.Dialer
 	mu     sync.Mutex
-	idle   map[string][]*upConn // by endpoint address, most recently used last
+	idle   map[string][]*upConn // by upEndpoint.key, most recently used last
 	closed bool
 	eps    sync.Map // target endpoint URL -> *upEndpoint
 	stop   chan struct{}
@@ -116,7 +116,8 @@ func (u *upstream) close() {
 // upEndpoint is a target's base URL, parsed once.
 type upEndpoint struct {
 	tls      bool
-	addr     string // host:port to dial, and the pool's key
+	addr     string // host:port to dial
+	key      string // the pool's key: addr, marked when TLS
 	host     string // Host header
 	basePath string
 	sni      string
@@ -143,6 +144,10 @@ func (u *upstream) endpoint(raw string) (*upEndpoint, error) {
 	default:
 		ep.addr = net.JoinHostPort(pu.Hostname(), "80")
 	}
+	ep.key = ep.addr
+	if ep.tls {
+		ep.key = "tls " + ep.addr
+	}
 	if len(ep.basePath) > 0 && ep.basePath[len(ep.basePath)-1] == '/' {
 		ep.basePath = ep.basePath[:len(ep.basePath)-1]
 	}
@@ -155,7 +160,7 @@ type upConn struct {
 	nc        net.Conn
 	br        *bufio.Reader
 	bw        *bufio.Writer
-	addr      string
+	key       string // upEndpoint.key
 	idleSince time.Time
 }
 
@@ -164,9 +169,9 @@ type upConn struct {
 func (u *upstream) get(ctx context.Context, ep *upEndpoint) (c *upConn, reused bool, err error) {
 	now := time.Now()
 	u.mu.Lock()
-	for cs := u.idle[ep.addr]; len(cs) > 0; cs = u.idle[ep.addr] {
+	for cs := u.idle[ep.key]; len(cs) > 0; cs = u.idle[ep.key] {
 		c = cs[len(cs)-1]
-		u.idle[ep.addr] = cs[:len(cs)-1]
+		u.idle[ep.key] = cs[:len(cs)-1]
 		if now.Sub(c.idleSince) < upstreamIdleTimeout {
 			u.mu.Unlock()
 			return c, true, nil
@@ -184,20 +189,20 @@ func (u *upstream) get(ctx context.Context, ep *upEndpoint) (c *upConn, reused b
 	if err != nil {
 		return nil, false, err
 	}
-	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10), addr: ep.addr}, false, nil
+	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10), key: ep.key}, false, nil
 }
 
 // put returns a connection whose last response was read to its end.
 func (u *upstream) put(c *upConn) {
 	u.mu.Lock()
-	cs := u.idle[c.addr]
+	cs := u.idle[c.key]
 	if u.closed || len(cs) >= maxIdlePerTarget {
 		u.mu.Unlock()
 		c.nc.Close()
 		return
 	}
 	c.idleSince = time.Now()
-	u.idle[c.addr] = append(cs, c)
+	u.idle[c.key] = append(cs, c)
 	u.mu.Unlock()
 }
 

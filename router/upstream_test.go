@@ -311,7 +311,7 @@ func TestUpstreamEndpoint(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || ep.addr != tc.addr || ep.basePath != tc.base || ep.tls != tc.tls {
+		if err != nil || ep.addr != tc.addr || ep.basePath != tc.base || ep.tls != tc.tls || (ep.key == ep.addr) == tc.tls {
 			t.Errorf("%q: %+v %v", tc.raw, ep, err)
 		}
 	}
