@@ -126,7 +126,7 @@ func (c *catalog) fetch(ctx context.Context) ([]modelEntry, int) {
 }
 
 func (c *catalog) fetchOne(ctx context.Context, endpoint string) ([]modelEntry, error) {
-	resp, err := c.up.do(ctx, &upRequest{method: fasthttp.MethodGet, endpoint: endpoint, path: "/v1/models", dpRank: -1})
+	resp, err := c.up.do(ctx, &upRequest{method: fasthttp.MethodGet, endpoint: endpoint, path: "/v1/models"})
 	if err != nil {
 		return nil, err
 	}

@@ -65,9 +65,9 @@ func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
 // upstreamRequest is the request to one target.
 func upstreamRequest(t *health.Target, path string, body []byte, in *fasthttp.RequestCtx, id string) *upRequest {
 	rq := &upRequest{method: fasthttp.MethodPost, endpoint: t.ID.Endpoint, path: path, body: body,
-		in: &in.Request.Header, clientIP: in.RemoteIP(), id: id, dpRank: -1}
+		in: &in.Request.Header, clientIP: in.RemoteIP(), id: id}
 	if t.Spec.DP > 1 {
-		rq.dpRank = t.ID.Rank
+		rq.dpRank = strconv.Itoa(t.ID.Rank)
 	}
 	return rq
 }

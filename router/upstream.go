@@ -20,9 +20,9 @@ import (
 // upstream sends requests to the targets over pooled HTTP/1.1 connections.
 // A request is written and its response read on the calling goroutine:
 // net/http's transport hands each request to a connection's writer and
-// reader goroutines, and on two cores those handoffs measured 60–90 µs at
-// p50 and 150–700 µs at p99 per proxied request (the router's
-// BenchmarkUpstream). Cancelling a request's context closes its connection,
+// reader goroutines. BenchmarkUpstream compares the two on our two cores:
+// through net/http a proxy added 127 µs at p50 and 358 at p99 to a pod
+// that answers at once, through this pool 58 and 192. Cancelling a request's context closes its connection,
 // which is how a vLLM pod learns that the client gave up and frees the
 // request's KV blocks; fasthttp's client cannot abort a request in flight.
 type upstream struct {
@@ -216,7 +216,7 @@ type upRequest struct {
 	in       *fasthttp.RequestHeader
 	clientIP net.IP
 	id       string
-	dpRank   int // sent as X-data-parallel-rank when at least 0
+	dpRank   string // X-data-parallel-rank; empty sends none
 }
 
 // upResponse is a target's answer: its status and headers, and its body to
@@ -330,8 +330,8 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 	if rq.id != "" {
 		header("X-Request-Id", rq.id)
 	}
-	if rq.dpRank >= 0 {
-		header("X-data-parallel-rank", strconv.Itoa(rq.dpRank))
+	if rq.dpRank != "" {
+		header("X-data-parallel-rank", rq.dpRank)
 	}
 	if rq.clientIP != nil {
 		if forwardedFor != "" {

@@ -32,7 +32,7 @@ func countingServer(t testing.TB, h http.HandlerFunc) (*httptest.Server, *atomic
 }
 
 func postTo(srv *httptest.Server, path, body string) *upRequest {
-	return &upRequest{method: fasthttp.MethodPost, endpoint: srv.URL, path: path, body: []byte(body), dpRank: -1}
+	return &upRequest{method: fasthttp.MethodPost, endpoint: srv.URL, path: path, body: []byte(body)}
 }
 
 func readBody(t *testing.T, resp *upResponse) string {
@@ -116,11 +116,7 @@ func TestUpstreamDropsIdleConnections(t *testing.T) {
 	if n := len(u.idle); n != 0 {
 		t.Fatalf("%d targets still pooled past the idle timeout", n)
 	}
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the pod never saw the idle connection close")
-	}
+	waitFor(t, "the pod to see the idle connection close", signalled(closed))
 }
 
 // A pooled connection the pod has closed while idle is replaced, and the
@@ -154,7 +150,7 @@ func TestUpstreamRedialsAConnectionClosedWhileIdle(t *testing.T) {
 	}()
 	u := newUpstream(DefaultConfig())
 	defer u.close()
-	rq := &upRequest{method: fasthttp.MethodPost, endpoint: "http://" + ln.Addr().String(), path: "/x", body: []byte("{}"), dpRank: -1}
+	rq := &upRequest{method: fasthttp.MethodPost, endpoint: "http://" + ln.Addr().String(), path: "/x", body: []byte("{}")}
 	for i := range 3 {
 		resp, err := u.do(context.Background(), rq)
 		if err != nil {
@@ -210,11 +206,7 @@ func TestUpstreamCancel(t *testing.T) {
 					t.Fatalf("body err %v, want cancellation", err)
 				}
 			}
-			select {
-			case <-gone:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the pod never saw the request cancelled")
-			}
+			waitFor(t, "the pod to see the request cancelled", signalled(gone))
 		})
 	}
 }
@@ -267,7 +259,7 @@ func TestUpstreamRequestHeaders(t *testing.T) {
 	u := newUpstream(DefaultConfig())
 	defer u.close()
 	rq := &upRequest{method: fasthttp.MethodPost, endpoint: srv.URL + "/base/", path: "/v1/completions", body: []byte(`{"a":1}`),
-		in: &in, clientIP: net.ParseIP("192.0.2.9"), id: "rid", dpRank: 1}
+		in: &in, clientIP: net.ParseIP("192.0.2.9"), id: "rid", dpRank: "1"}
 	resp, err := u.do(context.Background(), rq)
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +343,7 @@ func BenchmarkUpstream(b *testing.B) {
 		up := newUpstream(DefaultConfig())
 		b.Cleanup(up.close)
 		viaUpstream := serve(func(ctx *fasthttp.RequestCtx) {
-			resp, err := up.do(ctx, &upRequest{method: "POST", endpoint: pod, path: "/x", body: ctx.PostBody(), dpRank: -1})
+			resp, err := up.do(ctx, &upRequest{method: "POST", endpoint: pod, path: "/x", body: ctx.PostBody()})
 			if err != nil {
 				ctx.Error(err.Error(), 502)
 				return
@@ -398,4 +390,17 @@ func relay(ctx *fasthttp.RequestCtx, body io.ReadCloser) {
 	b, _ := io.ReadAll(body)
 	body.Close()
 	ctx.SetBody(b)
+}
+
+// signalled is a waitFor condition: a value has arrived on ch, or ch is
+// closed.
+func signalled(ch <-chan struct{}) func() bool {
+	return func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
 }
