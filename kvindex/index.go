@@ -88,6 +88,12 @@ type targetState struct {
 	// order remembers insertion order for cap eviction. Removed entries are
 	// dropped lazily; compaction keeps it within a constant factor of count.
 	order fifo
+	// placed counts every new placement ever pushed to order, and history
+	// changes whenever order is rewritten (compaction, clear): while it
+	// has not, the last placed-n entries of order are the placements made
+	// since placed was n. LookupAsOf relies on it.
+	placed  uint64
+	history uint32
 	// extraRefs holds reference counts above one; almost every placement
 	// has exactly one reference, so this map stays tiny.
 	extraRefs map[placementRef]uint32
@@ -221,6 +227,7 @@ func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 		ts.count++
 		ts.tierCount[tier]++
 		ts.order.push(k, tier)
+		ts.placed++
 	}
 	if ts.count > ix.capOf(ts) {
 		ix.evictLocked(ts)
@@ -296,6 +303,7 @@ func (ix *Index) clearLocked(ts *targetState) {
 		}
 	})
 	ts.order.reset()
+	ts.history++
 	clear(ts.extraRefs)
 	clear(ts.stale)
 }
@@ -359,6 +367,7 @@ func (ix *Index) compactLocked(ts *targetState) {
 	slices.Reverse(keys)
 	slices.Reverse(tiers)
 	ts.order = fifo{keys: keys, tiers: tiers}
+	ts.history++
 	clear(ts.stale)
 }
 
@@ -371,6 +380,10 @@ type Match struct {
 	// Weighted is Blocks with each block weighted by the best tier the
 	// target holds it in (GPU 1.0 by default).
 	Weighted float64
+	// Lost is set by LookupAsOf alone, for a target whose placements since
+	// the mark are no longer known: its Blocks are its run now, and may
+	// count blocks placed since.
+	Lost bool
 }
 
 // Lookup appends a Match for every target holding at least block 0 of keys.
@@ -382,19 +395,147 @@ func (ix *Index) Lookup(dst []Match, keys []Key) []Match {
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	var tiersInUse [numTiers]bool
+	inUse := ix.tiersInUse()
+	for g := range ix.masks[TierGPU] {
+		dst = ix.lookupGroup(dst, g, keys, inUse, nil)
+	}
+	return dst
+}
+
+func (ix *Index) tiersInUse() (inUse [numTiers]bool) {
 	for t := range ix.masks {
 		for _, m := range ix.masks[t] {
 			if len(m) > 0 {
-				tiersInUse[t] = true
+				inUse[t] = true
 				break
 			}
 		}
 	}
+	return inUse
+}
+
+// StoreMark is where every target's placements stood at one moment, for
+// LookupAsOf.
+type StoreMark struct {
+	slots []slotMark // by slot
+}
+
+type slotMark struct {
+	ts      *targetState // nil: no target had the slot
+	placed  uint64
+	history uint32
+}
+
+// MarkStores marks where the index's placements stand now. A router that
+// sends a request and looks the whole prompt up only afterwards looks it
+// up as of a mark taken before sending: the blocks that very request made
+// the pod store must not count as hits it found.
+func (ix *Index) MarkStores() StoreMark {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	m := StoreMark{slots: make([]slotMark, len(ix.targets))}
+	for s, ts := range ix.targets {
+		if ts != nil {
+			m.slots[s] = slotMark{ts: ts, placed: ts.placed, history: ts.history}
+		}
+	}
+	return m
+}
+
+// LookupAsOf is Lookup as of mark m as far as stores go: a target's run
+// ends at the first key that every tier it now holds the key in placed
+// after m. Removals since m still shorten runs: a block evicted since is
+// no hit. A target that had no slot at m held nothing then and is not
+// reported. A target whose placements since m are no longer known (its
+// insertion order was compacted or cleared since, or evictions consumed
+// them) is reported with its run now, marked Lost.
+func (ix *Index) LookupAsOf(dst []Match, keys []Key, m StoreMark) []Match {
+	if len(keys) == 0 {
+		return dst
+	}
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	inUse := ix.tiersInUse()
+	var pos map[Key]int // the first index of each key; built on first need
 	for g := range ix.masks[TierGPU] {
-		dst = ix.lookupGroup(dst, g, keys, tiersInUse)
+		var since asOf
+		for s := g * 64; s < min(g*64+64, len(ix.targets)); s++ {
+			ts := ix.targets[s]
+			if ts == nil {
+				continue
+			}
+			bit := uint64(1) << (s % 64)
+			var mk slotMark
+			if s < len(m.slots) {
+				mk = m.slots[s]
+			}
+			switch n := ts.placed - mk.placed; {
+			case mk.ts != ts:
+				since.cuts = append(since.cuts, cut{at: 0, slot: uint8(s % 64)})
+			case mk.history != ts.history || n > uint64(ts.order.len()):
+				since.lost |= bit
+			case n > 0:
+				if pos == nil {
+					pos = make(map[Key]int, len(keys))
+					for i := len(keys) - 1; i >= 0; i-- {
+						pos[keys[i]] = i
+					}
+				}
+				if at, ok := ix.firstPlacedSince(ts, int(n), pos); ok {
+					since.cuts = append(since.cuts, cut{at: int32(at), slot: uint8(s % 64)})
+				}
+			}
+		}
+		slices.SortFunc(since.cuts, func(a, b cut) int { return int(a.at - b.at) })
+		dst = ix.lookupGroup(dst, g, keys, inUse, &since)
 	}
 	return dst
+}
+
+// asOf is what LookupAsOf tells a group's lookup: where runs end because
+// their blocks were placed since the mark, by key index, and which slots'
+// history was lost.
+type asOf struct {
+	cuts []cut // by at
+	lost uint64
+}
+
+type cut struct {
+	at   int32
+	slot uint8
+}
+
+// firstPlacedSince finds the first key of a prompt (by pos, its index of
+// each key) that the target holds only in tiers placed among its last n
+// placements.
+func (ix *Index) firstPlacedSince(ts *targetState, n int, pos map[Key]int) (int, bool) {
+	var placed map[Key]uint8 // tiers placed since, of the prompt's keys
+	keys, tiers := ts.order.keys[len(ts.order.keys)-n:], ts.order.tiers[len(ts.order.tiers)-n:]
+	for j, k := range keys {
+		if _, ok := pos[k]; ok {
+			if placed == nil {
+				placed = make(map[Key]uint8)
+			}
+			placed[k] |= 1 << tiers[j]
+		}
+	}
+	first, found := 0, false
+	g, bit := ts.slot/64, uint64(1)<<(ts.slot%64)
+	for k, newTiers := range placed {
+		var heldTiers uint8
+		for t := range ix.masks {
+			if ix.masks[t][g][k]&bit != 0 {
+				heldTiers |= 1 << t
+			}
+		}
+		if heldTiers&^newTiers != 0 {
+			continue // held before the mark too, in another tier
+		}
+		if i := pos[k]; !found || i < first {
+			first, found = i, true
+		}
+	}
+	return first, found
 }
 
 // Reach tracks which targets hold every key of a prompt seen so far, for a
@@ -457,7 +598,14 @@ func (ix *Index) Holders(r *Reach, dst []TargetID) []TargetID {
 	return dst
 }
 
-func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]bool) []Match {
+// lookupGroup computes the runs of one group of 64 slots; since, when not
+// nil, cuts runs short as LookupAsOf asks.
+func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]bool, since *asOf) []Match {
+	var cuts []cut
+	var lost uint64
+	if since != nil {
+		cuts, lost = since.cuts, since.lost
+	}
 	var (
 		alive    = ^uint64(0)
 		slowRuns [64][numTiers]int32 // per slot: run blocks held only in CPU / storage
@@ -479,6 +627,10 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 			ms = sto[k]
 		}
 		held := mg | mc | ms
+		for len(cuts) > 0 && int(cuts[0].at) <= i {
+			held &^= 1 << cuts[0].slot
+			cuts = cuts[1:]
+		}
 		if !started {
 			alive = held
 			started = true
@@ -522,6 +674,7 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 			Target:   ix.targets[slot].id,
 			Blocks:   n,
 			Weighted: gpuN*w[TierGPU] + cpuN*w[TierCPU] + stoN*w[TierStorage],
+			Lost:     lost&(1<<s) != 0,
 		})
 	}
 	return dst

@@ -86,6 +86,143 @@ func TestTierWeights(t *testing.T) {
 	}
 }
 
+// TestLookupAsOf: a lookup as of a mark leaves out the blocks placed
+// since, and only those, and says when it cannot tell.
+func TestLookupAsOf(t *testing.T) {
+	k := keysN(1, 10)
+	type run struct {
+		blocks int
+		lost   bool
+	}
+	for _, tc := range []struct {
+		name          string
+		before, after func(ix *Index)
+		want          map[TargetID]run
+	}{
+		{"nothing placed since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) {},
+			map[TargetID]run{tid(1): {10, false}}},
+		{"the rest of the prompt placed since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:4]) },
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[4:]) },
+			map[TargetID]run{tid(1): {4, false}}},
+		{"other prompts placed since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:6]) },
+			func(ix *Index) { ix.Store(tid(1), TierGPU, keysN(2, 50)) },
+			map[TargetID]run{tid(1): {6, false}}},
+		{"a second reference since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[2:5]) },
+			map[TargetID]run{tid(1): {10, false}}},
+		{"a held block offloaded since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) { ix.Store(tid(1), TierCPU, k[3:]) },
+			map[TargetID]run{tid(1): {10, false}}},
+		{"blocks held only in a tier placed since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:3]) },
+			func(ix *Index) { ix.Store(tid(1), TierCPU, k[3:]) },
+			map[TargetID]run{tid(1): {3, false}}},
+		{"a block removed since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) { ix.Remove(tid(1), TierGPU, k[5:6]) },
+			map[TargetID]run{tid(1): {5, false}}},
+		{"a block removed and placed again since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) {
+				ix.Remove(tid(1), TierGPU, k[5:6])
+				ix.Store(tid(1), TierGPU, k[5:6])
+			},
+			map[TargetID]run{tid(1): {5, false}}},
+		{"only the target placing since is cut",
+			func(ix *Index) {
+				ix.Store(tid(1), TierGPU, k[:2])
+				ix.Store(tid(2), TierGPU, k[:7])
+			},
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[2:]) },
+			map[TargetID]run{tid(1): {2, false}, tid(2): {7, false}}},
+		{"a target added since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:2]) },
+			func(ix *Index) { ix.Store(tid(2), TierGPU, k) },
+			map[TargetID]run{tid(1): {2, false}}},
+		{"a target removed and added again since",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) {
+				ix.RemoveTarget(tid(1))
+				ix.Store(tid(1), TierGPU, k)
+			},
+			map[TargetID]run{}},
+		{"cleared since: lost",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:3]) },
+			func(ix *Index) {
+				ix.Clear(tid(1))
+				ix.Store(tid(1), TierGPU, k)
+			},
+			map[TargetID]run{tid(1): {10, true}}},
+		{"compacted since: lost",
+			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
+			func(ix *Index) {
+				churn := keysN(3, 2000)
+				ix.Store(tid(1), TierGPU, churn)
+				ix.Remove(tid(1), TierGPU, churn)
+				ix.Store(tid(1), TierGPU, keysN(4, 1)) // compacts
+			},
+			map[TargetID]run{tid(1): {10, true}}},
+		{"evictions consumed the placements since: lost",
+			func(ix *Index) {
+				ix.SetTargetCap(tid(1), 2)
+				ix.Store(tid(1), TierGPU, k[:1])
+			},
+			func(ix *Index) {
+				ix.Store(tid(1), TierGPU, keysN(5, 2))
+				ix.Store(tid(1), TierGPU, k[:2])
+			},
+			map[TargetID]run{tid(1): {2, true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := NewIndex(IndexConfig{})
+			tc.before(ix)
+			mark := ix.MarkStores()
+			tc.after(ix)
+			got := matchesByTarget(ix.LookupAsOf(nil, k, mark))
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %+v, want %v", got, tc.want)
+			}
+			for id, w := range tc.want {
+				if m := got[id]; m.Blocks != w.blocks || m.Lost != w.lost {
+					t.Errorf("%v: %+v, want %+v", id, m, w)
+				}
+			}
+		})
+	}
+}
+
+// TestLookupAsOfCutsAcrossGroups: cuts apply to the right slot in every
+// group of 64.
+func TestLookupAsOfCutsAcrossGroups(t *testing.T) {
+	ix := NewIndex(IndexConfig{})
+	k := keysN(1, 8)
+	for i := range 130 {
+		ix.Store(tid(i), TierGPU, k[:4])
+	}
+	mark := ix.MarkStores()
+	for i := range 130 {
+		ix.Store(tid(i), TierGPU, k[4:4+i%5])
+	}
+	got := matchesByTarget(ix.LookupAsOf(nil, k, mark))
+	if len(got) != 130 {
+		t.Fatalf("%d matches", len(got))
+	}
+	for id, m := range got {
+		if m.Blocks != 4 || m.Lost {
+			t.Errorf("%v: %+v, want 4 blocks", id, m)
+		}
+	}
+	if n := matchesByTarget(ix.Lookup(nil, k))[tid(129)].Blocks; n != 8 {
+		t.Fatalf("lookup now: %d blocks, want 8", n)
+	}
+}
+
 func TestClearAndRemoveTarget(t *testing.T) {
 	ix := NewIndex(IndexConfig{})
 	k := keysN(1, 3)
