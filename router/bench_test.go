@@ -15,7 +15,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
 // benchTokenizer is the real qwen3 tokenizer when `make testdata` fetched it
@@ -143,27 +142,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	}
 	client := &fasthttp.Client{MaxConnsPerHost: 64}
 
-	// The pod's side: its own tokenizer, so holding a prompt warms nothing
-	// in the router.
-	podReg := tokenize.NewRegistry(tokenize.Options{CacheMaxBytes: -1, MessageCacheMaxBytes: -1})
-	b.Cleanup(podReg.Close)
-	name, path, _ := strings.Cut(spec, "=")
-	podTok, err := podReg.Add(name, path, tokenize.ModeLocal)
-	if err != nil {
-		b.Fatal(err)
-	}
-	podKeys := func(body []byte) []kvindex.Key {
-		req := parseOrFail(b, EndpointChat, body)
-		_, ids, err := podTok.EncodeChat(req.Chat)
-		if err != nil {
-			b.Fatal(err)
-		}
-		keys, err := r.pl.keyer.Load().keyer.Keys(nil, ids, kvindex.RequestExtras{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return keys
-	}
+	podKeys := chatKeysAsPodsSee(b, r, spec)
 
 	// Every pod holds the system prompt: the blocks two conversations share.
 	k1, k2 := podKeys(chatBody(1, true)), podKeys(chatBody(2, true))
@@ -294,14 +273,6 @@ func BenchmarkRouterOverhead(b *testing.B) {
 // dryRunBody asks the admin listener's dry run about body.
 func dryRunBody(b *testing.B, r *Router, path string, body []byte) DryRun {
 	return dryRun(b, r, path, string(body))
-}
-
-func parseOrFail(b *testing.B, ep Endpoint, body []byte) *Request {
-	r := new(Request)
-	if err := ParseRequest(ep, body, r); err != nil {
-		b.Fatal(err)
-	}
-	return r
 }
 
 // BenchmarkRouterThroughput is the most small requests per second the

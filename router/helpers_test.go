@@ -252,3 +252,32 @@ func candidateByName(d DryRun, name string) DryCandidate {
 	}
 	return DryCandidate{}
 }
+
+// chatKeysAsPodsSee returns a function that keys a chat body as a pod of
+// the fleet would, with a tokenizer of its own (spec, as --tokenizer takes
+// it): holding a prompt then warms nothing in the router's caches.
+func chatKeysAsPodsSee(t testing.TB, r *Router, spec string) func(body []byte) []kvindex.Key {
+	t.Helper()
+	reg := tokenize.NewRegistry(tokenize.Options{CacheMaxBytes: -1, MessageCacheMaxBytes: -1})
+	t.Cleanup(reg.Close)
+	name, path, _ := strings.Cut(spec, "=")
+	tok, err := reg.Add(name, path, tokenize.ModeLocal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(body []byte) []kvindex.Key {
+		req := new(Request)
+		if err := ParseRequest(EndpointChat, body, req); err != nil {
+			t.Fatal(err)
+		}
+		_, ids, err := tok.EncodeChat(req.Chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := r.pl.keyer.Load().keyer.Keys(nil, ids, kvindex.RequestExtras{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -30,8 +29,11 @@ type routePlan struct {
 	// settled is set when reading stopped while the chosen target still
 	// held every block so far: no other target could catch up, so more
 	// blocks could only lengthen the winner's run. Its whole run is looked
-	// up after dispatch, with the keyer and extras kept for it.
+	// up after dispatch, with the keyer and extras kept for it, as of
+	// asOf: the index as it stood when the plan settled, before the
+	// request could make the pod store anything.
 	settled bool
+	asOf    kvindex.StoreMark
 	keyer   kvindex.Keyer
 	extras  kvindex.RequestExtras
 	// full is closed once finishPrompt has encoded the rest of the prompt
@@ -168,7 +170,7 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 			if n >= checkFrom && !st.Done() {
 				done, looked := r.settled(pl, &reach, st.EstimateCount())
 				if done {
-					pl.settled = true
+					pl.settled, pl.asOf = true, r.pl.index.MarkStores()
 					break
 				}
 				if looked {
@@ -252,14 +254,10 @@ func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 		// run again before the scheduler polls the network, so other
 		// requests' bytes would wait for the whole tail; sleeping lets
 		// the poller in. In a quiet process each sleep may last up to a
-		// millisecond. A settled plan cannot wait that long: its whole
-		// run must be looked up before the pod's events for this very
-		// request arrive, so it only yields.
-		if pl.settled {
-			runtime.Gosched()
-		} else {
-			time.Sleep(time.Microsecond)
-		}
+		// millisecond, which is why a settled plan's lookup is as of
+		// its mark: by then the pod may have reported this very
+		// request's blocks.
+		time.Sleep(time.Microsecond)
 	}
 	ids, err := st.Finish()
 	if err != nil {
@@ -278,9 +276,14 @@ func (pl *routePlan) finishPrompt(ix *kvindex.Index) {
 	}
 	pl.finalBlocks = make([]int, len(pl.cands))
 	var mbuf [16]kvindex.Match
-	for _, m := range ix.Lookup(mbuf[:0], chain.Keys) {
+	for _, m := range ix.LookupAsOf(mbuf[:0], chain.Keys, pl.asOf) {
 		if i := candidateOf(pl.cands, m.Target); i >= 0 {
 			pl.finalBlocks[i] = m.Blocks
+			if m.Lost {
+				// The run may count this request's own blocks; the
+				// run read before dispatch is certain.
+				pl.finalBlocks[i] = pl.cands[i].ConfirmedBlocks
+			}
 		}
 	}
 }

@@ -1,0 +1,92 @@
+package router
+
+import (
+	"context"
+	"testing"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// TestSettledTailCountsOnlyBlocksHeldBeforeDispatch: a plan that settled
+// early looks the winner's whole run up after dispatch, by when the pod may
+// already have reported the blocks this very request made it store. Those
+// must not count as hits the router predicted; when the index can no
+// longer tell which blocks came since, the run read before dispatch
+// stands.
+func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// report stores the request's own blocks as the pod's events do.
+		report func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int)
+		// want is the final run given the holder's run before dispatch
+		// and the blocks the plan read.
+		want func(held, read int) int
+	}{
+		{"the pod reports the rest",
+			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+				ix.Store(holder, kvindex.TierGPU, keys[held:])
+			},
+			func(held, read int) int { return held }},
+		{"the pod restarted and reports the whole prompt",
+			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+				ix.Clear(holder)
+				ix.Store(holder, kvindex.TierGPU, keys)
+			},
+			func(held, read int) int { return read }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newFakePod(t, "A", 16, true), newFakePod(t, "B", 16, true)
+			cfg := DefaultConfig()
+			cfg.Policy = PolicyPrecise
+			cfg.BlockSize = 16
+			cfg.Health = fastHealth(a.endpoint(), b.endpoint())
+			r := startRouter(t, cfg, "m=bytes")
+			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
+			waitFor(t, "block keys", func() bool { return r.pl.keyer.Load() != nil })
+			var holder, other kvindex.TargetID
+			for _, tg := range r.mon.Snapshot().Targets {
+				if tg.ID.Endpoint == a.srv.URL {
+					holder = tg.ID
+				} else {
+					other = tg.ID
+				}
+			}
+
+			body := chatBody(1, true)
+			req := new(Request)
+			if err := ParseRequest(EndpointChat, body, req); err != nil {
+				t.Fatal(err)
+			}
+			keys := chatKeysAsPodsSee(t, r, "m=bytes")(body)
+			// Both pods hold the opening; A holds half the prompt.
+			held := len(keys) / 2
+			r.pl.index.Store(other, kvindex.TierGPU, keys[:8])
+			r.pl.index.Store(holder, kvindex.TierGPU, keys[:held])
+
+			pl, aerr := r.plan(context.Background(), req, false)
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			winner := &pl.cands[pl.dec.idx]
+			read := winner.ConfirmedBlocks
+			if !pl.settled || winner.Target.ID != holder || read >= held {
+				t.Fatalf("settled %v on %v after a run of %d blocks; the test needs A chosen before reading its whole run of %d",
+					pl.settled, winner.Target.ID, read, held)
+			}
+
+			tc.report(r.pl.index, holder, keys, held)
+			var mbuf [4]kvindex.Match
+			for _, m := range r.pl.index.Lookup(mbuf[:0], keys) {
+				if m.Target == holder && m.Blocks != len(keys) {
+					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
+				}
+			}
+			pl.full = make(chan struct{})
+			pl.finishPrompt(r.pl.index)
+			if got, want := pl.confirmedNow(pl.dec.idx), tc.want(held, read); got != want {
+				t.Fatalf("final run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
+					got, want, held, read, len(keys))
+			}
+		})
+	}
+}
