@@ -453,3 +453,33 @@ func TestEventAwaitClock(t *testing.T) {
 		})
 	}
 }
+
+// TestRevisedFlightExpectsWhatThePodComputes: a request dispatched with an
+// uncached estimate that the router later revises to nothing (the pod held
+// the whole prompt) awaits no event; unrevised, the same silence makes the
+// target stale.
+func TestRevisedFlightExpectsWhatThePodComputes(t *testing.T) {
+	for _, revise := range []bool{false, true} {
+		pod := newFakePod(t, "m")
+		env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, EventsStaleAfter: 10 * time.Second, EventsMinUncachedTokens: 16, EventsMaxQueueDepth: 100}, Deps{})
+		id := pod.id(0)
+		env.events.set(id, func(*kvindex.SubscriberStatus) {})
+		env.tick()
+		tg := env.target(t, id)
+		f := tg.Dispatch(4000, 3500)
+		if revise {
+			f.Revise(4100, 0)
+		}
+		f.FirstByte()
+		f.Finish(OutcomeSuccess)
+		env.clock.Advance(11 * time.Second)
+		env.m.evaluate()
+		want := VerdictStale
+		if revise {
+			want = VerdictFresh
+		}
+		if v := env.target(t, id).Events; v.Verdict != want {
+			t.Fatalf("revised %v: verdict %s (%s), want %s", revise, v.Verdict, v.Detail, want)
+		}
+	}
+}

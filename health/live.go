@@ -139,6 +139,24 @@ func newFullBlocks(prompt, uncached, blockSize int64) int64 {
 	return prompt/blockSize - cached/blockSize
 }
 
+// Revise corrects the request's prompt and uncached tokens before its
+// first byte, for a router that learned more about the prompt after
+// dispatch: the pod's queue and the blocks its events are expected to
+// announce follow the corrected counts. uncached 0 expects no
+// announcement at all.
+func (f *Flight) Revise(prompt, uncached int) {
+	if f.l == nil || f.answered || f.done {
+		return
+	}
+	prompt = max(prompt, 0)
+	uncached = min(max(uncached, 0), prompt)
+	l := f.l
+	l.queuedPrompt.Add(int64(prompt) - f.prompt)
+	l.queuedUncached.Add(int64(uncached) - f.uncached)
+	f.prompt, f.uncached = int64(prompt), int64(uncached)
+	f.blocks = newFullBlocks(f.prompt, f.uncached, l.blockSize.Load())
+}
+
 // FirstByte records that the target's first response byte arrived: its
 // prefill is done, so its prompt tokens leave the queue, and the KV events
 // for the blocks it filled are now due. vLLM publishes a step's events

@@ -219,8 +219,11 @@ func TestInFlightAccounting(t *testing.T) {
 		}
 	}
 	check("dispatched", 2, 2, 1200, 600)
+	a.Revise(1100, 100) // the router learned more of the prompt after dispatch
+	check("revised", 2, 2, 1300, 300)
 	a.FirstByte()
 	a.FirstByte()
+	a.Revise(5000, 5000) // too late: ignored
 	check("first byte", 2, 1, 200, 200)
 	a.Finish(OutcomeSuccess)
 	a.Finish(OutcomeSuccess)
