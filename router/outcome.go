@@ -225,9 +225,9 @@ func (o *outcomeRec) finish(label string, u usage) {
 func (o *outcomeRec) recordPrompt(pt promptTokens, u usage) {
 	m, pol := o.r.met, o.r.cfg.Policy.String()
 	prompt := int64(pt.count)
-	if pl := o.plan; pl.finalBlocks != nil {
+	if _, cached, ok := o.plan.wholePrompt(o.cand); ok {
 		// The plan settled early; predict from the whole prompt's run.
-		o.predicted = pl.predictedFor(&pl.cands[o.cand], pl.finalBlocks[o.cand], pt.count)
+		o.predicted = cached
 	}
 	if pt.ids == nil && u.known {
 		prompt = u.promptTokens

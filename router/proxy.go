@@ -156,6 +156,25 @@ func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan,
 	}
 }
 
+// reviseSettled corrects, at the first byte, the flight of a plan that
+// settled early: it was dispatched with the run read so far, a lower bound
+// of what the pod holds. By now the rest of the prompt is usually looked
+// up, and the pod is expected to announce only the blocks it really had to
+// compute. While it is not, nothing is expected (a pod that held the whole
+// prompt rightly announces nothing, and awaiting its events would judge it
+// stale) and the mean uncached count is not fed a guess. It returns the
+// predicted cached tokens as now known.
+func (r *Router) reviseSettled(pl *routePlan, flight *health.Flight, predicted int) int {
+	count, cached, ok := pl.wholePrompt(pl.dec.idx)
+	if !ok {
+		flight.Revise(pl.tokens.count, 0)
+		return predicted
+	}
+	flight.Revise(count, count-cached)
+	r.ch.observeUncached(count - cached)
+	return cached
+}
+
 // attempt sends the request to one candidate. It returns attemptRetryable
 // only when nothing was written to the client.
 func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, cd *Candidate, body []byte, id string, start time.Time, attempt int) attemptResult {
@@ -163,7 +182,9 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	tname := health.TargetName(t.ID)
 	predicted := pl.predictedCached(cd)
 	flight := t.Dispatch(pl.tokens.count, pl.tokens.count-predicted)
-	r.ch.observeUncached(pl.tokens.count - predicted)
+	if !pl.settled {
+		r.ch.observeUncached(pl.tokens.count - predicted)
+	}
 	if r.ch.approx != nil && len(pl.approxChunks) > 0 {
 		r.ch.approx.record(t.ID, pl.approxChunks)
 	}
@@ -210,6 +231,9 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 			r.met.upstreamErrors.WithLabelValues(tname, reason).Inc()
 			return attemptRetryable
 		}
+	}
+	if pl.settled {
+		predicted = r.reviseSettled(pl, &flight, predicted)
 	}
 	flight.FirstByte()
 	ttft := time.Since(start)

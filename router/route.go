@@ -382,6 +382,18 @@ func (pl *routePlan) predictedFor(c *Candidate, blocks, count int) int {
 	return max(n, 0)
 }
 
+// wholePrompt is, for a plan that settled early, the prompt's exact count
+// and candidate i's predicted cached tokens over its whole run, once
+// finishPrompt has looked it up; ok is false until then, and for plans
+// that read the whole prompt before dispatch.
+func (pl *routePlan) wholePrompt(i int) (count, cached int, ok bool) {
+	if !pl.finishedNow() || pl.finalBlocks == nil {
+		return 0, 0, false
+	}
+	count = pl.finished.count
+	return count, pl.predictedFor(&pl.cands[i], pl.finalBlocks[i], count), true
+}
+
 // confirmedNow is candidate i's confirmed run as known at this moment: of
 // the whole prompt once finishPrompt has looked it up (the plan may have
 // settled on fewer blocks), else of the blocks the plan read.

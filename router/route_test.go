@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
@@ -12,7 +13,9 @@ import (
 // already have reported the blocks this very request made it store. Those
 // must not count as hits the router predicted; when the index can no
 // longer tell which blocks came since, the run read before dispatch
-// stands.
+// stands. The request's flight, dispatched with the run read so far,
+// is corrected at the first byte to what the pod had to compute, or to
+// nothing while the tail is still running.
 func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -81,12 +84,30 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
 			}
+			// At the first byte, before the tail is done, the flight
+			// expects nothing of the pod's events.
+			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
+			flight := winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
+			if got := r.reviseSettled(pl, &flight, pl.predictedCached(winner)); got != pl.predictedCached(winner) || queued() != 0 {
+				t.Fatalf("tail not done: predicted %d, queued uncached %d; want %d and 0", got, queued(), pl.predictedCached(winner))
+			}
+			flight.Finish(health.OutcomeSuccess)
+
 			pl.full = make(chan struct{})
 			pl.finishPrompt(r.pl.index)
-			if got, want := pl.confirmedNow(pl.dec.idx), tc.want(held, read); got != want {
+			want := tc.want(held, read)
+			if got := pl.confirmedNow(pl.dec.idx); got != want {
 				t.Fatalf("final run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
 					got, want, held, read, len(keys))
 			}
+			// Once it is, the flight expects what the pod had to compute.
+			count := pl.finished.count
+			cached := pl.predictedFor(winner, want, count)
+			flight = winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
+			if got := r.reviseSettled(pl, &flight, pl.predictedCached(winner)); got != cached || queued() != int64(count-cached) {
+				t.Fatalf("tail done: predicted %d, queued uncached %d; want %d and %d", got, queued(), cached, count-cached)
+			}
+			flight.Finish(health.OutcomeSuccess)
 		})
 	}
 }
