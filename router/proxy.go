@@ -156,15 +156,16 @@ func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan,
 	}
 }
 
-// reviseSettled corrects, at the first byte, the flight of a plan that
-// settled early: it was dispatched with the run read so far, a lower bound
-// of what the pod holds. By now the rest of the prompt is usually looked
-// up, and the pod is expected to announce only the blocks it really had to
-// compute. While it is not, nothing is expected (a pod that held the whole
-// prompt rightly announces nothing, and awaiting its events would judge it
-// stale) and the mean uncached count is not fed a guess. It returns the
-// predicted cached tokens as now known.
-func (r *Router) reviseSettled(pl *routePlan, flight *health.Flight, predicted int) int {
+// answeredSettled takes back, at the first byte, the flight of a plan that
+// settled early (see routePlan.flight). Once the tail has looked the whole
+// run up, the flight stands corrected, and the pod is expected to announce
+// only the blocks it really had to compute. While the tail runs on, nothing
+// is expected (a pod that held the whole prompt rightly announces nothing,
+// and awaiting its events would judge it stale) and the mean uncached
+// count is not fed a guess. It returns the predicted cached tokens as now
+// known.
+func (r *Router) answeredSettled(pl *routePlan, flight *health.Flight, predicted int) int {
+	pl.untrack()
 	count, cached, ok := pl.wholePrompt(pl.dec.idx)
 	if !ok {
 		flight.Revise(pl.tokens.count, 0)
@@ -182,7 +183,9 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	tname := health.TargetName(t.ID)
 	predicted := pl.predictedCached(cd)
 	flight := t.Dispatch(pl.tokens.count, pl.tokens.count-predicted)
-	if !pl.settled {
+	if pl.settled {
+		pl.track(&flight)
+	} else {
 		r.ch.observeUncached(pl.tokens.count - predicted)
 	}
 	if r.ch.approx != nil && len(pl.approxChunks) > 0 {
@@ -197,6 +200,9 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	finish := func(o health.Outcome) {
 		watch.stop()
 		c.end()
+		if pl.settled {
+			pl.untrack()
+		}
 		flight.Finish(o)
 	}
 	c.arm(r.cfg.FirstByteTimeout, cancelFirstByteTimeout)
@@ -233,7 +239,7 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		}
 	}
 	if pl.settled {
-		predicted = r.reviseSettled(pl, &flight, predicted)
+		predicted = r.answeredSettled(pl, &flight, predicted)
 	}
 	flight.FirstByte()
 	ttft := time.Since(start)

@@ -43,6 +43,13 @@ type routePlan struct {
 	full        chan struct{}
 	finished    promptTokens
 	finalBlocks []int
+	// flight is a settled plan's attempt in progress, until its first
+	// byte: dispatched with the run read so far, a lower bound of what the
+	// pod holds, it queues more uncached tokens than the pod has to
+	// compute. The tail corrects it once the whole run is known.
+	// flightMu guards it and every call on it while it is set.
+	flightMu sync.Mutex
+	flight   *health.Flight
 }
 
 // plan resolves targets, tokenizes, looks the blocks up and chooses. With
@@ -299,7 +306,38 @@ func (pl *routePlan) startFinishing(ix *kvindex.Index, tails *sync.WaitGroup) {
 	go func() {
 		defer tails.Done()
 		pl.finishPrompt(ix)
+		pl.flightMu.Lock()
+		pl.reviseLocked()
+		pl.flightMu.Unlock()
 	}()
+}
+
+// track registers the flight of a settled plan's attempt, for the tail to
+// correct, and corrects it now if the tail is already done.
+func (pl *routePlan) track(f *health.Flight) {
+	pl.flightMu.Lock()
+	defer pl.flightMu.Unlock()
+	pl.flight = f
+	pl.reviseLocked()
+}
+
+// untrack ends the tail's hold on the attempt's flight: at its first byte,
+// or when the attempt ends before one. The flight is the caller's alone
+// afterwards.
+func (pl *routePlan) untrack() {
+	pl.flightMu.Lock()
+	pl.flight = nil
+	pl.flightMu.Unlock()
+}
+
+// reviseLocked corrects the tracked flight to the whole run, once known.
+func (pl *routePlan) reviseLocked() {
+	if pl.flight == nil {
+		return
+	}
+	if count, cached, ok := pl.wholePrompt(pl.dec.idx); ok {
+		pl.flight.Revise(count, count-cached)
+	}
 }
 
 // promptForOutcome is the prompt as the outcome records it: the finished

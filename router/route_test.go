@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/health"
@@ -13,9 +14,9 @@ import (
 // already have reported the blocks this very request made it store. Those
 // must not count as hits the router predicted; when the index can no
 // longer tell which blocks came since, the run read before dispatch
-// stands. The request's flight, dispatched with the run read so far,
-// is corrected at the first byte to what the pod had to compute, or to
-// nothing while the tail is still running.
+// stands. The request's flight, dispatched with the run read so far, is
+// corrected to what the pod has to compute when the tail ends, or, if the
+// pod answers first, expects nothing.
 func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -84,30 +85,46 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
 			}
-			// At the first byte, before the tail is done, the flight
+			// An attempt answered before the tail is done: its flight
 			// expects nothing of the pod's events.
 			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
-			flight := winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
-			if got := r.reviseSettled(pl, &flight, pl.predictedCached(winner)); got != pl.predictedCached(winner) || queued() != 0 {
+			dispatch := func() *health.Flight {
+				f := winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
+				pl.track(&f)
+				return &f
+			}
+			early := dispatch()
+			if got := r.answeredSettled(pl, early, pl.predictedCached(winner)); got != pl.predictedCached(winner) || queued() != 0 {
 				t.Fatalf("tail not done: predicted %d, queued uncached %d; want %d and 0", got, queued(), pl.predictedCached(winner))
 			}
-			flight.Finish(health.OutcomeSuccess)
+			early.FirstByte()
+			early.Finish(health.OutcomeSuccess)
 
-			pl.full = make(chan struct{})
-			pl.finishPrompt(r.pl.index)
+			// An attempt still waiting when the tail ends is corrected
+			// then, before its first byte, to what the pod has to
+			// compute.
+			waiting := dispatch()
+			var tails sync.WaitGroup
+			pl.startFinishing(r.pl.index, &tails)
+			tails.Wait()
 			want := tc.want(held, read)
 			if got := pl.confirmedNow(pl.dec.idx); got != want {
 				t.Fatalf("final run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
 					got, want, held, read, len(keys))
 			}
-			// Once it is, the flight expects what the pod had to compute.
 			count := pl.finished.count
 			cached := pl.predictedFor(winner, want, count)
-			flight = winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
-			if got := r.reviseSettled(pl, &flight, pl.predictedCached(winner)); got != cached || queued() != int64(count-cached) {
-				t.Fatalf("tail done: predicted %d, queued uncached %d; want %d and %d", got, queued(), cached, count-cached)
+			if queued() != int64(count-cached) {
+				t.Fatalf("tail done: queued uncached %d, want %d", queued(), count-cached)
 			}
-			flight.Finish(health.OutcomeSuccess)
+			if got := r.answeredSettled(pl, waiting, pl.predictedCached(winner)); got != cached || queued() != int64(count-cached) {
+				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and %d", got, queued(), cached, count-cached)
+			}
+			waiting.FirstByte()
+			waiting.Finish(health.OutcomeSuccess)
+			if queued() != 0 {
+				t.Fatalf("after both attempts: queued uncached %d", queued())
+			}
 		})
 	}
 }
