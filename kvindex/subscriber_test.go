@@ -400,7 +400,10 @@ func TestSubscriberStopsWhilePodLeaves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sub, _ := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Handle: func(uint64, *events.Batch, bool) {}})
+		sub, err := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Handle: func(uint64, *events.Batch, bool) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = sub.Run(ctx); close(done) }()

@@ -22,9 +22,10 @@ import (
 // net/http's transport hands each request to a connection's writer and
 // reader goroutines. BenchmarkUpstream compares the two on our two cores:
 // through net/http a proxy added 127 µs at p50 and 358 at p99 to a pod
-// that answers at once, through this pool 58 and 192. Cancelling a request's context closes its connection,
-// which is how a vLLM pod learns that the client gave up and frees the
-// request's KV blocks; fasthttp's client cannot abort a request in flight.
+// that answers at once, through this pool 58 and 192. Cancelling a
+// request's context closes its connection, which is how a vLLM pod learns
+// that the client gave up and frees the request's KV blocks; fasthttp's
+// client cannot abort a request in flight.
 type upstream struct {
 	dialer net.Dialer
 	mu     sync.Mutex
