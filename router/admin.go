@@ -101,29 +101,30 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		writeAPIError(w, &apiError{Status: 500, Message: err.Error(), Type: typeServer})
 		return
 	}
-	pl, aerr := r.plan(q.Context(), req, true)
+	d, aerr := r.route(q.Context(), req, true)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	pl.startFinishing(r.pl.index, &r.tails)
-	writeJSON(w, http.StatusOK, dryRunOf(pl))
+	tail := startTail(d, r.pl.index, &r.tails)
+	tail.wait()
+	writeJSON(w, http.StatusOK, dryRunOf(d, tail))
 }
 
-func dryRunOf(pl *routePlan) DryRun {
-	pt := pl.promptForOutcome()
-	chosen := pl.cands[pl.dec.idx].Target.ID
+func dryRunOf(d *decision, tail *promptTail) DryRun {
+	chosen := d.target().Target.ID
+	v := d.view(tail, d.chosen)
 	out := DryRun{
-		Model: pl.model, PromptTokens: pt.count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(pt),
-		LookedUpBlocks: len(pl.chain.Keys),
-		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
-		Candidates:     make([]DryCandidate, 0, len(pl.cands)),
+		Model: d.model, PromptTokens: v.prompt.count, BlockSize: d.blockSize, Blocks: d.promptBlocks(v.prompt),
+		LookedUpBlocks: len(d.chain.Keys),
+		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: d.reason},
+		Candidates:     make([]DryCandidate, 0, len(d.cands)),
 	}
-	for i, c := range pl.cands {
+	for i, c := range d.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{
 			Target: c.Target.ID.Endpoint, Rank: c.Target.ID.Rank, Routable: c.Routable,
-			ConfirmedBlocks: pl.confirmedNow(i), SpeculativeBlocks: c.SpeculativeBlocks,
+			ConfirmedBlocks: d.view(tail, i).confirmed, SpeculativeBlocks: c.SpeculativeBlocks,
 			Cost: c.Cost, Load: c.Load,
 		})
 	}

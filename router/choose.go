@@ -115,8 +115,8 @@ type Candidate struct {
 	excluded     bool
 }
 
-// decision is the outcome of a choice.
-type decision struct {
+// choice is the chooser's answer: a candidate and why.
+type choice struct {
 	idx    int // into candidates; -1: none
 	reason string
 }
@@ -207,7 +207,7 @@ func leastLoadCost(l LoadView) float64 {
 
 // choose scores the candidates and picks one among the routable, not
 // excluded ones. peek leaves round-robin state untouched (dry run).
-func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bool) decision {
+func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bool) choice {
 	var usable []int
 	for i := range cands {
 		if cands[i].Routable && !cands[i].excluded {
@@ -215,7 +215,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 	}
 	if len(usable) == 0 {
-		return decision{idx: -1, reason: "no routable target"}
+		return choice{idx: -1, reason: "no routable target"}
 	}
 	switch c.policy {
 	case PolicyRoundRobin:
@@ -228,12 +228,12 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		for _, i := range usable {
 			cands[i].Cost = 0
 		}
-		return decision{idx: usable[n%uint64(len(usable))], reason: "round-robin"}
+		return choice{idx: usable[n%uint64(len(usable))], reason: "round-robin"}
 	case PolicyLeastLoad:
 		for _, i := range usable {
 			cands[i].Cost = leastLoadCost(cands[i].Load)
 		}
-		return decision{idx: minCost(cands, usable), reason: "least load"}
+		return choice{idx: minCost(cands, usable), reason: "least load"}
 	case PolicyApproximate:
 		// Gateways' prefix-aware scoring: matched characters stand in for
 		// cached tokens (about four characters a token), minus load.
@@ -244,9 +244,9 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 		i := minCost(cands, usable)
 		if cands[i].ApproxChunks > 0 {
-			return decision{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
+			return choice{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
 		}
-		return decision{idx: i, reason: "no approximate prefix match; least load"}
+		return choice{idx: i, reason: "no approximate prefix match; least load"}
 	}
 	for _, i := range usable {
 		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize)
@@ -255,11 +255,11 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	cd := &cands[i]
 	switch {
 	case cd.ConfirmedBlocks > 0 && cd.Trust > 0:
-		return decision{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
+		return choice{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
 	case blockSize == 0:
-		return decision{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}
+		return choice{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}
 	}
-	return decision{idx: i, reason: "lowest cost; no cached prefix"}
+	return choice{idx: i, reason: "lowest cost; no cached prefix"}
 }
 
 // minCost returns the usable candidate with the lowest cost, breaking ties

@@ -181,7 +181,7 @@ func TestSettled(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ix := kvindex.NewIndex(kvindex.IndexConfig{})
-			pl := &routePlan{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
+			d := &decision{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
 			for _, name := range []string{"a", "b", "c"} {
 				verdict := health.VerdictFresh
 				if name == c.dead {
@@ -190,15 +190,15 @@ func TestSettled(t *testing.T) {
 				cd := cand(name, 0, verdict, c.load[name])
 				cd.Weighted = 0
 				cd.Routable = name != c.down
-				pl.cands = append(pl.cands, cd)
+				d.cands = append(d.cands, cd)
 				ix.AddTarget(cd.Target.ID)
 				ix.Store(cd.Target.ID, kvindex.TierGPU, keys[:c.held[name]])
 			}
 			var reach kvindex.Reach
 			ix.Extend(&reach, keys)
-			r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
-			if got, _ := r.settled(pl, &reach, 1000); got != c.want {
-				for _, cd := range pl.cands {
+			dc := &decider{policy: PolicyPrecise, index: ix, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+			if got, _ := dc.settles(d, &reach, 1000); got != c.want {
+				for _, cd := range d.cands {
 					t.Logf("%s run %d cost %.1f", cd.Target.ID.Endpoint, cd.ConfirmedBlocks, cd.Cost)
 				}
 				t.Fatalf("settled %v, want %v", got, c.want)
@@ -210,7 +210,7 @@ func TestSettled(t *testing.T) {
 // TestSettlingKeepsTheDecision: over random fleets — runs of random length
 // in random tiers, random loads, stale and disconnected event streams,
 // targets that cannot take requests — reading a prompt a random chunk at a
-// time and stopping where keyUntilDecided would stop chooses the target
+// time and stopping where readUntilDecided would stop chooses the target
 // that looking up the whole prompt chooses.
 func TestSettlingKeepsTheDecision(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -239,38 +239,38 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 				b += n
 			}
 		}
-		r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+		dc := &decider{policy: PolicyPrecise, index: ix, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
 
 		// The whole prompt looked up.
 		whole := slices.Clone(cands)
 		matchInto(whole, ix.Lookup(nil, keys))
-		want := r.ch.choose(whole, count, 16, true)
+		want := dc.ch.choose(whole, count, 16, true)
 		if ties(whole, want.idx) {
 			continue // a random tie-break: either answer is right
 		}
 
-		// Read a chunk at a time, as keyUntilDecided does.
-		pl := &routePlan{blockSize: 16, cands: slices.Clone(cands)}
+		// Read a chunk at a time, as readUntilDecided does.
+		d := &decision{blockSize: 16, cands: slices.Clone(cands)}
 		var reach kvindex.Reach
 		for n := 0; n < blocks; {
 			next := min(blocks, n+1+rng.IntN(12))
-			pl.chain.Keys = keys[:next]
+			d.chain.Keys = keys[:next]
 			alive := ix.Extend(&reach, keys[n:next])
 			n = next
 			if !alive {
 				break
 			}
-			if done, _ := r.settled(pl, &reach, count); n < blocks && done {
+			if done, _ := dc.settles(d, &reach, count); n < blocks && done {
 				settledEarly++
 				break
 			}
 		}
-		matchInto(pl.cands, ix.Lookup(nil, pl.chain.Keys))
-		got := r.ch.choose(pl.cands, count, 16, true)
+		matchInto(d.cands, ix.Lookup(nil, d.chain.Keys))
+		got := dc.ch.choose(d.cands, count, 16, true)
 		if got.idx != want.idx {
 			for i := range whole {
 				t.Logf("%s: routable %v trust %.1f, whole run %d cost %.0f; read %d blocks, run %d cost %.0f", whole[i].Target.ID.Endpoint,
-					whole[i].Routable, whole[i].Trust, whole[i].ConfirmedBlocks, whole[i].Cost, len(pl.chain.Keys), pl.cands[i].ConfirmedBlocks, pl.cands[i].Cost)
+					whole[i].Routable, whole[i].Trust, whole[i].ConfirmedBlocks, whole[i].Cost, len(d.chain.Keys), d.cands[i].ConfirmedBlocks, d.cands[i].Cost)
 			}
 			t.Fatalf("trial %d: reading until settled chose %d, the whole prompt %d", trial, got.idx, want.idx)
 		}

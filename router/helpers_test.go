@@ -51,7 +51,9 @@ func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "127.0.0.1:0"
-	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger()})
+	// No client timeout of its own: only the router's contexts (the
+	// request's life, --tokenize-timeout) end a remote tokenization.
+	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger(), HTTPClient: &http.Client{}})
 	for _, spec := range tokenizers {
 		if _, err := reg.AddSpec(spec); err != nil {
 			t.Fatalf("tokenizer %s: %v", spec, err)
@@ -124,6 +126,9 @@ type fakePod struct {
 	blockSize    int
 	models       []string
 	handle       atomic.Pointer[http.HandlerFunc]
+	// render answers /v1/completions/render when set; without it the
+	// pod answers 404 there, as vLLM before the render endpoints did.
+	render atomic.Pointer[http.HandlerFunc]
 }
 
 func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, models ...string) *fakePod {
@@ -162,6 +167,13 @@ func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, model
 	}
 	mux.HandleFunc("/v1/completions", api)
 	mux.HandleFunc("/v1/chat/completions", api)
+	mux.HandleFunc("/v1/completions/render", func(w http.ResponseWriter, r *http.Request) {
+		if h := p.render.Load(); h != nil {
+			(*h)(w, r)
+			return
+		}
+		http.NotFound(w, r)
+	})
 	mux.HandleFunc("/tokenize", func(w http.ResponseWriter, r *http.Request) {
 		// vLLM's answer shape; the router's remote tokenization and the
 		// /tokenize forward both land here.

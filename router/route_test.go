@@ -67,15 +67,15 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			r.pl.index.Store(other, kvindex.TierGPU, keys[:8])
 			r.pl.index.Store(holder, kvindex.TierGPU, keys[:held])
 
-			pl, aerr := r.plan(context.Background(), req, false)
+			d, aerr := r.route(context.Background(), req, false)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
-			winner := &pl.cands[pl.dec.idx]
+			winner := d.target()
 			read := winner.ConfirmedBlocks
-			if !pl.settled || winner.Target.ID != holder || read >= held {
+			if !d.settled || winner.Target.ID != holder || read >= held {
 				t.Fatalf("settled %v on %v after a run of %d blocks; the test needs A chosen before reading its whole run of %d",
-					pl.settled, winner.Target.ID, read, held)
+					d.settled, winner.Target.ID, read, held)
 			}
 
 			tc.report(r.pl.index, holder, keys, held)
@@ -85,19 +85,20 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
 			}
+			tail := newTail(d)
+			atDispatch := d.view(tail, d.chosen)
 			// An attempt answered before the tail is done: its flight
 			// expects nothing of the pod's events.
 			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
 			dispatch := func() *health.Flight {
-				f := winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
-				pl.track(&f)
+				f := winner.Target.Dispatch(atDispatch.prompt.count, atDispatch.prompt.count-atDispatch.predicted)
+				tail.hold(&f, d.chosen)
 				return &f
 			}
 			early := dispatch()
-			if got := r.answeredSettled(pl, early, pl.predictedCached(winner)); got != pl.predictedCached(winner) || queued() != 0 {
-				t.Fatalf("tail not done: predicted %d, queued uncached %d; want %d and 0", got, queued(), pl.predictedCached(winner))
+			if v := r.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {
+				t.Fatalf("tail not done: final %v, predicted %d, queued uncached %d; want false, %d and 0", v.final, v.predicted, queued(), atDispatch.predicted)
 			}
-			early.FirstByte()
 			early.Finish(health.OutcomeSuccess)
 
 			// An attempt still waiting when the tail ends is corrected
@@ -105,22 +106,22 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			// compute.
 			waiting := dispatch()
 			var tails sync.WaitGroup
-			pl.startFinishing(r.pl.index, &tails)
+			tail.start(r.pl.index, &tails)
 			tails.Wait()
 			want := tc.want(held, read)
-			if got := pl.confirmedNow(pl.dec.idx); got != want {
-				t.Fatalf("final run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
-					got, want, held, read, len(keys))
+			v := d.view(tail, d.chosen)
+			if !v.final || v.confirmed != want {
+				t.Fatalf("final %v, run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
+					v.final, v.confirmed, want, held, read, len(keys))
 			}
-			count := pl.finished.count
-			cached := pl.predictedFor(winner, want, count)
-			if queued() != int64(count-cached) {
-				t.Fatalf("tail done: queued uncached %d, want %d", queued(), count-cached)
+			count := v.prompt.count
+			cached := d.predictedFor(winner, want, count)
+			if v.predicted != cached || queued() != int64(count-cached) {
+				t.Fatalf("tail done: predicted %d, queued uncached %d, want %d and %d", v.predicted, queued(), cached, count-cached)
 			}
-			if got := r.answeredSettled(pl, waiting, pl.predictedCached(winner)); got != cached || queued() != int64(count-cached) {
-				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and %d", got, queued(), cached, count-cached)
+			if v := r.atFirstByte(d, tail, waiting); v.predicted != cached || queued() != 0 {
+				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and 0", v.predicted, queued(), cached)
 			}
-			waiting.FirstByte()
 			waiting.Finish(health.OutcomeSuccess)
 			if queued() != 0 {
 				t.Fatalf("after both attempts: queued uncached %d", queued())

@@ -145,6 +145,7 @@ type Router struct {
 	tok  *tokenizers
 	pl   *placements
 	ch   *chooser
+	dec  *decider
 	up   *upstream
 	met  *metrics
 	cat  *catalog
@@ -154,13 +155,14 @@ type Router struct {
 	aln  net.Listener
 	stop context.CancelFunc
 	bg   sync.WaitGroup
-	// tails counts prompts still being encoded after their responses
-	// (routePlan.finishPrompt); a clean shutdown waits for them.
+	// tails counts prompts still being encoded after dispatch
+	// (promptTail); a clean shutdown waits for them.
 	tails sync.WaitGroup
-	// reqCtx parents upstream requests: it outlives the servers' shutdown
-	// so that draining requests finish.
+	// reqCtx parents every request's life: it outlives the servers'
+	// shutdown so that draining requests finish, and then ends with
+	// errShutdown.
 	reqCtx    context.Context
-	reqCancel context.CancelFunc
+	reqCancel context.CancelCauseFunc
 }
 
 // New builds a router; nothing runs and nothing is bound until Start.
@@ -194,10 +196,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization)
 	r.ch = newChooser(cfg.Policy, cfg.Cost)
+	r.dec = &decider{policy: cfg.Policy, ch: r.ch, index: r.pl.index, keys: r.pl.keyer.Load}
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
 	r.cat = newCatalog(r.up, r.mon)
-	r.reqCtx, r.reqCancel = context.WithCancel(context.Background())
+	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	if cfg.BlockSize > 0 {
 		if _, err := r.pl.configure(cfg.BlockSize, cfg.HashAlgo); err != nil {
 			return nil, err
@@ -302,7 +305,7 @@ func (r *Router) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("router: drain: %w", err))
 		drained = false
 	}
-	r.reqCancel()
+	r.reqCancel(errShutdown)
 	if r.adm != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if r.adm.Shutdown(actx) != nil {

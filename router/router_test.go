@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
 // storeBlocks publishes BlockStored for every full block of tokens on the
@@ -346,6 +347,55 @@ func TestClientCancelCancelsUpstream(t *testing.T) {
 				return tg.Busy().InFlight == 0
 			})
 		})
+	}
+}
+
+// TestClientCancelCancelsTokenization: a client that gives up while the
+// router is still asking a pod to tokenize its prompt ends that call at
+// once, long before the tokenization timeout, and nothing is proxied.
+func TestClientCancelCancelsTokenization(t *testing.T) {
+	p := newFakePod(t, "A", 16, false)
+	arrived := make(chan struct{}, 1)
+	canceled := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The server notices a closed connection only once the body is read.
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		<-r.Context().Done()
+		close(canceled)
+	})
+	p.render.Store(&h)
+	cfg := DefaultConfig()
+	cfg.Health = fastHealth(p.endpoint())
+	cfg.Tokenization = tokenize.ModeRemote
+	cfg.TokenizeTimeout = 10 * time.Minute
+	r := startRouter(t, cfg)
+	waitFor(t, "pod routable", func() bool { return routableCount(r, "m") == 1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.Addr()+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"hi"}`))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-arrived
+	cancel()
+	select {
+	case <-canceled:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the pod's tokenization call was never cancelled")
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+	if n := p.hits.Load(); n != 0 {
+		t.Fatalf("a request whose client left during tokenization was proxied %d times", n)
 	}
 }
 

@@ -95,26 +95,6 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 	return hex.EncodeToString(b[:])
 }
 
-// handleRouted serves /v1/completions and /v1/chat/completions.
-func (r *Router) handleRouted(ctx *fasthttp.RequestCtx, ep Endpoint) {
-	start := time.Now()
-	id := requestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", id)
-	req := acquireRequest()
-	defer releaseRequest(req)
-	if err := ParseRequest(ep, ctx.PostBody(), req); err != nil {
-		r.reject(ctx, err)
-		return
-	}
-	pl, aerr := r.plan(ctx, req, false)
-	if aerr != nil {
-		r.met.rejected.WithLabelValues(rejectReason(aerr)).Inc()
-		aerr.write(ctx)
-		return
-	}
-	r.dispatch(ctx, req, pl, id, start)
-}
-
 func (r *Router) reject(ctx *fasthttp.RequestCtx, err error) {
 	var br *BadRequest
 	if errors.As(err, &br) {
@@ -185,12 +165,16 @@ func (r *Router) handleForward(ctx *fasthttp.RequestCtx, path string) {
 		aerr.write(ctx)
 		return
 	}
-	r.forwardSimple(ctx, t, path, id)
+	life := r.beginLife(ctx)
+	defer life.release()
+	r.forwardSimple(ctx, life, t, path, id)
 }
 
 // handleModels answers the union of the targets' /v1/models.
 func (r *Router) handleModels(ctx *fasthttp.RequestCtx) {
-	cctx, cancel := context.WithTimeout(r.reqCtx, 3*time.Second)
+	life := r.beginLife(ctx)
+	defer life.release()
+	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
 	defer cancel()
 	body := r.cat.union(cctx)
 	ctx.SetContentType("application/json")

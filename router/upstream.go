@@ -240,6 +240,11 @@ func (u *upstream) do(ctx context.Context, rq *upRequest) (*upResponse, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// A kept connection would take the request before the
+		// cancellation could reach it.
+		return nil, fmt.Errorf("%s %s: %w", rq.method, ep.addr, err)
+	}
 	for try := 0; ; try++ {
 		c, reused, err := u.get(ctx, ep)
 		if err != nil {
