@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -187,13 +186,15 @@ type SourceStatus struct {
 	haveHash  bool
 }
 
-// New validates cfg, parses the static endpoints and discovery specs, reads
+// New fills cfg's zero durations and counts from DefaultConfig, validates it
+// (Config.Validate), parses the static endpoints and discovery specs, reads
 // the endpoints file once, and returns a monitor whose snapshot already lists
 // those targets (down until probed). Run starts the background work.
 func New(cfg Config, deps Deps) (*Monitor, error) {
-	cfg, err := cfg.withDefaults()
+	cfg.fill()
+	static, dnsSpecs, err := cfg.check()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("health: %w", err)
 	}
 	m := &Monitor{
 		cfg:       cfg,
@@ -236,31 +237,7 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		kick:        make(chan struct{}, 1),
 	}
 
-	var errs []error
-	static := map[string]Spec{}
-	for _, s := range cfg.Endpoints {
-		spec, err := ParseSpec(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--endpoint: %w", err))
-			continue
-		}
-		if _, dup := static[spec.Endpoint]; dup {
-			errs = append(errs, fmt.Errorf("--endpoint: %s given twice", spec.Endpoint))
-			continue
-		}
-		static[spec.Endpoint] = spec
-	}
-	for _, s := range cfg.DiscoverDNS {
-		d, err := ParseDNSSpec(s)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.dnsSpecs = append(m.dnsSpecs, d)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("health: %w", err)
-	}
+	m.dnsSpecs = dnsSpecs
 	if m.met, err = newMetrics(m, deps.Registerer); err != nil {
 		return nil, fmt.Errorf("health: metrics: %w", err)
 	}

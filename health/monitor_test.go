@@ -18,10 +18,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{name: "bad endpoint", cfg: Config{Endpoints: []string{"10.0.0.1:8000"}}, wantErr: "missing scheme"},
 		{name: "duplicate endpoint", cfg: Config{Endpoints: []string{"http://a:1", "http://A:1/"}}, wantErr: "given twice"},
 		{name: "bad dns", cfg: Config{DiscoverDNS: []string{"vllm"}}, wantErr: "NAME:PORT"},
-		{name: "negative duration", cfg: Config{ProbeInterval: -time.Second}, wantErr: "negative"},
+		{name: "negative duration", cfg: Config{ProbeInterval: -time.Second}, wantErr: "--health-probe-interval must be positive"},
 		{name: "timeout above interval", cfg: Config{ProbeInterval: time.Second, ProbeTimeout: 2 * time.Second}, wantErr: "exceeds"},
 		{name: "stale bound below scrape interval", cfg: Config{ScrapeInterval: time.Second, ScrapeTimeout: time.Second, LoadStaleAfter: 500 * time.Millisecond}, wantErr: "shorter"},
-		{name: "negative threshold", cfg: Config{FailureThreshold: -1}, wantErr: "negative"},
+		{name: "negative threshold", cfg: Config{FailureThreshold: -1}, wantErr: "--health-failure-threshold must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,112 +18,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
-// Config is everything `prefixrouter serve` sets for the router. Zero values
-// take the defaults of DefaultConfig.
-type Config struct {
-	// Listen is the OpenAI API address (flag --listen); AdminListen serves
-	// /metrics and /debug (flag --admin-listen; empty disables it).
-	Listen      string
-	AdminListen string
-
-	Policy Policy
-	Cost   CostConfig
-
-	// HashAlgo, HashSeed/HasHashSeed and BlockSize describe the pods' prefix
-	// cache (--hash-algo, --hash-seed, --block-size). Without a seed the
-	// router keys blocks by their tokens (token-derived mode); block size and
-	// algorithm are learned from the pods when not given.
-	HashAlgo    string
-	HashSeed    string
-	HasHashSeed bool
-	BlockSize   int
-
-	// Tokenization is the mode for models that have no --tokenizer entry
-	// (and for entries that name no mode): local models without files are
-	// routed on load alone; remote and auto ask the pod.
-	Tokenization tokenize.Mode
-	// TokenizeTimeout bounds a remote tokenization before routing; past it
-	// the request is routed on load alone (flag --tokenize-timeout).
-	TokenizeTimeout time.Duration
-
-	// MaxBodyBytes bounds request bodies (413 beyond).
-	MaxBodyBytes int
-	// DebugHeaders adds X-Prefixrouter-* headers naming the chosen target.
-	DebugHeaders bool
-
-	// ConnectTimeout bounds dialing a target; FirstByteTimeout the wait for
-	// the first response byte (a non-streaming request's whole generation);
-	// IdleTimeout the silence between two chunks of a streamed response.
-	ConnectTimeout   time.Duration
-	FirstByteTimeout time.Duration
-	IdleTimeout      time.Duration
-	// MaxRetries is how many other targets a request may be retried on when
-	// its target failed before sending any byte.
-	MaxRetries int
-	// RetryAfter is the Retry-After sent with 503 when no target can take
-	// a request.
-	RetryAfter time.Duration
-	// MaxResponseBytes bounds a buffered (non-streaming) response.
-	MaxResponseBytes int64
-
-	// Health configures targets, probes, scraping and freshness.
-	Health health.Config
-}
-
-// DefaultConfig returns the defaults.
-func DefaultConfig() Config {
-	return Config{
-		Listen:           "127.0.0.1:8080",
-		AdminListen:      "127.0.0.1:9090",
-		Policy:           PolicyPrecise,
-		Cost:             DefaultCostConfig(),
-		Tokenization:     tokenize.ModeAuto,
-		TokenizeTimeout:  2 * time.Second,
-		MaxBodyBytes:     32 << 20,
-		ConnectTimeout:   3 * time.Second,
-		FirstByteTimeout: 10 * time.Minute,
-		IdleTimeout:      2 * time.Minute,
-		MaxRetries:       2,
-		RetryAfter:       time.Second,
-		MaxResponseBytes: 256 << 20,
-		Health:           health.DefaultConfig(),
-	}
-}
-
-func (c *Config) fill() {
-	d := DefaultConfig()
-	if c.Policy == 0 {
-		c.Policy = d.Policy
-	}
-	if c.Cost == (CostConfig{}) {
-		c.Cost = d.Cost
-	}
-	if c.TokenizeTimeout <= 0 {
-		c.TokenizeTimeout = d.TokenizeTimeout
-	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = d.MaxBodyBytes
-	}
-	if c.ConnectTimeout <= 0 {
-		c.ConnectTimeout = d.ConnectTimeout
-	}
-	if c.FirstByteTimeout <= 0 {
-		c.FirstByteTimeout = d.FirstByteTimeout
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = d.IdleTimeout
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0
-	}
-	if c.RetryAfter <= 0 {
-		c.RetryAfter = d.RetryAfter
-	}
-	if c.MaxResponseBytes <= 0 {
-		c.MaxResponseBytes = d.MaxResponseBytes
-	}
-}
-
 // Deps are the router's collaborators.
 type Deps struct {
 	// Registry receives every metric (router, kvindex, health, tokenize
@@ -167,9 +61,8 @@ type Router struct {
 
 // New builds a router; nothing runs and nothing is bound until Start.
 func New(cfg Config, deps Deps) (*Router, error) {
-	cfg.fill()
-	if _, ok := policyNames[cfg.Policy]; !ok {
-		return nil, fmt.Errorf("router: unknown policy %d", cfg.Policy)
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	log := deps.Logger
 	if log == nil {
