@@ -27,7 +27,7 @@
 //     prefix caching;
 //   - the per-target debug view served by the router's admin API, and the
 //     prefixrouter_health_* Prometheus metrics, labelled by
-//     kvindex.TargetID.String() like kvindex's own series.
+//     target.ID.String() like every other per-target series.
 //
 // health imports kvindex for its types only; it knows nothing of HTTP
 // routing, tokenization or the placement index.

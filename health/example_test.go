@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Example shows how the router wires the monitor: construction from flags,
@@ -20,7 +21,7 @@ func Example() {
 	cfg.Endpoints = []string{"http://127.0.0.1:8000?dp=2&model=llama"}
 
 	// The kvindex subscriber's status function (a stand-in here).
-	status := func(kvindex.TargetID) (kvindex.SubscriberStatus, bool) { return kvindex.SubscriberStatus{}, false }
+	status := func(target.ID) (kvindex.SubscriberStatus, bool) { return kvindex.SubscriberStatus{}, false }
 	m, err := health.New(cfg, health.Deps{
 		Registerer: prometheus.NewRegistry(),
 		Logger:     slog.Default(),

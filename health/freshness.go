@@ -18,7 +18,7 @@ import (
 // and the unconfirmed requests carried at least EventsMinUncachedTokens
 // uncached tokens. A pod that receives no routes awaits nothing and stays
 // fresh, however long it stays quiet.
-func (m *Monitor) judgeFreshness(t *target, now time.Time) {
+func (m *Monitor) judgeFreshness(t *rankState, now time.Time) {
 	l := t.live
 	var status kvindex.SubscriberStatus
 	ok := false

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // fakeClock is a manual clock.
@@ -113,8 +114,8 @@ func (p *fakePod) spec(opts string) string {
 	return p.srv.URL + "?" + opts
 }
 
-func (p *fakePod) id(rank int) kvindex.TargetID {
-	return kvindex.TargetID{Endpoint: p.srv.URL, Rank: rank}
+func (p *fakePod) id(rank int) target.ID {
+	return target.ID{Endpoint: p.srv.URL, Rank: rank}
 }
 
 // name is the target label of one rank: the same string kvindex uses.
@@ -148,21 +149,21 @@ func vllmExposition(engines map[int][3]float64, blockSize int, algo string) stri
 // fakeEvents is a settable EventStatusFunc.
 type fakeEvents struct {
 	mu sync.Mutex
-	st map[kvindex.TargetID]kvindex.SubscriberStatus
+	st map[target.ID]kvindex.SubscriberStatus
 }
 
 func newFakeEvents() *fakeEvents {
-	return &fakeEvents{st: map[kvindex.TargetID]kvindex.SubscriberStatus{}}
+	return &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}
 }
 
-func (f *fakeEvents) status(id kvindex.TargetID) (kvindex.SubscriberStatus, bool) {
+func (f *fakeEvents) status(id target.ID) (kvindex.SubscriberStatus, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.st[id]
 	return s, ok
 }
 
-func (f *fakeEvents) set(id kvindex.TargetID, fn func(*kvindex.SubscriberStatus)) {
+func (f *fakeEvents) set(id target.ID, fn func(*kvindex.SubscriberStatus)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.st[id]
@@ -234,7 +235,7 @@ func (e *testEnv) tick() {
 	e.m.evaluate()
 }
 
-func (e *testEnv) target(t *testing.T, id kvindex.TargetID) *Target {
+func (e *testEnv) target(t *testing.T, id target.ID) *Target {
 	t.Helper()
 	tg, ok := e.m.Snapshot().Target(id)
 	if !ok {

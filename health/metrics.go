@@ -103,7 +103,7 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	perState := map[State]int{StateRoutable: 0, StateDegraded: 0, StateDown: 0, StateDraining: 0}
 	for _, t := range snap.Targets {
-		n := t.Name // ID.String(): the label kvindex uses too
+		n := t.Name // ID.String(): the target label of every package
 		l := t.live
 		perState[t.State]++
 		g(mt.state, 1, n, string(t.State), string(t.Reason))

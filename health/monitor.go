@@ -17,11 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // EventStatusFunc reports the KV-event subscriber status of a target; ok is
 // false when no subscriber runs for it. kvindex's subscriber provides it.
-type EventStatusFunc func(kvindex.TargetID) (kvindex.SubscriberStatus, bool)
+type EventStatusFunc func(target.ID) (kvindex.SubscriberStatus, bool)
 
 // Resolver resolves discovery names to addresses; *net.Resolver is one.
 type Resolver interface {
@@ -82,7 +83,7 @@ type Change struct {
 type endpoint struct {
 	spec    Spec
 	source  string
-	targets []*target // sorted by rank; draining ranks may exceed spec.DP
+	targets []*rankState // sorted by rank; draining ranks may exceed spec.DP
 
 	probed       bool
 	up           bool
@@ -112,8 +113,8 @@ func (e *endpoint) active() bool {
 	return false
 }
 
-// target is the mutable state of one rank.
-type target struct {
+// rankState is the mutable state of one target (one rank of an endpoint).
+type rankState struct {
 	ts   TargetSpec
 	ep   *endpoint
 	live *live
@@ -284,7 +285,7 @@ func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
 
 // Dispatch is Snapshot().Target(id) followed by Target.Dispatch; an unknown
 // target yields a no-op Flight.
-func (m *Monitor) Dispatch(id kvindex.TargetID, promptTokens, uncachedTokens int) Flight {
+func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) Flight {
 	t, ok := m.Snapshot().Target(id)
 	if !ok {
 		return Flight{}
@@ -384,7 +385,7 @@ func (m *Monitor) reconcileLocked() []Change {
 			t := ep.rank(ts.ID.Rank)
 			switch {
 			case t == nil:
-				t = &target{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
+				t = &rankState{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
 				ep.targets = append(ep.targets, t)
 				changes = append(changes, Change{Kind: Added, Target: ts})
 			case t.draining:
@@ -419,7 +420,7 @@ func (m *Monitor) reconcileLocked() []Change {
 	return changes
 }
 
-func (e *endpoint) rank(r int) *target {
+func (e *endpoint) rank(r int) *rankState {
 	for _, t := range e.targets {
 		if t.ts.ID.Rank == r {
 			return t
@@ -526,11 +527,11 @@ func (m *Monitor) rebuildLocked() {
 	snap := &Snapshot{
 		Version: m.version,
 		Built:   now,
-		byID:    map[kvindex.TargetID]*Target{},
+		byID:    map[target.ID]*Target{},
 		byModel: map[string][]*Target{},
 	}
 	eps := m.sortedEndpointsLocked()
-	all := make([]*target, 0, len(eps))
+	all := make([]*rankState, 0, len(eps))
 	for _, ep := range eps {
 		all = append(all, ep.targets...)
 	}
@@ -589,7 +590,7 @@ func (m *Monitor) rebuildLocked() {
 // pod's own cache config, else the router's flag, else the size its model's
 // pods agree on; 0 when none is known (dispatch then assumes vLLM's
 // default).
-func (m *Monitor) blockSizeOf(t *target, models map[string]ModelConfig) int {
+func (m *Monitor) blockSizeOf(t *rankState, models map[string]ModelConfig) int {
 	if t.cache.Known && t.cache.BlockSize > 0 {
 		return t.cache.BlockSize
 	}
@@ -605,7 +606,7 @@ func (m *Monitor) blockSizeOf(t *target, models map[string]ModelConfig) int {
 }
 
 // models returns the models the target serves.
-func (t *target) models() []string {
+func (t *rankState) models() []string {
 	if len(t.ts.Models) > 0 {
 		return t.ts.Models
 	}
@@ -613,7 +614,7 @@ func (t *target) models() []string {
 }
 
 // stateOf decides a target's state, in order of severity.
-func (m *Monitor) stateOf(t *target) (State, Reason, string) {
+func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 	ep := t.ep
 	switch {
 	case t.draining:

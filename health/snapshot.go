@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // State says whether a target can take new work.
@@ -147,7 +147,7 @@ type ModelConfig struct {
 // Target is one target in a Snapshot. Its fields are immutable; Load and
 // the in-flight accounting read live atomics.
 type Target struct {
-	ID     kvindex.TargetID
+	ID     target.ID
 	Spec   TargetSpec
 	Name   string // ID.String(), the target label shared with kvindex
 	Source string // "flag", "file" or "dns"
@@ -232,12 +232,12 @@ type Snapshot struct {
 	// Models maps each served model to its cache configuration.
 	Models map[string]ModelConfig
 
-	byID    map[kvindex.TargetID]*Target
+	byID    map[target.ID]*Target
 	byModel map[string][]*Target
 }
 
 // Target returns the target with the given id.
-func (s *Snapshot) Target(id kvindex.TargetID) (*Target, bool) {
+func (s *Snapshot) Target(id target.ID) (*Target, bool) {
 	if s == nil {
 		return nil, false
 	}

@@ -168,7 +168,7 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 	r.pl.mu.Unlock()
 	for _, s := range r.pl.index.Stats() {
 		iv := indexView{
-			Target: health.TargetName(s.Target), Placements: s.Placements,
+			Target: s.Target.String(), Placements: s.Placements,
 			GPU: s.ByTier[kvindex.TierGPU], CPU: s.ByTier[kvindex.TierCPU], Storage: s.ByTier[kvindex.TierStorage],
 			Evicted: s.Evicted, UnknownRemovals: s.UnknownRemovals,
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // benchTokenizer is the real qwen3 tokenizer when `make testdata` fetched it
@@ -137,8 +138,8 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	r := startRouter(b, cfg, spec)
 	waitFor(b, "pods fresh", func() bool { return freshCount(r, "m") == len(pods) })
 	waitFor(b, "block keys", func() bool { return r.pl.keyer.Load() != nil })
-	var holder kvindex.TargetID
-	var others []kvindex.TargetID
+	var holder target.ID
+	var others []target.ID
 	for _, t := range r.mon.Snapshot().Targets {
 		if t.ID.Endpoint == pod.srv.URL {
 			holder = t.ID
@@ -312,18 +313,18 @@ func BenchmarkRouterThroughput(b *testing.B) {
 	r := startRouter(b, cfg, "m=bytes")
 	waitFor(b, "pod routable", func() bool { return routableCount(r, "m") == 1 })
 	body := []byte(`{"model":"m","prompt":"Say hello to the fleet operator in one short sentence.","max_tokens":8}`)
-	for _, target := range []struct{ name, url string }{
+	for _, tc := range []struct{ name, url string }{
 		{"direct", pod.srv.URL + "/v1/completions"},
 		{"routed", "http://" + r.Addr() + "/v1/completions"},
 	} {
-		b.Run(target.name, func(b *testing.B) {
+		b.Run(tc.name, func(b *testing.B) {
 			client := &fasthttp.Client{MaxConnsPerHost: 256}
 			var failed atomic.Int64
 			b.SetParallelism(8)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if err := doPost(client, target.url, body); err != nil {
+					if err := doPost(client, tc.url, body); err != nil {
 						failed.Add(1)
 					}
 				}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Policy is how the router picks a target among the routable candidates.
@@ -291,6 +292,6 @@ func matchInto(cands []Candidate, matches []kvindex.Match) {
 }
 
 // candidateOf is the index of the candidate for target id, or -1.
-func candidateOf(cands []Candidate, id kvindex.TargetID) int {
+func candidateOf(cands []Candidate, id target.ID) int {
 	return slices.IndexFunc(cands, func(c Candidate) bool { return c.Target.ID == id })
 }

@@ -9,11 +9,12 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 func cand(name string, confirmed int, verdict health.Verdict, l LoadView) Candidate {
 	return Candidate{
-		Target:          &health.Target{ID: kvindex.TargetID{Endpoint: name}},
+		Target:          &health.Target{ID: target.ID{Endpoint: name}},
 		Routable:        true,
 		ConfirmedBlocks: confirmed, Weighted: float64(confirmed),
 		Trust: confirmedTrust(verdict), Trusted: verdict == health.VerdictFresh,

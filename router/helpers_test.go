@@ -18,6 +18,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -236,17 +237,17 @@ func candidate(d DryRun, endpoint string) DryCandidate {
 // targetName is the name the router gives rank 0 of an endpoint (debug
 // headers, metric labels).
 func targetName(endpoint string) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: endpoint})
+	return target.ID{Endpoint: endpoint}.String()
 }
 
 // decisionName is the dry run's chosen target by name.
 func decisionName(d DryRun) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank})
+	return target.ID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank}.String()
 }
 
 func candidateByName(d DryRun, name string) DryCandidate {
 	for _, c := range d.Candidates {
-		if health.TargetName(kvindex.TargetID{Endpoint: c.Target, Rank: c.Rank}) == name {
+		if (target.ID{Endpoint: c.Target, Rank: c.Rank}).String() == name {
 			return c
 		}
 	}

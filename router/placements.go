@@ -11,6 +11,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // placements is the router's event plane: the confirmed index, the ingestor
@@ -38,8 +39,8 @@ type placements struct {
 	mu       sync.Mutex
 	ctx      context.Context // set by start
 	ingestor *kvindex.Ingestor
-	targets  map[kvindex.TargetID]health.TargetSpec
-	subs     map[kvindex.TargetID]*subscription
+	targets  map[target.ID]health.TargetSpec
+	subs     map[target.ID]*subscription
 }
 
 // keyerState is the fleet's key derivation, fixed once known.
@@ -65,8 +66,8 @@ func newPlacements(cfg *Config, metrics *kvindex.Metrics, log *slog.Logger) (*pl
 		hashSeed:  cfg.HashSeed,
 		exact:     cfg.HasHashSeed,
 		blockSize: cfg.BlockSize,
-		targets:   make(map[kvindex.TargetID]health.TargetSpec),
-		subs:      make(map[kvindex.TargetID]*subscription),
+		targets:   make(map[target.ID]health.TargetSpec),
+		subs:      make(map[target.ID]*subscription),
 	}
 	if cfg.HashAlgo != "" {
 		a, err := kvindex.ParseHashAlgo(cfg.HashAlgo)
@@ -184,7 +185,7 @@ func (p *placements) onChange(c health.Change) {
 	}
 }
 
-func (p *placements) startLocked(id kvindex.TargetID, spec health.TargetSpec) {
+func (p *placements) startLocked(id target.ID, spec health.TargetSpec) {
 	if _, ok := p.subs[id]; ok || spec.Events == "" {
 		return
 	}
@@ -213,7 +214,7 @@ func (p *placements) startLocked(id kvindex.TargetID, spec health.TargetSpec) {
 	}()
 }
 
-func (p *placements) stopLocked(id kvindex.TargetID) {
+func (p *placements) stopLocked(id target.ID) {
 	s, ok := p.subs[id]
 	if !ok {
 		return
@@ -237,7 +238,7 @@ func (p *placements) stop() {
 }
 
 // status is health's EventStatusFunc.
-func (p *placements) status(id kvindex.TargetID) (kvindex.SubscriberStatus, bool) {
+func (p *placements) status(id target.ID) (kvindex.SubscriberStatus, bool) {
 	p.mu.Lock()
 	s, ok := p.subs[id]
 	p.mu.Unlock()
@@ -276,7 +277,7 @@ func (p *placements) learn(ctx context.Context, mon *health.Monitor) {
 func (p *placements) watchCaps(ctx context.Context, mon *health.Monitor) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	caps := map[kvindex.TargetID]int{}
+	caps := map[target.ID]int{}
 	for {
 		select {
 		case <-ctx.Done():

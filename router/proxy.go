@@ -148,11 +148,11 @@ func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan,
 		}
 		if attempt >= r.cfg.MaxRetries || !r.rechoose(pl) {
 			r.met.requests.WithLabelValues(req.Model, r.cfg.Policy.String(), "upstream_error").Inc()
-			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request (last: "+health.TargetName(cd.Target.ID)+")").write(ctx)
+			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request (last: "+cd.Target.ID.String()+")").write(ctx)
 			return
 		}
-		r.met.retries.WithLabelValues(health.TargetName(cd.Target.ID)).Inc()
-		r.log.Info("retrying on another target", "request_id", id, "failed", health.TargetName(cd.Target.ID), "next", health.TargetName(pl.cands[pl.dec.idx].Target.ID))
+		r.met.retries.WithLabelValues(cd.Target.ID.String()).Inc()
+		r.log.Info("retrying on another target", "request_id", id, "failed", cd.Target.ID.String(), "next", pl.cands[pl.dec.idx].Target.ID.String())
 	}
 }
 
@@ -180,7 +180,7 @@ func (r *Router) answeredSettled(pl *routePlan, flight *health.Flight, predicted
 // only when nothing was written to the client.
 func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, cd *Candidate, body []byte, id string, start time.Time, attempt int) attemptResult {
 	t := cd.Target
-	tname := health.TargetName(t.ID)
+	tname := t.ID.String()
 	predicted := pl.predictedCached(cd)
 	flight := t.Dispatch(pl.tokens.count, pl.tokens.count-predicted)
 	if pl.settled {
@@ -451,13 +451,13 @@ func (r *Router) forwardSimple(ctx *fasthttp.RequestCtx, t *health.Target, path,
 	defer cancel()
 	resp, err := r.up.do(cctx, upstreamRequest(t, path, ctx.PostBody(), ctx, id))
 	if err != nil {
-		errUpstream(fasthttp.StatusBadGateway, "target "+health.TargetName(t.ID)+" failed: "+err.Error()).write(ctx)
+		errUpstream(fasthttp.StatusBadGateway, "target "+t.ID.String()+" failed: "+err.Error()).write(ctx)
 		return
 	}
 	defer resp.Body.Close()
 	b, err := readAllLimit(resp.Body, nil, r.cfg.MaxResponseBytes)
 	if err != nil {
-		errUpstream(fasthttp.StatusBadGateway, "target "+health.TargetName(t.ID)+" failed: "+err.Error()).write(ctx)
+		errUpstream(fasthttp.StatusBadGateway, "target "+t.ID.String()+" failed: "+err.Error()).write(ctx)
 		return
 	}
 	ctx.SetStatusCode(resp.StatusCode)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // routePlan is everything decided about a request before it is proxied:
@@ -213,7 +214,7 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 // looks the blocks up, fills the candidates' runs so far, and says so in
 // looked.
 func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) (done, looked bool) {
-	var hbuf [8]kvindex.TargetID
+	var hbuf [8]target.ID
 	holders := r.pl.index.Holders(reach, hbuf[:0])
 	routableHolders := 0
 	for i := range pl.cands {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestSettledTailCountsOnlyBlocksHeldBeforeDispatch: a plan that settled
@@ -21,18 +22,18 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// report stores the request's own blocks as the pod's events do.
-		report func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int)
+		report func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int)
 		// want is the final run given the holder's run before dispatch
 		// and the blocks the plan read.
 		want func(held, read int) int
 	}{
 		{"the pod reports the rest",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Store(holder, kvindex.TierGPU, keys[held:])
 			},
 			func(held, read int) int { return held }},
 		{"the pod restarted and reports the whole prompt",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Clear(holder)
 				ix.Store(holder, kvindex.TierGPU, keys)
 			},
@@ -47,7 +48,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			r := startRouter(t, cfg, "m=bytes")
 			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
 			waitFor(t, "block keys", func() bool { return r.pl.keyer.Load() != nil })
-			var holder, other kvindex.TargetID
+			var holder, other target.ID
 			for _, tg := range r.mon.Snapshot().Targets {
 				if tg.ID.Endpoint == a.srv.URL {
 					holder = tg.ID

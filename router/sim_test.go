@@ -277,8 +277,8 @@ func TestSimReadsUntilDecided(t *testing.T) {
 	}
 	system := strings.Repeat("Answer as a careful operator would. ", 20) // 700 bytes
 	base := "http://" + r.Addr()
-	promptTokens := func(target string) float64 {
-		return metricValue(t, r, `prefixrouter_prompt_tokens_total{model="sim-tiny",policy="precise",target="`+target+`"}`)
+	promptTokens := func(name string) float64 {
+		return metricValue(t, r, `prefixrouter_prompt_tokens_total{model="sim-tiny",policy="precise",target="`+name+`"}`)
 	}
 
 	fresh := chat(system, 8)
