@@ -60,24 +60,24 @@ type Config struct {
 	ScrapeTimeout  time.Duration
 	LoadStaleAfter time.Duration
 
-	// EventsStaleAfter: a target is stale when requests that filled new
-	// full KV blocks were answered (first byte seen), carried at least
-	// EventsMinUncachedTokens uncached prompt tokens between them, and no
-	// KV event has been received since the earliest of them was dispatched
-	// this long ago. Also how long batches lost for good (kvindex's
-	// Unrecovered) keep a target stale after the last loss.
-	// Flags --events-stale-after, --events-min-uncached-tokens.
+	// EvalInterval paces drain reaping and the rebuild of time-dependent
+	// states (load staleness, breaker cooldowns). Flag
+	// --health-eval-interval (which paces the event plane's freshness
+	// evaluation too).
+	EvalInterval time.Duration
+
+	// EventsStaleAfter, EventsMinUncachedTokens, EventsMaxQueueDepth and
+	// RoutingWindow are not health's: they configure the event plane
+	// (eventplane.Config StaleAfter, MinUncachedTokens, MaxQueueDepth,
+	// RoutingWindow; flags --events-stale-after,
+	// --events-min-uncached-tokens, --events-max-queue-depth,
+	// --health-routing-window), which validates them. They ride here
+	// because the router's configuration carries the serve command's
+	// health and event flags in one section; health ignores them.
 	EventsStaleAfter        time.Duration
 	EventsMinUncachedTokens int
-	// EventsMaxQueueDepth: a subscriber backlog deeper than this is stale.
-	// Flag --events-max-queue-depth.
-	EventsMaxQueueDepth int
-	// EvalInterval paces freshness evaluation and drain reaping.
-	// Flag --health-eval-interval.
-	EvalInterval time.Duration
-	// RoutingWindow is the window over which recent routing volume is
-	// reported. Flag --health-routing-window.
-	RoutingWindow time.Duration
+	EventsMaxQueueDepth     int
+	RoutingWindow           time.Duration
 
 	// DrainTimeout bounds how long a removed target with requests in flight
 	// stays in the snapshot (draining). Flag --drain-timeout.
@@ -90,28 +90,25 @@ type Config struct {
 	HashAlgo  string
 }
 
-// DefaultConfig returns the defaults.
+// DefaultConfig returns the defaults. The event plane's fields stay zero:
+// router.DefaultConfig fills them from eventplane.DefaultConfig.
 func DefaultConfig() Config {
 	return Config{
-		FilePollInterval:        5 * time.Second,
-		DNSInterval:             10 * time.Second,
-		ProbeInterval:           2 * time.Second,
-		ProbeTimeout:            1 * time.Second,
-		FailureThreshold:        3,
-		SuccessThreshold:        2,
-		ModelsInterval:          30 * time.Second,
-		BreakerFailures:         5,
-		BreakerCooldown:         5 * time.Second,
-		BreakerMaxCooldown:      2 * time.Minute,
-		ScrapeInterval:          500 * time.Millisecond,
-		ScrapeTimeout:           400 * time.Millisecond,
-		LoadStaleAfter:          3 * time.Second,
-		EventsStaleAfter:        10 * time.Second,
-		EventsMinUncachedTokens: 16,
-		EventsMaxQueueDepth:     1000,
-		EvalInterval:            500 * time.Millisecond,
-		RoutingWindow:           time.Minute,
-		DrainTimeout:            5 * time.Minute,
+		FilePollInterval:   5 * time.Second,
+		DNSInterval:        10 * time.Second,
+		ProbeInterval:      2 * time.Second,
+		ProbeTimeout:       1 * time.Second,
+		FailureThreshold:   3,
+		SuccessThreshold:   2,
+		ModelsInterval:     30 * time.Second,
+		BreakerFailures:    5,
+		BreakerCooldown:    5 * time.Second,
+		BreakerMaxCooldown: 2 * time.Minute,
+		ScrapeInterval:     500 * time.Millisecond,
+		ScrapeTimeout:      400 * time.Millisecond,
+		LoadStaleAfter:     3 * time.Second,
+		EvalInterval:       500 * time.Millisecond,
+		DrainTimeout:       5 * time.Minute,
 	}
 }
 
@@ -133,9 +130,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"metrics-scrape-interval", &c.ScrapeInterval, d.ScrapeInterval},
 		{"metrics-scrape-timeout", &c.ScrapeTimeout, d.ScrapeTimeout},
 		{"metrics-stale-after", &c.LoadStaleAfter, d.LoadStaleAfter},
-		{"events-stale-after", &c.EventsStaleAfter, d.EventsStaleAfter},
 		{"health-eval-interval", &c.EvalInterval, d.EvalInterval},
-		{"health-routing-window", &c.RoutingWindow, d.RoutingWindow},
 		{"drain-timeout", &c.DrainTimeout, d.DrainTimeout},
 	}
 	var errs []error
@@ -155,8 +150,6 @@ func (c Config) withDefaults() (Config, error) {
 		{"health-failure-threshold", &c.FailureThreshold, d.FailureThreshold},
 		{"health-success-threshold", &c.SuccessThreshold, d.SuccessThreshold},
 		{"breaker-failures", &c.BreakerFailures, d.BreakerFailures},
-		{"events-min-uncached-tokens", &c.EventsMinUncachedTokens, d.EventsMinUncachedTokens},
-		{"events-max-queue-depth", &c.EventsMaxQueueDepth, d.EventsMaxQueueDepth},
 	}
 	for _, f := range ints {
 		switch {

@@ -16,13 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// EventStatusFunc reports the KV-event subscriber status of a target; ok is
-// false when no subscriber runs for it. kvindex's subscriber provides it.
-type EventStatusFunc func(target.ID) (kvindex.SubscriberStatus, bool)
 
 // Resolver resolves discovery names to addresses; *net.Resolver is one.
 type Resolver interface {
@@ -42,8 +37,6 @@ type Deps struct {
 	Client *http.Client
 	// Resolver for --discover-dns; nil: net.DefaultResolver.
 	Resolver Resolver
-	// Events reports subscriber status; nil: every target is disconnected.
-	Events EventStatusFunc
 }
 
 // Sources of targets, in order of precedence when two name one endpoint.
@@ -125,15 +118,6 @@ type rankState struct {
 	load  Load
 	cache CacheConfig
 
-	fresh  Freshness
-	await  awaitLedger
-	routes []routeSample
-	// Unrecoverable loss: the subscriber's Unrecovered counter as last
-	// seen, when it last grew, and by how much since the window opened.
-	lastUnrecovered uint64
-	unrecoveredAt   time.Time
-	unrecoveredN    uint64
-
 	state          State
 	reason         Reason
 	detail         string
@@ -142,20 +126,14 @@ type rankState struct {
 	conflictModels []string
 }
 
-type routeSample struct {
-	at time.Time
-	n  uint64
-}
-
-// Monitor is the registry, prober, scraper and freshness judge. Create it
-// with New, start it with Run, read it with Snapshot.
+// Monitor is the registry, prober, scraper, circuit breaker and load
+// ledger. Create it with New, start it with Run, read it with Snapshot.
 type Monitor struct {
 	cfg      Config
 	log      *slog.Logger
 	now      func() time.Time
 	client   *http.Client
 	resolver Resolver
-	events   EventStatusFunc
 	sh       *shared
 	met      *metrics
 
@@ -202,7 +180,6 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		now:       deps.Now,
 		client:    deps.Client,
 		resolver:  deps.Resolver,
-		events:    deps.Events,
 		subs:      map[int]func(Change){},
 		sources:   map[string]map[string]Spec{},
 		srcStatus: map[string]*SourceStatus{},
@@ -468,8 +445,8 @@ func (m *Monitor) reapLocked(now time.Time) bool {
 	return changed
 }
 
-// Run starts discovery, probes, scrapes and freshness evaluation, and blocks
-// until ctx is done.
+// Run starts discovery, probes, scrapes and evaluation, and blocks until
+// ctx is done.
 func (m *Monitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loop := func(interval time.Duration, first bool, extra <-chan struct{}, step func(context.Context)) {
@@ -504,18 +481,12 @@ func (m *Monitor) Run(ctx context.Context) error {
 	return nil
 }
 
-// evaluate judges event freshness, reaps drained targets and rebuilds the
-// snapshot (states depend on time: staleness, breaker cooldowns).
+// evaluate reaps drained targets and rebuilds the snapshot (states depend
+// on time: load staleness, breaker cooldowns).
 func (m *Monitor) evaluate() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	m.reapLocked(now)
-	for _, ep := range m.endpoints {
-		for _, t := range ep.targets {
-			m.judgeFreshness(t, now)
-		}
-	}
+	m.reapLocked(m.now())
 	m.rebuildLocked()
 }
 
@@ -537,10 +508,6 @@ func (m *Monitor) rebuildLocked() {
 	}
 	snap.Models = m.checkCacheConfigs(all)
 	for _, t := range all {
-		t.live.blockSize.Store(int64(m.blockSizeOf(t, snap.Models)))
-		if t.fresh.Verdict == "" {
-			m.judgeFreshness(t, now)
-		}
 		t.load.Stale = t.load.At.IsZero() || now.Sub(t.load.At) > m.cfg.LoadStaleAfter
 		st, reason, detail := m.stateOf(t)
 		if st != t.state || reason != t.reason {
@@ -568,7 +535,6 @@ func (m *Monitor) rebuildLocked() {
 			Since:          t.since,
 			Models:         t.models(),
 			Scraped:        t.load,
-			Events:         t.fresh,
 			Cache:          t.cache,
 			ConfigConflict: t.conflict,
 			conflictModels: t.conflictModels,
@@ -584,25 +550,6 @@ func (m *Monitor) rebuildLocked() {
 		}
 	}
 	m.snap.Store(snap)
-}
-
-// blockSizeOf is the block size a target's requests are counted in: the
-// pod's own cache config, else the router's flag, else the size its model's
-// pods agree on; 0 when none is known (dispatch then assumes vLLM's
-// default).
-func (m *Monitor) blockSizeOf(t *rankState, models map[string]ModelConfig) int {
-	if t.cache.Known && t.cache.BlockSize > 0 {
-		return t.cache.BlockSize
-	}
-	if m.cfg.BlockSize > 0 {
-		return m.cfg.BlockSize
-	}
-	for _, mod := range t.models() {
-		if bs := models[mod].BlockSize; bs > 0 {
-			return bs
-		}
-	}
-	return 0
 }
 
 // models returns the models the target serves.

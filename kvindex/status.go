@@ -7,7 +7,7 @@ import (
 )
 
 // SubscriberStatus is a point-in-time view of one target's event stream,
-// read by health to judge freshness and by the admin API.
+// read by the event plane to judge freshness.
 type SubscriberStatus struct {
 	Target    target.ID
 	Connected bool      // SUB socket connected and receiving is possible

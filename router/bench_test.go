@@ -14,7 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -137,7 +137,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	spec := benchTokenizer(b)
 	r := startRouter(b, cfg, spec)
 	waitFor(b, "pods fresh", func() bool { return freshCount(r, "m") == len(pods) })
-	waitFor(b, "block keys", func() bool { return r.pl.keyer.Load() != nil })
+	waitFor(b, "block keys", func() bool { return r.ev.Keys() != nil })
 	var holder target.ID
 	var others []target.ID
 	for _, t := range r.mon.Snapshot().Targets {
@@ -158,7 +158,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		shared++
 	}
 	for _, id := range append(others, holder) {
-		r.pl.index.Store(id, kvindex.TierGPU, k1[:shared])
+		r.ev.Index().Store(id, kvindex.TierGPU, k1[:shared])
 	}
 
 	ids := func(i int) []byte {
@@ -218,7 +218,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 				var held, stored [][]kvindex.Key
 				forget := func() {
 					for _, keys := range stored {
-						r.pl.index.Remove(holder, kvindex.TierGPU, keys)
+						r.ev.Index().Remove(holder, kvindex.TierGPU, keys)
 					}
 					stored = stored[:0]
 				}
@@ -245,7 +245,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 						forget()
 						stored = append(stored, held[i%round:i%round+batch]...)
 						for _, keys := range stored {
-							r.pl.index.Store(holder, kvindex.TierGPU, keys)
+							r.ev.Index().Store(holder, kvindex.TierGPU, keys)
 						}
 					}
 					body := bodies[i%round]
@@ -272,7 +272,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 				}
 				forget()
 				for _, t := range r.mon.Snapshot().Targets {
-					if v := t.Events; v.Verdict != health.VerdictFresh {
+					if v := r.ev.Freshness(t.ID); v.Verdict != eventplane.VerdictFresh {
 						b.Fatalf("%s: event stream %s (%s): the case did not run against the index it claims", t.ID.Endpoint, v.Verdict, v.Detail)
 					}
 				}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
@@ -106,7 +107,7 @@ func routableCount(r *Router, model string) int {
 func freshCount(r *Router, model string) int {
 	n := 0
 	for _, t := range r.mon.Snapshot().ForModel(model) {
-		if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+		if t.CanRoute() && r.ev.Verdict(t.ID) == eventplane.VerdictFresh {
 			n++
 		}
 	}
@@ -275,7 +276,7 @@ func chatKeysAsPodsSee(t testing.TB, r *Router, spec string) func(body []byte) [
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys, err := r.pl.keyer.Load().keyer.Keys(nil, ids, kvindex.RequestExtras{})
+		keys, err := r.ev.Keys().Keyer.Keys(nil, ids, kvindex.RequestExtras{})
 		if err != nil {
 			t.Fatal(err)
 		}

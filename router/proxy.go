@@ -139,7 +139,7 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b
 // byte has reached the client.
 func (r *Router) dispatch(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, id string, start time.Time) {
 	body := ctx.PostBody()
-	pl.startFinishing(r.pl.index, &r.tails)
+	pl.startFinishing(r.ev.Index(), &r.tails)
 	for attempt := 0; ; attempt++ {
 		cd := &pl.cands[pl.dec.idx]
 		res := r.attempt(ctx, req, pl, cd, body, id, start, attempt)
@@ -183,6 +183,7 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 	tname := t.ID.String()
 	predicted := pl.predictedCached(cd)
 	flight := t.Dispatch(pl.tokens.count, pl.tokens.count-predicted)
+	expect := r.ev.Dispatch(t.ID)
 	if pl.settled {
 		pl.track(&flight)
 	} else {
@@ -242,6 +243,7 @@ func (r *Router) attempt(ctx *fasthttp.RequestCtx, req *Request, pl *routePlan, 
 		predicted = r.answeredSettled(pl, &flight, predicted)
 	}
 	flight.FirstByte()
+	expect.FirstByte(flight.Tokens())
 	ttft := time.Since(start)
 
 	ctx.SetStatusCode(resp.StatusCode)

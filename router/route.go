@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
@@ -72,8 +73,9 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 			// its decode peer, not from clients.
 			continue
 		}
-		c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: t.Events.Trusted(),
-			Trust: confirmedTrust(t.Events.Verdict), Load: loadOf(t)}
+		v := r.ev.Verdict(t.ID)
+		c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: v.Trusted(),
+			Trust: v.ConfirmedWeight(), Load: loadOf(t, v)}
 		if c.Routable {
 			routable++
 		}
@@ -83,7 +85,7 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		return nil, errNoTarget("no routable target for model "+req.Model, r.retryAfter())
 	}
 
-	ks := r.pl.keyer.Load()
+	ks := r.ev.Keys()
 	needIDs := r.cfg.Policy == PolicyPrecise
 	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
 	defer cancel()
@@ -99,7 +101,7 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 	}
 	pl.tokens = pt
 	if ks != nil {
-		pl.blockSize = ks.blockSize
+		pl.blockSize = ks.BlockSize
 	}
 	precise := r.cfg.Policy == PolicyPrecise
 	if ks != nil && (pt.ids != nil || (pt.stream != nil && precise)) {
@@ -109,10 +111,10 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		}
 		var kerr error
 		if pt.stream != nil {
-			pl.keyer, pl.extras = ks.keyer, extras
+			pl.keyer, pl.extras = ks.Keyer, extras
 			kerr = r.keyUntilDecided(pl)
 		} else {
-			kerr = ks.keyer.Extend(&pl.chain, pt.ids, extras)
+			kerr = ks.Keyer.Extend(&pl.chain, pt.ids, extras)
 		}
 		if kerr != nil {
 			return nil, errBadRequest("prompt", "cannot compute block keys: "+kerr.Error())
@@ -120,7 +122,7 @@ func (r *Router) plan(ctx context.Context, req *Request, dryRun bool) (*routePla
 		// A settled plan's last check already looked these keys up.
 		if keys := pl.chain.Keys; len(keys) > 0 && precise && !pl.settled {
 			var mbuf [16]kvindex.Match
-			matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], keys))
+			matchInto(pl.cands, r.ev.Index().Lookup(mbuf[:0], keys))
 		}
 	}
 	if r.ch.approx != nil {
@@ -172,13 +174,13 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 			return err
 		}
 		if n := len(pl.chain.Keys); n > before {
-			if !r.pl.index.Extend(&reach, pl.chain.Keys[before:]) {
+			if !r.ev.Index().Extend(&reach, pl.chain.Keys[before:]) {
 				break
 			}
 			if n >= checkFrom && !st.Done() {
 				done, looked := r.settled(pl, &reach, st.EstimateCount())
 				if done {
-					pl.settled, pl.asOf = true, r.pl.index.MarkStores()
+					pl.settled, pl.asOf = true, r.ev.Index().MarkStores()
 					break
 				}
 				if looked {
@@ -215,7 +217,7 @@ func (r *Router) keyUntilDecided(pl *routePlan) error {
 // looked.
 func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) (done, looked bool) {
 	var hbuf [8]target.ID
-	holders := r.pl.index.Holders(reach, hbuf[:0])
+	holders := r.ev.Index().Holders(reach, hbuf[:0])
 	routableHolders := 0
 	for i := range pl.cands {
 		c := &pl.cands[i]
@@ -227,7 +229,7 @@ func (r *Router) settled(pl *routePlan, reach *kvindex.Reach, count int) (done, 
 		return false, false
 	}
 	var mbuf [16]kvindex.Match
-	matchInto(pl.cands, r.pl.index.Lookup(mbuf[:0], pl.chain.Keys))
+	matchInto(pl.cands, r.ev.Index().Lookup(mbuf[:0], pl.chain.Keys))
 	dec := r.ch.choose(pl.cands, count, pl.blockSize, true)
 	if dec.idx < 0 {
 		return false, true
@@ -450,7 +452,7 @@ func (r *Router) rechoose(pl *routePlan) bool {
 		c := &pl.cands[i]
 		if !c.excluded {
 			c.Routable = c.Target.CanRoute()
-			c.Load = loadOf(c.Target)
+			c.Load = loadOf(c.Target, eventplane.Verdict(c.Load.Events))
 		}
 	}
 	pl.dec = r.ch.choose(pl.cands, pl.tokens.count, pl.blockSize, false)

@@ -47,7 +47,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 			r := startRouter(t, cfg, "m=bytes")
 			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
-			waitFor(t, "block keys", func() bool { return r.pl.keyer.Load() != nil })
+			waitFor(t, "block keys", func() bool { return r.ev.Keys() != nil })
 			var holder, other target.ID
 			for _, tg := range r.mon.Snapshot().Targets {
 				if tg.ID.Endpoint == a.srv.URL {
@@ -65,8 +65,8 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			keys := chatKeysAsPodsSee(t, r, "m=bytes")(body)
 			// Both pods hold the opening; A holds half the prompt.
 			held := len(keys) / 2
-			r.pl.index.Store(other, kvindex.TierGPU, keys[:8])
-			r.pl.index.Store(holder, kvindex.TierGPU, keys[:held])
+			r.ev.Index().Store(other, kvindex.TierGPU, keys[:8])
+			r.ev.Index().Store(holder, kvindex.TierGPU, keys[:held])
 
 			pl, aerr := r.plan(context.Background(), req, false)
 			if aerr != nil {
@@ -79,9 +79,9 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					pl.settled, winner.Target.ID, read, held)
 			}
 
-			tc.report(r.pl.index, holder, keys, held)
+			tc.report(r.ev.Index(), holder, keys, held)
 			var mbuf [4]kvindex.Match
-			for _, m := range r.pl.index.Lookup(mbuf[:0], keys) {
+			for _, m := range r.ev.Index().Lookup(mbuf[:0], keys) {
 				if m.Target == holder && m.Blocks != len(keys) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
@@ -106,7 +106,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			// compute.
 			waiting := dispatch()
 			var tails sync.WaitGroup
-			pl.startFinishing(r.pl.index, &tails)
+			pl.startFinishing(r.ev.Index(), &tails)
 			tails.Wait()
 			want := tc.want(held, read)
 			if got := pl.confirmedNow(pl.dec.idx); got != want {

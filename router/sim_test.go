@@ -75,7 +75,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			cfg.Health = fastHealth(eps...)
 			r := startRouter(t, cfg, mode.tok)
 			waitFor(t, "3 fresh pods", func() bool { return freshCount(r, mode.model) == 3 })
-			waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+			waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })
 
 			prefix := strings.Repeat("You are a meticulous assistant for a fleet operator. ", 30) // 1,590 bytes
@@ -236,7 +236,7 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 	cfg.Health = fastHealth(f.Endpoints()...)
 	r := startRouter(t, cfg, "sim-tiny=bytes")
 	waitFor(t, "a fresh pod", func() bool { return freshCount(r, "sim-tiny") == 1 })
-	waitFor(t, "block keys learned from the pod", func() bool { return r.pl.keyer.Load() != nil })
+	waitFor(t, "block keys learned from the pod", func() bool { return r.ev.Keys() != nil })
 	body := `{"model":"sim-tiny","max_tokens":1,"prompt":"` + strings.Repeat("a restart loses the whole cache. ", 20) + `"}`
 	if code, _, b := post(t, "http://"+r.Addr()+"/v1/completions", body); code != 200 {
 		t.Fatalf("warm-up: %d %s", code, b)
@@ -266,7 +266,7 @@ func TestSimReadsUntilDecided(t *testing.T) {
 	cfg.Health = fastHealth(f.Endpoints()...)
 	r := startRouter(t, cfg, "sim-tiny=bytes")
 	waitFor(t, "2 fresh pods", func() bool { return freshCount(r, "sim-tiny") == 2 })
-	waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+	waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 
 	chat := func(system string, turns int) string {
 		msgs := []string{fmt.Sprintf(`{"role":"system","content":%q}`, system)}

@@ -18,7 +18,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
-	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
@@ -211,7 +211,7 @@ func waitDemoReady(ctx context.Context, rt *router.Router, model string, pods in
 	for {
 		n := 0
 		for _, t := range rt.Monitor().Snapshot().ForModel(model) {
-			if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+			if t.CanRoute() && rt.EventPlane().Verdict(t.ID) == eventplane.VerdictFresh {
 				n++
 			}
 		}

@@ -19,7 +19,7 @@ import (
 
 func serveCommand() *cli.Command {
 	d := router.DefaultConfig()
-	h := health.DefaultConfig()
+	h := d.Health
 	str := func(name, usage, value string) cli.Flag {
 		return &cli.StringFlag{Name: name, Usage: usage, Value: value, Sources: envVar(name)}
 	}

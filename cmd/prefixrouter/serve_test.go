@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/urfave/cli/v3"
+
 	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/eventplane"
 )
 
 func TestServeUsageErrors(t *testing.T) {
@@ -32,6 +35,8 @@ func TestServeUsageErrors(t *testing.T) {
 		{"bad tokenizer path", []string{"--endpoint", "http://127.0.0.1:1", "--tokenizer", "m=/nonexistent/dir"}, "--tokenizer"},
 		{"bad duration", []string{"--endpoint", "http://127.0.0.1:1", "--idle-timeout", "soon"}, "idle-timeout"},
 		{"bad log level", []string{"--endpoint", "http://127.0.0.1:1", "--log-level", "loud"}, "--log-level"},
+		{"negative event staleness", []string{"--endpoint", "http://127.0.0.1:1", "--events-stale-after", "-1s"}, "--events-stale-after"},
+		{"negative routing window", []string{"--endpoint", "http://127.0.0.1:1", "--health-routing-window", "-1s"}, "--health-routing-window"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -188,5 +193,39 @@ func TestDemoCommand(t *testing.T) {
 		if !strings.Contains(l, " 0  ") { // failed column
 			t.Fatalf("demo row has failures: %q", l)
 		}
+	}
+}
+
+// TestServeEventFlagDefaults: the event flags default to the event plane's
+// own defaults, as the help shows them.
+func TestServeEventFlagDefaults(t *testing.T) {
+	d := eventplane.DefaultConfig()
+	want := map[string]any{
+		"events-stale-after":         d.StaleAfter,
+		"events-min-uncached-tokens": d.MinUncachedTokens,
+		"events-max-queue-depth":     d.MaxQueueDepth,
+		"health-eval-interval":       d.EvalInterval,
+		"health-routing-window":      d.RoutingWindow,
+	}
+	for _, f := range serveCommand().Flags {
+		name := f.Names()[0]
+		w, ok := want[name]
+		if !ok {
+			continue
+		}
+		delete(want, name)
+		var got any
+		switch f := f.(type) {
+		case *cli.DurationFlag:
+			got = f.Value
+		case *cli.IntFlag:
+			got = f.Value
+		}
+		if got != w {
+			t.Errorf("--%s defaults to %v, want %v", name, got, w)
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("flags missing: %v", want)
 	}
 }
