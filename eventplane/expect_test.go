@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestNewFullBlocks: only full blocks are hashed and announced, so the
@@ -169,5 +170,32 @@ func TestExpectationZeroAndRepeat(t *testing.T) {
 	}
 	if got := env.p.Freshness(podID(1)); got.Verdict != VerdictDisconnected || got.RoutedInWindow != 0 {
 		t.Fatalf("unknown target: %+v", got)
+	}
+}
+
+// BenchmarkRequestPath is what the event plane adds to one routed request:
+// the verdict of four candidates, the dispatch and the first byte (whose
+// expectation an evaluation drains every thousand requests, as the
+// plane's ticker would).
+func BenchmarkRequestPath(b *testing.B) {
+	env := newTestPlane(b, Config{})
+	ids := []target.ID{podID(0), podID(1), podID(2), podID(3)}
+	for _, id := range ids {
+		env.events.set(id, func(*kvindex.SubscriberStatus) {})
+		env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+	}
+	env.p.evaluate()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for _, id := range ids {
+			_ = env.p.Verdict(id).ConfirmedWeight()
+		}
+		e := env.p.Dispatch(ids[i%4])
+		e.FirstByte(4096, 1024)
+		if i%1000 == 999 {
+			b.StopTimer()
+			env.p.evaluate()
+			b.StartTimer()
+		}
 	}
 }
