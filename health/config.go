@@ -61,24 +61,10 @@ type Config struct {
 	ScrapeTimeout  time.Duration
 	LoadStaleAfter time.Duration
 
-	// EventsStaleAfter: a target is stale when requests that filled new
-	// full KV blocks were answered (first byte seen), carried at least
-	// EventsMinUncachedTokens uncached prompt tokens between them, and no
-	// KV event has been received since the earliest of them was dispatched
-	// this long ago. Also how long batches lost for good (kvindex's
-	// Unrecovered) keep a target stale after the last loss.
-	// Flags --events-stale-after, --events-min-uncached-tokens.
-	EventsStaleAfter        time.Duration
-	EventsMinUncachedTokens int
-	// EventsMaxQueueDepth: a subscriber backlog deeper than this is stale.
-	// Flag --events-max-queue-depth.
-	EventsMaxQueueDepth int
-	// EvalInterval paces freshness evaluation and drain reaping.
+	// EvalInterval paces drain reaping and the rebuild of time-dependent
+	// states (load staleness, breaker cooldowns).
 	// Flag --health-eval-interval.
 	EvalInterval time.Duration
-	// RoutingWindow is the window over which recent routing volume is
-	// reported. Flag --health-routing-window.
-	RoutingWindow time.Duration
 
 	// DrainTimeout bounds how long a removed target with requests in flight
 	// stays in the snapshot (draining). Flag --drain-timeout.
@@ -94,25 +80,21 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		FilePollInterval:        5 * time.Second,
-		DNSInterval:             10 * time.Second,
-		ProbeInterval:           2 * time.Second,
-		ProbeTimeout:            1 * time.Second,
-		FailureThreshold:        3,
-		SuccessThreshold:        2,
-		ModelsInterval:          30 * time.Second,
-		BreakerFailures:         5,
-		BreakerCooldown:         5 * time.Second,
-		BreakerMaxCooldown:      2 * time.Minute,
-		ScrapeInterval:          500 * time.Millisecond,
-		ScrapeTimeout:           400 * time.Millisecond,
-		LoadStaleAfter:          3 * time.Second,
-		EventsStaleAfter:        10 * time.Second,
-		EventsMinUncachedTokens: 16,
-		EventsMaxQueueDepth:     1000,
-		EvalInterval:            500 * time.Millisecond,
-		RoutingWindow:           time.Minute,
-		DrainTimeout:            5 * time.Minute,
+		FilePollInterval:   5 * time.Second,
+		DNSInterval:        10 * time.Second,
+		ProbeInterval:      2 * time.Second,
+		ProbeTimeout:       1 * time.Second,
+		FailureThreshold:   3,
+		SuccessThreshold:   2,
+		ModelsInterval:     30 * time.Second,
+		BreakerFailures:    5,
+		BreakerCooldown:    5 * time.Second,
+		BreakerMaxCooldown: 2 * time.Minute,
+		ScrapeInterval:     500 * time.Millisecond,
+		ScrapeTimeout:      400 * time.Millisecond,
+		LoadStaleAfter:     3 * time.Second,
+		EvalInterval:       500 * time.Millisecond,
+		DrainTimeout:       5 * time.Minute,
 	}
 }
 
@@ -158,9 +140,7 @@ func (c *Config) bounds() []durationField {
 		{"metrics-scrape-interval", &c.ScrapeInterval},
 		{"metrics-scrape-timeout", &c.ScrapeTimeout},
 		{"metrics-stale-after", &c.LoadStaleAfter},
-		{"events-stale-after", &c.EventsStaleAfter},
 		{"health-eval-interval", &c.EvalInterval},
-		{"health-routing-window", &c.RoutingWindow},
 		{"drain-timeout", &c.DrainTimeout},
 	}
 }
@@ -171,8 +151,6 @@ func (c *Config) positiveInts() []intField {
 		{"health-failure-threshold", &c.FailureThreshold},
 		{"health-success-threshold", &c.SuccessThreshold},
 		{"breaker-failures", &c.BreakerFailures},
-		{"events-min-uncached-tokens", &c.EventsMinUncachedTokens},
-		{"events-max-queue-depth", &c.EventsMaxQueueDepth},
 	}
 }
 

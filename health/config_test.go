@@ -19,7 +19,7 @@ func TestConfigValidate(t *testing.T) {
 			wantErr: []string{`--endpoint "10.0.0.1:8000": `, "missing scheme"}},
 		{name: "dns entry", edit: func(c *Config) { c.DiscoverDNS = []string{"vllm"} }, wantErr: []string{`--discover-dns "vllm"`}},
 		{name: "zero duration", edit: func(c *Config) { c.DrainTimeout = 0 }, wantErr: []string{"--drain-timeout must be positive, not 0s"}},
-		{name: "zero count", edit: func(c *Config) { c.EventsMaxQueueDepth = 0 }, wantErr: []string{"--events-max-queue-depth must be at least 1, not 0"}},
+		{name: "zero count", edit: func(c *Config) { c.BreakerFailures = 0 }, wantErr: []string{"--breaker-failures must be at least 1, not 0"}},
 		{name: "breaker cooldowns out of order", edit: func(c *Config) { c.BreakerCooldown, c.BreakerMaxCooldown = time.Minute, time.Second },
 			wantErr: []string{"--breaker-max-cooldown 1s is shorter than --breaker-cooldown 1m0s"}},
 		{name: "every problem at once", edit: func(c *Config) {

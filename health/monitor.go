@@ -15,12 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// EventStatusFunc reports the KV-event subscriber status of a target; ok is
-// false when no subscriber runs for it. kvindex's subscriber provides it.
-type EventStatusFunc func(kvindex.TargetID) (kvindex.SubscriberStatus, bool)
 
 // Resolver resolves discovery names to addresses; *net.Resolver is one.
 type Resolver interface {
@@ -40,8 +36,6 @@ type Deps struct {
 	Client *http.Client
 	// Resolver for --discover-dns; nil: net.DefaultResolver.
 	Resolver Resolver
-	// Events reports subscriber status; nil: every target is disconnected.
-	Events EventStatusFunc
 }
 
 // Sources of targets, in order of precedence when two name one endpoint.
@@ -81,7 +75,7 @@ type Change struct {
 type endpoint struct {
 	spec    Spec
 	source  string
-	targets []*target // sorted by rank; draining ranks may exceed spec.DP
+	targets []*rankState // sorted by rank; draining ranks may exceed spec.DP
 
 	probed       bool
 	up           bool
@@ -111,8 +105,8 @@ func (e *endpoint) active() bool {
 	return false
 }
 
-// target is the mutable state of one rank.
-type target struct {
+// rankState is the mutable state of one target (one rank of an endpoint).
+type rankState struct {
 	ts   TargetSpec
 	ep   *endpoint
 	live *live
@@ -123,15 +117,6 @@ type target struct {
 	load  Load
 	cache CacheConfig
 
-	fresh  Freshness
-	await  awaitLedger
-	routes []routeSample
-	// Unrecoverable loss: the subscriber's Unrecovered counter as last
-	// seen, when it last grew, and by how much since the window opened.
-	lastUnrecovered uint64
-	unrecoveredAt   time.Time
-	unrecoveredN    uint64
-
 	state          State
 	reason         Reason
 	detail         string
@@ -140,20 +125,14 @@ type target struct {
 	conflictModels []string
 }
 
-type routeSample struct {
-	at time.Time
-	n  uint64
-}
-
-// Monitor is the registry, prober, scraper and freshness judge. Create it
-// with New, start it with Run, read it with Snapshot.
+// Monitor is the registry, prober, scraper, circuit breaker and load
+// ledger. Create it with New, start it with Run, read it with Snapshot.
 type Monitor struct {
 	cfg      Config
 	log      *slog.Logger
 	now      func() time.Time
 	client   *http.Client
 	resolver Resolver
-	events   EventStatusFunc
 	sh       *shared
 	met      *metrics
 
@@ -202,7 +181,6 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		now:       deps.Now,
 		client:    deps.Client,
 		resolver:  deps.Resolver,
-		events:    deps.Events,
 		subs:      map[int]func(Change){},
 		sources:   map[string]map[string]Spec{},
 		srcStatus: map[string]*SourceStatus{},
@@ -261,7 +239,7 @@ func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
 
 // Dispatch is Snapshot().Target(id) followed by Target.Dispatch; an unknown
 // target yields a no-op Flight.
-func (m *Monitor) Dispatch(id kvindex.TargetID, promptTokens, uncachedTokens int) Flight {
+func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) Flight {
 	t, ok := m.Snapshot().Target(id)
 	if !ok {
 		return Flight{}
@@ -361,7 +339,7 @@ func (m *Monitor) reconcileLocked() []Change {
 			t := ep.rank(ts.ID.Rank)
 			switch {
 			case t == nil:
-				t = &target{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
+				t = &rankState{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
 				ep.targets = append(ep.targets, t)
 				changes = append(changes, Change{Kind: Added, Target: ts})
 			case t.draining:
@@ -396,7 +374,7 @@ func (m *Monitor) reconcileLocked() []Change {
 	return changes
 }
 
-func (e *endpoint) rank(r int) *target {
+func (e *endpoint) rank(r int) *rankState {
 	for _, t := range e.targets {
 		if t.ts.ID.Rank == r {
 			return t
@@ -444,8 +422,8 @@ func (m *Monitor) reapLocked(now time.Time) bool {
 	return changed
 }
 
-// Run starts discovery, probes, scrapes and freshness evaluation, and blocks
-// until ctx is done.
+// Run starts discovery, probes, scrapes and evaluation, and blocks until
+// ctx is done.
 func (m *Monitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loop := func(interval time.Duration, first bool, extra <-chan struct{}, step func(context.Context)) {
@@ -480,18 +458,12 @@ func (m *Monitor) Run(ctx context.Context) error {
 	return nil
 }
 
-// evaluate judges event freshness, reaps drained targets and rebuilds the
-// snapshot (states depend on time: staleness, breaker cooldowns).
+// evaluate reaps drained targets and rebuilds the snapshot (states depend
+// on time: load staleness, breaker cooldowns).
 func (m *Monitor) evaluate() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	m.reapLocked(now)
-	for _, ep := range m.endpoints {
-		for _, t := range ep.targets {
-			m.judgeFreshness(t, now)
-		}
-	}
+	m.reapLocked(m.now())
 	m.rebuildLocked()
 }
 
@@ -503,20 +475,16 @@ func (m *Monitor) rebuildLocked() {
 	snap := &Snapshot{
 		Version: m.version,
 		Built:   now,
-		byID:    map[kvindex.TargetID]*Target{},
+		byID:    map[target.ID]*Target{},
 		byModel: map[string][]*Target{},
 	}
 	eps := m.sortedEndpointsLocked()
-	all := make([]*target, 0, len(eps))
+	all := make([]*rankState, 0, len(eps))
 	for _, ep := range eps {
 		all = append(all, ep.targets...)
 	}
 	snap.Models = m.checkCacheConfigs(all)
 	for _, t := range all {
-		t.live.blockSize.Store(int64(m.blockSizeOf(t, snap.Models)))
-		if t.fresh.Verdict == "" {
-			m.judgeFreshness(t, now)
-		}
 		t.load.Stale = t.load.At.IsZero() || now.Sub(t.load.At) > m.cfg.LoadStaleAfter
 		st, reason, detail := m.stateOf(t)
 		if st != t.state || reason != t.reason {
@@ -544,7 +512,6 @@ func (m *Monitor) rebuildLocked() {
 			Since:          t.since,
 			Models:         t.models(),
 			Scraped:        t.load,
-			Events:         t.fresh,
 			Cache:          t.cache,
 			ConfigConflict: t.conflict,
 			conflictModels: t.conflictModels,
@@ -562,27 +529,8 @@ func (m *Monitor) rebuildLocked() {
 	m.snap.Store(snap)
 }
 
-// blockSizeOf is the block size a target's requests are counted in: the
-// pod's own cache config, else the router's flag, else the size its model's
-// pods agree on; 0 when none is known (dispatch then assumes vLLM's
-// default).
-func (m *Monitor) blockSizeOf(t *target, models map[string]ModelConfig) int {
-	if t.cache.Known && t.cache.BlockSize > 0 {
-		return t.cache.BlockSize
-	}
-	if m.cfg.BlockSize > 0 {
-		return m.cfg.BlockSize
-	}
-	for _, mod := range t.models() {
-		if bs := models[mod].BlockSize; bs > 0 {
-			return bs
-		}
-	}
-	return 0
-}
-
 // models returns the models the target serves.
-func (t *target) models() []string {
+func (t *rankState) models() []string {
 	if len(t.ts.Models) > 0 {
 		return t.ts.Models
 	}
@@ -590,7 +538,7 @@ func (t *target) models() []string {
 }
 
 // stateOf decides a target's state, in order of severity.
-func (m *Monitor) stateOf(t *target) (State, Reason, string) {
+func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 	ep := t.ep
 	switch {
 	case t.draining:

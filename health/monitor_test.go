@@ -158,17 +158,17 @@ func mustSpec(t *testing.T, s string) Spec {
 	return spec
 }
 
-// TestTargetLabelIsKVIndexID: every per-target series, the snapshot name
-// and the debug view use kvindex.TargetID.String() ("endpoint#rank", rank 0
+// TestTargetLabelIsIDString: every per-target series, the snapshot name
+// and the debug view use target.ID.String() ("endpoint#rank", rank 0
 // included), the label kvindex's subscriber puts on prefixrouter_kv_*, so
 // the two families join on target.
-func TestTargetLabelIsKVIndexID(t *testing.T) {
+func TestTargetLabelIsIDString(t *testing.T) {
 	pod := newFakePod(t, "m")
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("dp=2")}}, Deps{})
 	env.tick()
 	want := map[string]bool{pod.id(0).String(): true, pod.id(1).String(): true}
 	if !want[pod.srv.URL+"#0"] {
-		t.Fatalf("kvindex renders rank 0 as %q", pod.id(0).String())
+		t.Fatalf("target.ID renders rank 0 as %q", pod.id(0).String())
 	}
 	for _, tg := range env.m.Snapshot().Targets {
 		if tg.Name != tg.ID.String() {
@@ -177,7 +177,7 @@ func TestTargetLabelIsKVIndexID(t *testing.T) {
 	}
 	for _, tv := range env.m.Debug().Targets {
 		if !want[tv.Target] {
-			t.Errorf("debug view target %q is not a kvindex label", tv.Target)
+			t.Errorf("debug view target %q is not a target.ID label", tv.Target)
 		}
 	}
 	fams, err := env.reg.Gather()
@@ -189,7 +189,7 @@ func TestTargetLabelIsKVIndexID(t *testing.T) {
 		for _, m := range f.GetMetric() {
 			if v := label(m, "target"); v != "" {
 				if !want[v] {
-					t.Errorf("%s{target=%q} is not a kvindex label", f.GetName(), v)
+					t.Errorf("%s{target=%q} is not a target.ID label", f.GetName(), v)
 				}
 				seen[v] = true
 			}

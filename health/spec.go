@@ -11,7 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Role says which phase of a disaggregated fleet a target serves.
@@ -50,7 +50,7 @@ const maxSpecLen = 4096
 //	role    prefill, decode or both (default both)
 type Spec struct {
 	// Endpoint is the normalized base URL without query (scheme and host in
-	// lower case, no trailing slash). It is the Endpoint of every TargetID
+	// lower case, no trailing slash). It is the Endpoint of every target.ID
 	// the spec yields.
 	Endpoint string
 	// Events is rank 0's KV-event publisher address.
@@ -67,7 +67,7 @@ type Spec struct {
 
 // TargetSpec is one event source and routing destination: one rank of a Spec.
 type TargetSpec struct {
-	ID     kvindex.TargetID
+	ID     target.ID
 	Events string // this rank's publisher address
 	Replay string // this rank's replay address, empty when none
 	DP     int    // ranks of the endpoint, for the X-data-parallel-rank header
@@ -227,7 +227,7 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 			role = RoleBoth
 		}
 		out = append(out, TargetSpec{
-			ID:     kvindex.TargetID{Endpoint: s.Endpoint, Rank: r},
+			ID:     target.ID{Endpoint: s.Endpoint, Rank: r},
 			Events: ev,
 			Replay: rp,
 			DP:     dp,
@@ -237,14 +237,6 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 	}
 	return out, nil
 }
-
-// TargetName renders a TargetID as its label in metrics, logs and the debug
-// view. It is id.String() ("endpoint#rank", rank always present), the form
-// kvindex uses, so prefixrouter_kv_* and prefixrouter_health_* series join on
-// their target label.
-//
-// Deprecated: use id.String().
-func TargetName(id kvindex.TargetID) string { return id.String() }
 
 // eachOption calls fn for every option of a spec's query, in key order, after
 // rejecting repeated options (only model may repeat).

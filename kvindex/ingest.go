@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // KeyMode says how block keys relate to the hashes pods publish.
@@ -55,9 +56,9 @@ type IngestConfig struct {
 // the speculative layer uses it to confirm or invalidate predictions. Any
 // field may be nil.
 type Observer struct {
-	Stored  func(target TargetID, tier Tier, keys []Key)
-	Removed func(target TargetID, tier Tier, keys []Key)
-	Cleared func(target TargetID)
+	Stored  func(id target.ID, tier Tier, keys []Key)
+	Removed func(id target.ID, tier Tier, keys []Key)
+	Cleared func(id target.ID)
 }
 
 // Ingestor turns decoded event batches into index updates for each target,
@@ -69,7 +70,7 @@ type Ingestor struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	targets map[TargetID]*ingestState
+	targets map[target.ID]*ingestState
 }
 
 // ingestState is one target's translation state. Only that target's
@@ -139,10 +140,10 @@ func NewIngestor(ix *Index, cfg IngestConfig, obs Observer) (*Ingestor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[TargetID]*ingestState)}, nil
+	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[target.ID]*ingestState)}, nil
 }
 
-func (in *Ingestor) state(t TargetID) *ingestState {
+func (in *Ingestor) state(t target.ID) *ingestState {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	st, ok := in.targets[t]
@@ -156,7 +157,7 @@ func (in *Ingestor) state(t TargetID) *ingestState {
 
 // Reset forgets everything about a target's placements: the pod restarted
 // (its new process holds nothing the old one announced) or it was removed.
-func (in *Ingestor) Reset(t TargetID) {
+func (in *Ingestor) Reset(t target.ID) {
 	st := in.state(t)
 	st.mu.Lock()
 	st.engine.reset()
@@ -171,7 +172,7 @@ func (in *Ingestor) Reset(t TargetID) {
 }
 
 // Forget drops a removed target entirely, including its metric series.
-func (in *Ingestor) Forget(t TargetID) {
+func (in *Ingestor) Forget(t target.ID) {
 	in.Reset(t)
 	in.ix.RemoveTarget(t)
 	in.mu.Lock()
@@ -181,7 +182,7 @@ func (in *Ingestor) Forget(t TargetID) {
 }
 
 // HashHealth reports exact-mode verification counts for a target.
-func (in *Ingestor) HashHealth(t TargetID) (checks, mismatches uint64) {
+func (in *Ingestor) HashHealth(t target.ID) (checks, mismatches uint64) {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -189,7 +190,7 @@ func (in *Ingestor) HashHealth(t TargetID) (checks, mismatches uint64) {
 }
 
 // Apply applies one batch to the index, in event order.
-func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
+func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -272,7 +273,7 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 	}
 }
 
-func (in *Ingestor) updateIndexGauges(t TargetID, st *ingestState) {
+func (in *Ingestor) updateIndexGauges(t target.ID, st *ingestState) {
 	if st.metrics == nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // storedEvent builds the BlockStored event a vLLM pod publishes for blocks
@@ -200,9 +201,9 @@ func TestIngestObserverAndTiers(t *testing.T) {
 	var stored, removed []Key
 	cleared := 0
 	in, err := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{
-		Stored:  func(_ TargetID, tier Tier, k []Key) { stored = append(stored, k...) },
-		Removed: func(_ TargetID, tier Tier, k []Key) { removed = append(removed, k...) },
-		Cleared: func(TargetID) { cleared++ },
+		Stored:  func(_ target.ID, tier Tier, k []Key) { stored = append(stored, k...) },
+		Removed: func(_ target.ID, tier Tier, k []Key) { removed = append(removed, k...) },
+		Cleared: func(target.ID) { cleared++ },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -244,17 +245,17 @@ func BenchmarkIngestApply(b *testing.B) {
 			}
 		}
 	}
-	target := tid(1)
+	id := tid(1)
 	blockEvents := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		bt := &batches[i%len(batches)]
 		if i%len(batches) == 0 && i > 0 {
 			b.StopTimer()
-			ix.Clear(target)
+			ix.Clear(id)
 			b.StartTimer()
 		}
-		in.Apply(target, bt)
+		in.Apply(id, bt)
 		for _, e := range bt.Events {
 			blockEvents += len(e.BlockHashes)
 		}
@@ -341,7 +342,7 @@ func TestIngestOffloadedCopies(t *testing.T) {
 func TestIngestRankMismatchIsLoud(t *testing.T) {
 	var log bytes.Buffer
 	_, in, m, _ := newTestIngestor(t, ModeExact, nil, &log)
-	in.Apply(TargetID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
+	in.Apply(target.ID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
 	if v := testutil.ToFloat64(m.rankMismatches.WithLabelValues("pod#1")); v != 1 || !strings.Contains(log.String(), "wrong data-parallel rank") {
 		t.Fatalf("metric %v log %q", v, log.String())
 	}

@@ -1,24 +1,15 @@
 package kvindex
 
 import (
-	"strconv"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
-// TargetID names one event source: a pod endpoint and data-parallel rank.
-// It is the unit the index, the subscriber and health agree on.
-type TargetID struct {
-	// Endpoint is the pod's base URL as configured (for example
-	// http://10.0.0.7:8000); it is a label, never parsed here.
-	Endpoint string
-	// Rank is the data-parallel rank (0 when the pod is not data parallel).
-	Rank int
-}
-
 // SubscriberStatus is a point-in-time view of one target's event stream,
-// read by health to judge freshness and by the admin API.
+// read by the event plane to judge freshness.
 type SubscriberStatus struct {
-	Target    TargetID
+	Target    target.ID
 	Connected bool      // SUB socket connected and receiving is possible
 	Replaying bool      // a replay request is in flight
 	LastEvent time.Time // wall time the last batch was received (zero: never)
@@ -40,7 +31,3 @@ type SubscriberStatus struct {
 	// QueueDepth is the number of received batches not yet applied.
 	QueueDepth int
 }
-
-// String renders the target as "endpoint#rank", the form used in metric
-// labels and logs.
-func (t TargetID) String() string { return t.Endpoint + "#" + strconv.Itoa(t.Rank) }

@@ -14,11 +14,12 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // SubscriberConfig describes one target's event stream.
 type SubscriberConfig struct {
-	Target TargetID
+	Target target.ID
 	// Endpoint is the pod's PUB socket, e.g. tcp://10.0.0.7:5557.
 	Endpoint string
 	// Replay is the pod's ROUTER replay socket; empty disables replay (gaps

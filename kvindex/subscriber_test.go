@@ -13,6 +13,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // goldenPayloads returns the msgpack payloads of testdata/vllm/kv_events.json
@@ -104,18 +105,18 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{})
-	target := TargetID{Endpoint: "http://10.0.0.7:8000"}
+	id := target.ID{Endpoint: "http://10.0.0.7:8000"}
 	var mu sync.Mutex
 	var seen []uint64
 	sub, err := NewSubscriber(SubscriberConfig{
-		Target: target, Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Topic: "kv@",
+		Target: id, Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Topic: "kv@",
 		Handle: func(seq uint64, b *events.Batch, replayed bool) {
-			in.Apply(target, b)
+			in.Apply(id, b)
 			mu.Lock()
 			seen = append(seen, seq)
 			mu.Unlock()
 		},
-		Restarted: func() { in.Reset(target) },
+		Restarted: func() { in.Reset(id) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +191,7 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	if m := ix.Lookup(nil, loraKeys); len(m) != 1 || m[0].Blocks != 1 {
 		t.Fatalf("new process's block missing: %+v", m)
 	}
-	if checks, mm := in.HashHealth(target); mm != 0 || checks == 0 {
+	if checks, mm := in.HashHealth(id); mm != 0 || checks == 0 {
 		t.Fatalf("golden events failed verification: checks %d mismatches %d", checks, mm)
 	}
 	if st := sub.Status(); !st.Connected || st.DecodeErrors != 0 {
@@ -319,11 +320,11 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 	endpoint, replayEndpoint := first.Endpoint(), first.ReplayEndpoint()
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact}, Observer{})
-	target := TargetID{Endpoint: "pod"}
-	sub, _ := NewSubscriber(SubscriberConfig{Target: target, Endpoint: endpoint, Replay: replayEndpoint,
+	id := target.ID{Endpoint: "pod"}
+	sub, _ := NewSubscriber(SubscriberConfig{Target: id, Endpoint: endpoint, Replay: replayEndpoint,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
-		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(target, b) },
-		Restarted: func() { in.Reset(target) },
+		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
+		Restarted: func() { in.Reset(id) },
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -337,7 +338,7 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 		}
 	}
 	store(first, 42, true)
-	waitFor(t, "block 42 indexed", func() bool { return ix.Has(target, 42) })
+	waitFor(t, "block 42 indexed", func() bool { return ix.Has(id, 42) })
 	// The same process keeps its sockets; model the blip by swapping in a
 	// publisher that shares the sequence: close and rebind, then publish
 	// the batches the pod sent while the link was down.
@@ -350,8 +351,8 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 		_, _ = second.PublishRaw(emptyBatch(t), false)
 	}
 	store(second, 43, false) // published while disconnected
-	waitFor(t, "missed batch replayed after reconnect", func() bool { return ix.Has(target, 43) })
-	if !ix.Has(target, 42) {
+	waitFor(t, "missed batch replayed after reconnect", func() bool { return ix.Has(id, 43) })
+	if !ix.Has(id, 42) {
 		t.Fatal("a network blip wiped the index")
 	}
 	if st := sub.Status(); st.Restarts != 0 || st.Reconnects < 1 {

@@ -8,8 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // The admin listener serves operators, not clients: /metrics, the target
@@ -38,7 +39,7 @@ type DryRun struct {
 	Blocks       int    `json:"blocks"`
 	// LookedUpBlocks is how many of the prompt's blocks the decision looked
 	// up: the router stops at the first block no target holds, or once no
-	// other target can catch up with the cheapest (keyUntilDecided).
+	// other target can catch up with the cheapest (readUntilDecided).
 	LookedUpBlocks int            `json:"looked_up_blocks"`
 	Decision       DryRunDecision `json:"decision"`
 	Candidates     []DryCandidate `json:"candidates"`
@@ -107,7 +108,7 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	tail := startTail(d, r.pl.index, &r.tails)
+	tail := startTail(d, r.ev.Index(), &r.tails)
 	tail.wait()
 	writeJSON(w, http.StatusOK, dryRunOf(d, tail))
 }
@@ -131,52 +132,40 @@ func dryRunOf(d *decision, tail *promptTail) DryRun {
 	return out
 }
 
-// targetsView is GET /debug/targets: health's view of every target plus the
-// router's index and key configuration.
+// targetsView is GET /debug/targets: health's view of every target with
+// each target's event stream from the event plane, plus the plane's block
+// keys and index.
 type targetsView struct {
-	Policy string           `json:"policy"`
-	Keys   keysView         `json:"block_keys"`
-	Health health.DebugView `json:"health"`
-	Index  []indexView      `json:"index"`
+	Policy string                 `json:"policy"`
+	Keys   eventplane.KeysView    `json:"block_keys"`
+	Health debugHealth            `json:"health"`
+	Index  []eventplane.IndexView `json:"index"`
 }
 
-type keysView struct {
-	Configured bool   `json:"configured"`
-	Mode       string `json:"mode,omitempty"`
-	BlockSize  int    `json:"block_size,omitempty"`
-	Algo       string `json:"algo,omitempty"`
+// debugHealth is health's debug view with every target's "event_stream"
+// added: the JSON shape it had when health judged freshness (field order
+// aside).
+type debugHealth struct {
+	health.DebugView
+	Targets []debugTarget `json:"targets"`
 }
 
-type indexView struct {
-	Target          string `json:"target"`
-	Placements      int    `json:"placements"`
-	GPU             int    `json:"gpu"`
-	CPU             int    `json:"cpu"`
-	Storage         int    `json:"storage"`
-	Evicted         uint64 `json:"evicted"`
-	UnknownRemovals uint64 `json:"unknown_removals"`
-	HashChecks      uint64 `json:"hash_checks"`
-	HashMismatches  uint64 `json:"hash_mismatches"`
+type debugTarget struct {
+	health.TargetView
+	EventStream eventplane.StreamView `json:"event_stream"`
 }
 
 func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
-	v := targetsView{Policy: r.cfg.Policy.String(), Health: r.mon.Debug()}
-	if ks := r.pl.keyer.Load(); ks != nil {
-		v.Keys = keysView{Configured: true, Mode: ks.mode.String(), BlockSize: ks.blockSize, Algo: ks.algo}
+	hv := r.mon.Debug()
+	v := targetsView{
+		Policy: r.cfg.Policy.String(),
+		Keys:   r.ev.KeysView(),
+		Health: debugHealth{DebugView: hv},
+		Index:  r.ev.IndexView(),
 	}
-	r.pl.mu.Lock()
-	in := r.pl.ingestor
-	r.pl.mu.Unlock()
-	for _, s := range r.pl.index.Stats() {
-		iv := indexView{
-			Target: health.TargetName(s.Target), Placements: s.Placements,
-			GPU: s.ByTier[kvindex.TierGPU], CPU: s.ByTier[kvindex.TierCPU], Storage: s.ByTier[kvindex.TierStorage],
-			Evicted: s.Evicted, UnknownRemovals: s.UnknownRemovals,
-		}
-		if in != nil {
-			iv.HashChecks, iv.HashMismatches = in.HashHealth(s.Target)
-		}
-		v.Index = append(v.Index, iv)
+	for _, tv := range hv.Targets {
+		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
+		v.Health.Targets = append(v.Health.Targets, debugTarget{TargetView: tv, EventStream: r.ev.StreamView(id)})
 	}
 	writeJSON(w, http.StatusOK, v)
 }

@@ -13,18 +13,23 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 )
 
 // exchange is one client request on the routed path: what the attempts
-// on its targets share.
+// on its targets share. The fasthttp.RequestCtx and the parsed Request
+// are recycled when the handler returns, so a streamed response's relay,
+// which outlives it, reads only the copies here and never in.
 type exchange struct {
-	in    *fasthttp.RequestCtx
-	life  *clientLife
-	req   *Request
-	id    string
-	start time.Time
-	tail  *promptTail
+	in     *fasthttp.RequestCtx // the handler's: not after it returns
+	life   *clientLife
+	model  string
+	path   string // the upstream path
+	stream bool   // the client asked for a stream
+	id     string
+	start  time.Time
+	tail   *promptTail
 }
 
 // attemptResult is how one attempt on one target ended.
@@ -47,7 +52,7 @@ func (r *Router) dispatch(x *exchange, d *decision) {
 		next, ok := r.dec.without(d)
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no target could answer the request", "last", failed, "attempts", n+1)
-			r.met.requests.WithLabelValues(x.req.Model, r.cfg.Policy.String(), "upstream_error").Inc()
+			r.met.requests.WithLabelValues(x.model, r.cfg.Policy.String(), "upstream_error").Inc()
 			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request").write(x.in)
 			return
 		}
@@ -71,6 +76,7 @@ type attempt struct {
 	name string
 
 	flight  health.Flight
+	expect  eventplane.Expectation
 	call    *call
 	resp    *upResponse
 	bufp    *[]byte
@@ -96,11 +102,12 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	v := d.view(x.tail, d.chosen)
 	a.predicted = v.predicted
 	a.flight = c.Target.Dispatch(v.prompt.count, v.prompt.count-v.predicted)
+	a.expect = r.ev.Dispatch(c.Target.ID)
 	x.tail.hold(&a.flight, d.chosen)
 	if r.ch.approx != nil && len(d.approxChunks) > 0 {
 		r.ch.approx.record(c.Target.ID, d.approxChunks)
 	}
-	r.met.routed.WithLabelValues(a.name, x.req.Model, r.cfg.Policy.String()).Inc()
+	r.met.routed.WithLabelValues(a.name, x.model, r.cfg.Policy.String()).Inc()
 	a.decided = time.Since(x.start)
 	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(a.decided.Seconds())
 	a.call = newCall(x.life.ctx)
@@ -113,7 +120,7 @@ func (a *attempt) run() attemptResult {
 	defer a.endUnlessHandedOff()
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
-	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.req.Endpoint.Path(), x.in.PostBody(), x.in, x.id))
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.in.PostBody(), x.in, x.id))
 	if err != nil {
 		return a.failedBeforeByte(err)
 	}
@@ -195,6 +202,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
 	v := r.atFirstByte(a.d, x.tail, &a.flight)
+	a.expect.FirstByte(a.flight.Tokens())
 	if v.final {
 		a.predicted = v.predicted
 	}
@@ -249,7 +257,7 @@ func (r *Router) atFirstByte(d *decision, tail *promptTail, f *health.Flight) pr
 // streamed reports whether the answer is relayed chunk by chunk.
 func (a *attempt) streamed() bool {
 	return bytes.HasPrefix(a.resp.Header.ContentType(), []byte("text/event-stream")) ||
-		(a.resp.streamed() && a.x.req.Stream)
+		(a.resp.streamed() && a.x.stream)
 }
 
 // relayBuffered reads a small, complete JSON answer whole, parses its

@@ -7,8 +7,10 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Policy is how the router picks a target among the routable candidates.
@@ -104,8 +106,9 @@ type Candidate struct {
 	// SpeculativeBlocks extends the run with predicted placements (the seam
 	// for the speculative policy; zero for now).
 	SpeculativeBlocks int
-	// Trust weights the confirmed run by the health of the target's event
-	// stream (see confirmedTrust); Trusted says predictions may count.
+	// Trust weights the confirmed run by the verdict on the target's event
+	// stream (eventplane.Verdict.ConfirmedWeight); Trusted says predictions
+	// may count (Verdict.Trusted).
 	Trust   float64
 	Trusted bool
 	// ApproxChunks is the approximate policy's matched prefix chunks.
@@ -146,12 +149,14 @@ func (c *chooser) observeUncached(n int) {
 	c.meanUncached.Store(math.Float64bits(old*0.95 + float64(n)*0.05))
 }
 
-func loadOf(t *health.Target) LoadView {
+// loadOf is t's load as health knows it, with its event stream's verdict
+// as the event plane judges it.
+func loadOf(t *health.Target, v eventplane.Verdict) LoadView {
 	b := t.Busy()
 	return LoadView{
 		InFlight: b.InFlight, Prefilling: b.Prefilling, QueuedUncachedTokens: b.QueuedUncachedTokens,
 		Running: b.Running, Waiting: b.Waiting, KVUsage: b.KVUsage, Stale: b.Stale,
-		Events: string(t.Events.Verdict),
+		Events: string(v),
 	}
 }
 
@@ -177,22 +182,6 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 		cost += c.cost.KVPressure * float64(promptTokens) * (l.KVUsage - c.cost.KVThreshold) / (1 - c.cost.KVThreshold)
 	}
 	return cost
-}
-
-// confirmedTrust weights a target's confirmed run by its event stream's
-// verdict. A fresh or replaying stream (replay only adds what was missed)
-// counts fully; a stale one may have missed stores and removals alike, so its
-// run counts half; a disconnected one counts nothing: the pod may have
-// restarted and lost everything without the router hearing of it.
-// Predictions (speculative) are stricter: only a fresh stream confirms them.
-func confirmedTrust(v health.Verdict) float64 {
-	switch v {
-	case health.VerdictFresh, health.VerdictReplaying:
-		return 1
-	case health.VerdictStale:
-		return 0.5
-	}
-	return 0
 }
 
 // leastLoadCost counts requests: the router's own in flight, or the pod's
@@ -291,6 +280,6 @@ func matchInto(cands []Candidate, matches []kvindex.Match) {
 }
 
 // candidateOf is the index of the candidate for target id, or -1.
-func candidateOf(cands []Candidate, id kvindex.TargetID) int {
+func candidateOf(cands []Candidate, id target.ID) int {
 	return slices.IndexFunc(cands, func(c Candidate) bool { return c.Target.ID == id })
 }

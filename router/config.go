@@ -7,8 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -31,17 +31,6 @@ type Config struct {
 	// terms (--decode-weight, --kv-threshold, --kv-pressure).
 	Policy Policy
 	Cost   CostConfig
-
-	// HashAlgo, HashSeed and BlockSize describe the pods' prefix cache
-	// (--hash-algo, --hash-seed, --block-size). HasHashSeed says HashSeed was
-	// given: an empty PYTHONHASHSEED is a seed to vLLM, so the empty string
-	// cannot stand for "none". Without a seed the router keys blocks by their
-	// tokens (token-derived mode). An empty HashAlgo and a zero BlockSize are
-	// learned from the pods.
-	HashAlgo    string
-	HashSeed    string
-	HasHashSeed bool
-	BlockSize   int
 
 	// Tokenization is the mode for models that have no --tokenizer entry
 	// (and for entries that name no mode) (--tokenization): local models
@@ -78,8 +67,12 @@ type Config struct {
 	// (--shutdown-timeout). Shutdown itself takes its bound as a context.
 	ShutdownTimeout time.Duration
 
-	// Health configures targets, probes, scraping and freshness.
+	// Health configures targets, probes, scraping, the breaker and drain.
 	Health health.Config
+	// Events configures the event plane: the pods' block keys (--hash-algo,
+	// --hash-seed, --block-size) and how the targets' KV-event streams are
+	// judged (--events-*).
+	Events eventplane.Config
 }
 
 // DefaultConfig returns the defaults, which are also the serve command's.
@@ -100,11 +93,12 @@ func DefaultConfig() Config {
 		MaxResponseBytes: 256 << 20,
 		ShutdownTimeout:  30 * time.Second,
 		Health:           health.DefaultConfig(),
+		Events:           eventplane.DefaultConfig(),
 	}
 }
 
 // Validate reports every problem in c at once (joined), each naming the
-// serve flag that sets the field, and checks c.Health too. It changes
+// serve flag that sets the field, and checks c.Health and c.Events too. It changes
 // nothing.
 func (c Config) Validate() error {
 	var errs []error
@@ -131,17 +125,6 @@ func (c Config) Validate() error {
 		bad("--kv-pressure %v must be a finite number, not negative", c.Cost.KVPressure)
 	}
 
-	if c.HashAlgo != "" {
-		if _, err := kvindex.ParseHashAlgo(c.HashAlgo); err != nil {
-			bad("--hash-algo: %v", err)
-		}
-	}
-	if c.HashSeed != "" && !c.HasHashSeed {
-		bad("--hash-seed %q is set but HasHashSeed is false (set both, or neither for token-derived keys)", c.HashSeed)
-	}
-	if c.BlockSize < 0 || c.BlockSize > kvindex.MaxBlockSize {
-		bad("--block-size %d: want 1..%d, or 0 to learn it from the pods", c.BlockSize, kvindex.MaxBlockSize)
-	}
 	switch c.Tokenization {
 	case tokenize.ModeLocal, tokenize.ModeRemote, tokenize.ModeAuto:
 	default:
@@ -177,6 +160,9 @@ func (c Config) Validate() error {
 	}
 
 	if err := c.Health.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Events.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if h := c.Health; len(h.Endpoints) == 0 && h.EndpointsFile == "" && len(h.DiscoverDNS) == 0 {

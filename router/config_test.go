@@ -15,10 +15,10 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{name: "defaults with a target", edit: func(*Config) {}},
 		{name: "meaningful zeros", edit: func(c *Config) {
-			c.AdminListen, c.MaxRetries, c.BlockSize, c.ShutdownTimeout = "", 0, 0, 0
+			c.AdminListen, c.MaxRetries, c.Events.BlockSize, c.ShutdownTimeout = "", 0, 0, 0
 			c.Cost = CostConfig{}
 		}},
-		{name: "empty seed given", edit: func(c *Config) { c.HashSeed, c.HasHashSeed = "", true }},
+		{name: "empty seed given", edit: func(c *Config) { c.Events.HashSeed, c.Events.HasHashSeed = "", true }},
 		{name: "targets from a file only", edit: func(c *Config) { c.Health.Endpoints, c.Health.EndpointsFile = nil, "endpoints.yaml" }},
 		{name: "no targets", edit: func(c *Config) { c.Health.Endpoints = nil },
 			wantErr: []string{"no targets: give --endpoint, --endpoints-file or --discover-dns"}},
@@ -31,9 +31,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "kv threshold NaN", edit: func(c *Config) { c.Cost.KVThreshold = math.NaN() }, wantErr: []string{"--kv-threshold"}},
 		{name: "decode weight", edit: func(c *Config) { c.Cost.DecodeWeight = -1 }, wantErr: []string{"--decode-weight"}},
 		{name: "kv pressure", edit: func(c *Config) { c.Cost.KVPressure = math.Inf(1) }, wantErr: []string{"--kv-pressure"}},
-		{name: "hash algo", edit: func(c *Config) { c.HashAlgo = "md5" }, wantErr: []string{"--hash-algo"}},
-		{name: "seed without its flag", edit: func(c *Config) { c.HashSeed = "0" }, wantErr: []string{`--hash-seed "0" is set but HasHashSeed is false`}},
-		{name: "block size", edit: func(c *Config) { c.BlockSize = -16 }, wantErr: []string{"--block-size -16: want 1..", "or 0 to learn it"}},
+		{name: "hash algo", edit: func(c *Config) { c.Events.HashAlgo = "md5" }, wantErr: []string{"--hash-algo"}},
+		{name: "seed without its flag", edit: func(c *Config) { c.Events.HashSeed = "0" }, wantErr: []string{`--hash-seed "0" is set but HasHashSeed is false`}},
+		{name: "block size", edit: func(c *Config) { c.Events.BlockSize = -16 }, wantErr: []string{"--block-size -16: want 1..", "or 0 to learn it"}},
 		{name: "tokenization", edit: func(c *Config) { c.Tokenization = 9 }, wantErr: []string{"--tokenization: unknown mode 9"}},
 		{name: "zero timeout", edit: func(c *Config) { c.IdleTimeout = 0 }, wantErr: []string{"--idle-timeout must be positive, not 0s"}},
 		{name: "negative shutdown timeout", edit: func(c *Config) { c.ShutdownTimeout = -time.Second }, wantErr: []string{"--shutdown-timeout must not be negative"}},

@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"slices"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // decider is the routing brain: from a request's prompt, the targets the
@@ -17,10 +19,11 @@ import (
 type decider struct {
 	policy Policy
 	ch     *chooser
-	index  *kvindex.Index
-	// keys is the fleet's block-key derivation, nil until the block size
-	// (and in exact mode the hash algorithm) is known.
-	keys func() *keyerState
+	// plane says what each target's KV-event stream reports: the
+	// confirmed placement index, the fleet's block keys (nil until the
+	// block size, and in exact mode the hash algorithm, are known) and
+	// how far each stream is trusted.
+	plane *eventplane.Plane
 }
 
 // decisionInput is everything one decision reads.
@@ -91,7 +94,7 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 			// its decode peer, not from clients.
 			continue
 		}
-		c := newCandidate(t)
+		c := dc.candidate(t)
 		if c.Routable {
 			routable++
 		}
@@ -100,19 +103,19 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 	if routable == 0 {
 		return nil, errNoRoutable
 	}
-	ks := dc.keys()
+	ks := dc.plane.Keys()
 	if ks != nil {
-		d.blockSize = ks.blockSize
+		d.blockSize = ks.BlockSize
 	}
 	precise := dc.policy == PolicyPrecise
 	pt := in.prompt
 	if ks != nil && (pt.ids != nil || (pt.stream != nil && precise)) {
 		var err error
 		if pt.stream != nil {
-			d.keyer, d.extras = ks.keyer, in.extras
+			d.keyer, d.extras = ks.Keyer, in.extras
 			err = dc.readUntilDecided(d)
 		} else {
-			err = ks.keyer.Extend(&d.chain, pt.ids, in.extras)
+			err = ks.Keyer.Extend(&d.chain, pt.ids, in.extras)
 		}
 		if err != nil {
 			return nil, &keyError{err}
@@ -120,7 +123,7 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 		// A settled decision's last check already looked these keys up.
 		if keys := d.chain.Keys; len(keys) > 0 && precise && !d.settled {
 			var mbuf [16]kvindex.Match
-			matchInto(d.cands, dc.index.Lookup(mbuf[:0], keys))
+			matchInto(d.cands, dc.plane.Index().Lookup(mbuf[:0], keys))
 		}
 	}
 	if dc.ch.approx != nil {
@@ -150,7 +153,7 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 		c := &d.cands[i]
 		if !c.excluded {
 			c.Routable = c.Target.CanRoute()
-			c.Load = loadOf(c.Target)
+			c.Load = loadOf(c.Target, eventplane.Verdict(c.Load.Events))
 		}
 	}
 	ch := dc.ch.choose(d.cands, d.prompt.count, d.blockSize, false)
@@ -159,6 +162,14 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 	}
 	d.chosen, d.reason = ch.idx, ch.reason
 	return &d, true
+}
+
+// candidate is target t as a candidate, before any lookup: its confirmed
+// run counts as far as its event stream is trusted.
+func (dc *decider) candidate(t *health.Target) Candidate {
+	v := dc.plane.Verdict(t.ID)
+	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: v.Trusted(),
+		Trust: v.ConfirmedWeight(), Load: loadOf(t, v)}
 }
 
 // hasAlternative reports whether a retry could find another routable
@@ -188,6 +199,7 @@ func (d *decision) hasAlternative() bool {
 // request's promptTail.
 func (dc *decider) readUntilDecided(d *decision) error {
 	st := d.prompt.stream
+	ix := dc.plane.Index()
 	var reach kvindex.Reach
 	// A check that has to look every block so far up again and still
 	// cannot settle makes the next wait until the blocks have doubled.
@@ -208,13 +220,13 @@ func (dc *decider) readUntilDecided(d *decision) error {
 			return err
 		}
 		if n := len(d.chain.Keys); n > before {
-			if !dc.index.Extend(&reach, d.chain.Keys[before:]) {
+			if !ix.Extend(&reach, d.chain.Keys[before:]) {
 				break
 			}
 			if n >= checkFrom && !st.Done() {
 				done, looked := dc.settles(d, &reach, st.EstimateCount())
 				if done {
-					d.settled, d.asOf = true, dc.index.MarkStores()
+					d.settled, d.asOf = true, ix.MarkStores()
 					break
 				}
 				if looked {
@@ -256,8 +268,9 @@ func (dc *decider) readUntilDecided(d *decision) error {
 // looks the blocks up, fills the candidates' runs so far, and says so in
 // looked.
 func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, looked bool) {
-	var hbuf [8]kvindex.TargetID
-	holders := dc.index.Holders(reach, hbuf[:0])
+	ix := dc.plane.Index()
+	var hbuf [8]target.ID
+	holders := ix.Holders(reach, hbuf[:0])
 	routableHolders := 0
 	for i := range d.cands {
 		c := &d.cands[i]
@@ -269,7 +282,7 @@ func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, 
 		return false, false
 	}
 	var mbuf [16]kvindex.Match
-	matchInto(d.cands, dc.index.Lookup(mbuf[:0], d.chain.Keys))
+	matchInto(d.cands, ix.Lookup(mbuf[:0], d.chain.Keys))
 	ch := dc.ch.choose(d.cands, count, d.blockSize, true)
 	if ch.idx < 0 {
 		return false, true

@@ -11,9 +11,12 @@
 //
 // It composes the leaves and nothing imports it: health says which targets
 // exist, can take work and how busy they are; tokenize turns prompts into the
-// pod's token ids; kvindex turns ids into block keys and follows every
-// target's KV events into the placement index. Data flows one way: request
-// in, parse, tokenize, key, look up, score, dispatch, proxy, record. The
+// pod's token ids; kvindex turns ids into block keys; the event plane
+// (eventplane) follows every target's KV events into the placement index and
+// says how far each stream can be trusted. The router feeds the event plane
+// from health (eventplane.go) and tells it of each dispatch and first byte.
+// Data flows one way: request in, parse, tokenize, key, look up, score,
+// dispatch, proxy, record. The
 // precise policy tokenizes and keys a prompt only until the rest cannot
 // change the choice — its first block no target holds, or the point past
 // which only the cheapest target can still hold it — and the rest is

@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -107,7 +109,7 @@ func routableCount(r *Router, model string) int {
 func freshCount(r *Router, model string) int {
 	n := 0
 	for _, t := range r.mon.Snapshot().ForModel(model) {
-		if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+		if t.CanRoute() && r.ev.Verdict(t.ID) == eventplane.VerdictFresh {
 			n++
 		}
 	}
@@ -248,17 +250,17 @@ func candidate(d DryRun, endpoint string) DryCandidate {
 // targetName is the name the router gives rank 0 of an endpoint (debug
 // headers, metric labels).
 func targetName(endpoint string) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: endpoint})
+	return target.ID{Endpoint: endpoint}.String()
 }
 
 // decisionName is the dry run's chosen target by name.
 func decisionName(d DryRun) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank})
+	return target.ID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank}.String()
 }
 
 func candidateByName(d DryRun, name string) DryCandidate {
 	for _, c := range d.Candidates {
-		if health.TargetName(kvindex.TargetID{Endpoint: c.Target, Rank: c.Rank}) == name {
+		if (target.ID{Endpoint: c.Target, Rank: c.Rank}).String() == name {
 			return c
 		}
 	}
@@ -286,7 +288,7 @@ func chatKeysAsPodsSee(t testing.TB, r *Router, spec string) func(body []byte) [
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys, err := r.pl.keyer.Load().keyer.Keys(nil, ids, kvindex.RequestExtras{})
+		keys, err := r.ev.Keys().Keyer.Keys(nil, ids, kvindex.RequestExtras{})
 		if err != nil {
 			t.Fatal(err)
 		}

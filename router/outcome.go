@@ -199,7 +199,7 @@ func (s *usageScanner) usage() usage { return s.last }
 // router's prediction of its cached tokens. The prompt may still be being
 // encoded: the response does not wait for it.
 func (r *Router) recordOutcome(a *attempt) {
-	m, pol, model := r.met, r.cfg.Policy.String(), a.x.req.Model
+	m, pol, model := r.met, r.cfg.Policy.String(), a.x.model
 	m.requests.WithLabelValues(model, pol, a.label).Inc()
 	if !a.answered {
 		return

@@ -7,7 +7,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
@@ -37,7 +36,8 @@ func (r *Router) handleRouted(in *fasthttp.RequestCtx, ep Endpoint) {
 		in.SetConnectionClose()
 		return
 	}
-	x := &exchange{in: in, life: life, req: req, id: id, start: start, tail: startTail(d, r.pl.index, &r.tails)}
+	x := &exchange{in: in, life: life, model: req.Model, path: ep.Path(), stream: req.Stream, id: id, start: start,
+		tail: startTail(d, r.ev.Index(), &r.tails)}
 	r.dispatch(x, d)
 }
 
@@ -82,10 +82,4 @@ func (r *Router) route(ctx context.Context, req *Request, peek bool) (*decision,
 		return nil, errNoTarget("no routable target for model "+req.Model, r.retryAfter())
 	}
 	return d, nil
-}
-
-// newCandidate is target t as a candidate, before any lookup.
-func newCandidate(t *health.Target) Candidate {
-	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: t.Events.Trusted(),
-		Trust: confirmedTrust(t.Events.Verdict), Load: loadOf(t)}
 }

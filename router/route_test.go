@@ -7,6 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestSettledTailCountsOnlyBlocksHeldBeforeDispatch: a plan that settled
@@ -21,18 +22,18 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// report stores the request's own blocks as the pod's events do.
-		report func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int)
+		report func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int)
 		// want is the final run given the holder's run before dispatch
 		// and the blocks the plan read.
 		want func(held, read int) int
 	}{
 		{"the pod reports the rest",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Store(holder, kvindex.TierGPU, keys[held:])
 			},
 			func(held, read int) int { return held }},
 		{"the pod restarted and reports the whole prompt",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Clear(holder)
 				ix.Store(holder, kvindex.TierGPU, keys)
 			},
@@ -42,12 +43,12 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			a, b := newFakePod(t, "A", 16, true), newFakePod(t, "B", 16, true)
 			cfg := DefaultConfig()
 			cfg.Policy = PolicyPrecise
-			cfg.BlockSize = 16
+			cfg.Events.BlockSize = 16
 			cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 			r := startRouter(t, cfg, "m=bytes")
 			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
-			waitFor(t, "block keys", func() bool { return r.pl.keyer.Load() != nil })
-			var holder, other kvindex.TargetID
+			waitFor(t, "block keys", func() bool { return r.ev.Keys() != nil })
+			var holder, other target.ID
 			for _, tg := range r.mon.Snapshot().Targets {
 				if tg.ID.Endpoint == a.srv.URL {
 					holder = tg.ID
@@ -64,8 +65,8 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			keys := chatKeysAsPodsSee(t, r, "m=bytes")(body)
 			// Both pods hold the opening; A holds half the prompt.
 			held := len(keys) / 2
-			r.pl.index.Store(other, kvindex.TierGPU, keys[:8])
-			r.pl.index.Store(holder, kvindex.TierGPU, keys[:held])
+			r.ev.Index().Store(other, kvindex.TierGPU, keys[:8])
+			r.ev.Index().Store(holder, kvindex.TierGPU, keys[:held])
 
 			d, aerr := r.route(context.Background(), req, false)
 			if aerr != nil {
@@ -78,9 +79,9 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					d.settled, winner.Target.ID, read, held)
 			}
 
-			tc.report(r.pl.index, holder, keys, held)
+			tc.report(r.ev.Index(), holder, keys, held)
 			var mbuf [4]kvindex.Match
-			for _, m := range r.pl.index.Lookup(mbuf[:0], keys) {
+			for _, m := range r.ev.Index().Lookup(mbuf[:0], keys) {
 				if m.Target == holder && m.Blocks != len(keys) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
@@ -106,7 +107,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			// compute.
 			waiting := dispatch()
 			var tails sync.WaitGroup
-			tail.start(r.pl.index, &tails)
+			tail.start(r.ev.Index(), &tails)
 			tails.Wait()
 			want := tc.want(held, read)
 			v := d.view(tail, d.chosen)

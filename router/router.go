@@ -13,15 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
 // Deps are the router's collaborators.
 type Deps struct {
-	// Registry receives every metric (router, kvindex, health, tokenize
-	// register on it) and is served on /metrics. Nil: a new registry.
+	// Registry receives every metric (router, event plane with kvindex,
+	// health, tokenize register on it) and is served on /metrics. Nil: a
+	// new registry.
 	Registry *prometheus.Registry
 	// Tokenizers holds the --tokenizer models; nil: an empty registry that
 	// the router fills with remote models as needed.
@@ -37,7 +38,7 @@ type Router struct {
 	reg  *prometheus.Registry
 	mon  *health.Monitor
 	tok  *tokenizers
-	pl   *placements
+	ev   *eventplane.Plane
 	ch   *chooser
 	dec  *decider
 	up   *upstream
@@ -74,13 +75,13 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: log, reg: reg}
 	var err error
-	if r.pl, err = newPlacements(&cfg, kvindex.NewMetrics(reg), log); err != nil {
+	if r.ev, err = eventplane.New(cfg.Events, eventplane.Deps{Registerer: reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	hcfg := cfg.Health
-	hcfg.BlockSize = cfg.BlockSize
-	hcfg.HashAlgo = cfg.HashAlgo
-	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log, Events: r.pl.status}); err != nil {
+	hcfg.BlockSize = cfg.Events.BlockSize
+	hcfg.HashAlgo = cfg.Events.HashAlgo
+	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	treg := deps.Tokenizers
@@ -89,16 +90,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization)
 	r.ch = newChooser(cfg.Policy, cfg.Cost)
-	r.dec = &decider{policy: cfg.Policy, ch: r.ch, index: r.pl.index, keys: r.pl.keyer.Load}
+	r.dec = &decider{policy: cfg.Policy, ch: r.ch, plane: r.ev}
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
 	r.cat = newCatalog(r.up, r.mon)
 	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
-	if cfg.BlockSize > 0 {
-		if _, err := r.pl.configure(cfg.BlockSize, cfg.HashAlgo); err != nil {
-			return nil, err
-		}
-	}
 	r.srv = &fasthttp.Server{
 		Handler:               r.handle,
 		ErrorHandler:          r.handleServerError,
@@ -116,7 +112,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 // Monitor exposes the health monitor (the serve command logs from it).
 func (r *Router) Monitor() *health.Monitor { return r.mon }
 
-// Start binds the listeners and starts health, event subscribers and the
+// EventPlane exposes the event plane (verdicts on the targets' KV-event
+// streams, the placement index).
+func (r *Router) EventPlane() *eventplane.Plane { return r.ev }
+
+// Start binds the listeners and starts health, the event plane and the
 // servers. The servers run until Shutdown; ctx bounds the background work.
 func (r *Router) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", r.cfg.Listen)
@@ -133,7 +133,12 @@ func (r *Router) Start(ctx context.Context) error {
 	r.ln, r.aln = ln, aln
 	bctx, stop := context.WithCancel(ctx)
 	r.stop = stop
-	r.pl.start(bctx)
+	// The plane's Run owns its subscribers: they stop when it returns.
+	r.goBG(func() {
+		if err := r.ev.Run(bctx); err != nil && !errors.Is(err, context.Canceled) {
+			r.log.Error("event plane stopped", "err", err)
+		}
+	})
 	cancelSub := r.mon.Subscribe(r.onChange)
 	r.goBG(func() { <-bctx.Done(); cancelSub() })
 	r.goBG(func() {
@@ -141,8 +146,7 @@ func (r *Router) Start(ctx context.Context) error {
 			r.log.Error("health monitor stopped", "err", err)
 		}
 	})
-	r.goBG(func() { r.pl.learn(bctx, r.mon) })
-	r.goBG(func() { r.pl.watchCaps(bctx, r.mon) })
+	r.goBG(func() { r.feedCaches(bctx) })
 	r.goBG(func() { r.cat.run(bctx) })
 	r.goBG(func() {
 		if err := r.srv.Serve(ln); err != nil {
@@ -167,7 +171,7 @@ func (r *Router) goBG(fn func()) {
 }
 
 func (r *Router) onChange(c health.Change) {
-	r.pl.onChange(c)
+	r.followTarget(c)
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)
 	}
@@ -214,7 +218,6 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	if drained {
 		r.tails.Wait()
 	}
-	r.pl.stop()
 	r.bg.Wait()
 	r.up.close()
 	return errors.Join(errs...)
@@ -230,4 +233,4 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 // KeysReady reports whether block keys are configured (block size and
 // algorithm known, given or learned), i.e. whether the precise policy can
 // see cache hits yet.
-func (r *Router) KeysReady() bool { return r.pl.keyer.Load() != nil }
+func (r *Router) KeysReady() bool { return r.ev.Keys() != nil }

@@ -60,7 +60,7 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 	b := newFakePod(t, "B", bs, true)
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
-	cfg.HashSeed, cfg.HasHashSeed, cfg.HashAlgo, cfg.BlockSize = "0", true, "sha256", bs
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed, cfg.Events.HashAlgo, cfg.Events.BlockSize = "0", true, "sha256", bs
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)

@@ -49,13 +49,14 @@ func serveCommand() *cli.Command {
 // router.DefaultConfig. Help, docs/configuration.md and the config cannot
 // disagree on a default.
 func (s *serveSettings) flags() []cli.Flag {
-	h := &s.Health
+	h, ev := &s.Health, &s.Events
 	serving := binder{"Serving"}
 	targets := binder{"Targets"}
 	routing := binder{"Routing"}
 	keys := binder{"Block keys and tokenization"}
 	upstream := binder{"Requests to the pods"}
-	health := binder{"Health, load and event freshness"}
+	health := binder{"Health and load"}
+	events := binder{"KV-event streams"}
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -76,10 +77,10 @@ func (s *serveSettings) flags() []cli.Flag {
 		routing.float("kv-threshold", "KV-cache usage above which the precise cost adds memory pressure", &s.Cost.KVThreshold),
 		routing.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
 
-		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &s.HashAlgo),
+		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo),
 			"learned from the pods"),
-		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &s.HashSeed, &s.HasHashSeed),
-		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &s.BlockSize), "0, learned from the pods"),
+		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed),
+		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),
 		keys.list("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)", &s.Tokenizers),
 		choice(keys, "tokenization", "mode for models without a mode of their own: local, remote or auto", &s.Tokenization, tokenize.Mode.String, tokenize.ParseMode),
 		keys.dur("tokenize-timeout", "bound on a remote tokenization before routing (past it: route on load)", &s.TokenizeTimeout),
@@ -102,12 +103,14 @@ func (s *serveSettings) flags() []cli.Flag {
 		health.dur("metrics-scrape-interval", "GET /metrics interval per target", &h.ScrapeInterval),
 		health.dur("metrics-scrape-timeout", "GET /metrics timeout", &h.ScrapeTimeout),
 		health.dur("metrics-stale-after", "scraped load older than this is stale", &h.LoadStaleAfter),
-		health.dur("events-stale-after", "answered requests without a KV event for this long make a target stale", &h.EventsStaleAfter),
-		health.int("events-min-uncached-tokens", "uncached tokens answered before missing events count", &h.EventsMinUncachedTokens),
-		health.int("events-max-queue-depth", "subscriber backlog beyond which a target is stale", &h.EventsMaxQueueDepth),
-		health.dur("health-eval-interval", "freshness evaluation interval", &h.EvalInterval),
-		health.dur("health-routing-window", "window of the recent routing volume", &h.RoutingWindow),
+		health.dur("health-eval-interval", "how often drained targets are reaped and time-dependent states rebuilt", &h.EvalInterval),
 		health.dur("drain-timeout", "how long a removed target with requests in flight stays", &h.DrainTimeout),
+
+		events.dur("events-stale-after", "answered requests without a KV event for this long make a target stale", &ev.StaleAfter),
+		events.int("events-min-uncached-tokens", "uncached tokens answered before missing events count", &ev.MinUncachedTokens),
+		events.int("events-max-queue-depth", "subscriber backlog beyond which a target is stale", &ev.MaxQueueDepth),
+		events.dur("events-eval-interval", "how often each target's event stream is judged", &ev.EvalInterval),
+		events.dur("health-routing-window", "window of the recent routing volume shown per target", &ev.RoutingWindow),
 	}
 }
 

@@ -38,6 +38,8 @@ func TestServeUsageErrors(t *testing.T) {
 			"--kv-threshold must be within [0, 1]; --max-retries must not be negative"},
 		{"cross-flag check", []string{"--endpoint", "http://127.0.0.1:1", "--health-probe-timeout", "3s"},
 			"--health-probe-timeout 3s exceeds --health-probe-interval 2s"},
+		{"negative event staleness", []string{"--endpoint", "http://127.0.0.1:1", "--events-stale-after", "-1s"}, "--events-stale-after must be positive"},
+		{"zero routing window", []string{"--endpoint", "http://127.0.0.1:1", "--health-routing-window", "0"}, "--health-routing-window must be positive"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
