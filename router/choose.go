@@ -53,7 +53,7 @@ func PolicyNames() []string {
 }
 
 // CostConfig weights the terms of the precise cost, all in prefill-token
-// units (DESIGN.md section 4):
+// units (docs/architecture.md, "Decision rules"):
 //
 //	cost(t) = queued_uncached(t) + prompt_tokens − cached_estimate(t)
 //	        + DecodeWeight × running(t)

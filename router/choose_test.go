@@ -34,7 +34,7 @@ func planeWithIndex(t testing.TB) (*eventplane.Plane, *kvindex.Index) {
 	return ev, ev.Index()
 }
 
-// TestPreciseCost pins the cost model of DESIGN.md section 4 on small
+// TestPreciseCost pins the cost model of docs/architecture.md on small
 // fleets where the right answer is clear.
 func TestPreciseCost(t *testing.T) {
 	idle := LoadView{}

@@ -16,11 +16,16 @@
 // says how far each stream can be trusted. The router feeds the event plane
 // from health (eventplane.go) and tells it of each dispatch and first byte.
 // Data flows one way: request in, parse, tokenize, key, look up, score,
-// dispatch, proxy, record. The
-// precise policy tokenizes and keys a prompt only until the rest cannot
-// change the choice — its first block no target holds, or the point past
-// which only the cheapest target can still hold it — and the rest is
-// encoded after dispatch.
+// dispatch, proxy, record.
+//
+// A request's lifecycle has three owners (docs/architecture.md walks it):
+// the decision (decide.go), immutable once made and computed without HTTP
+// by the decider that the API handler and the dry run share; the prompt
+// tail (tail.go), which owns the goroutine that encodes what the decision
+// did not need to read; and the attempt (attempt.go), which sends,
+// awaits the first byte and relays the answer, ending everything it holds
+// once. Every context on the request path derives from the client's life
+// (life.go), which a disconnect ends.
 //
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
 // it is answered with an OpenAI-shaped error ({"error": {"message", "type",
