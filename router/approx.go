@@ -69,10 +69,9 @@ func (a *approxTable) match(cands []Candidate, chunks []uint64) {
 	for i := range cands {
 		cands[i].ApproxChunks = 0
 	}
-	alive := len(cands)
 	for depth, h := range chunks {
 		ts := a.m[h]
-		alive = 0
+		alive := 0
 		for i := range cands {
 			if cands[i].ApproxChunks != depth {
 				continue

@@ -49,13 +49,13 @@ func connectionListed(conn, key string) bool {
 // copyResponseHeaders copies the pod's end-to-end headers to the client.
 func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
 	conn := string(src.Peek("Connection"))
-	src.VisitAll(func(k, v []byte) {
+	for k, v := range src.All() {
 		key := string(k)
 		if key == "Content-Length" || key == "X-Request-Id" || hopByHop(key, conn) {
-			return
+			continue
 		}
 		dst.AddBytesKV(k, v)
-	})
+	}
 }
 
 // upstreamRequest is the request to one target.

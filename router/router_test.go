@@ -415,7 +415,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 						c.Close()
 					}
 				case "status 503":
-					http.Error(w, `{"error":{"message":"engine dead"}}`, 503)
+					http.Error(w, `{"error":{"message":"engine dead"}}`, http.StatusServiceUnavailable)
 				default:
 					w.Header().Set("Content-Type", "text/event-stream")
 					w.(http.Flusher).Flush()

@@ -318,20 +318,20 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 	forwardedFor := ""
 	if rq.in != nil {
 		conn := string(rq.in.Peek("Connection"))
-		rq.in.VisitAll(func(k, v []byte) {
+		for k, v := range rq.in.All() {
 			key := string(k)
 			switch {
 			case notForwarded(key, conn):
-				return
+				continue
 			case key == "X-Forwarded-For":
 				forwardedFor = string(v)
-				return
+				continue
 			}
 			w.WriteString("\r\n")
 			w.Write(k)
 			w.WriteString(": ")
 			w.Write(v)
-		})
+		}
 	}
 	if rq.id != "" {
 		header("X-Request-Id", rq.id)
