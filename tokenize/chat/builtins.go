@@ -35,13 +35,7 @@ func pyStrip(s string, args []Value, left, right bool) (string, error) {
 		return "", argErr("strip", 1, len(args))
 	}
 	if len(args) == 0 || args[0] == nil {
-		if left {
-			s = strings.TrimLeftFunc(s, unicode.IsSpace)
-		}
-		if right {
-			s = strings.TrimRightFunc(s, unicode.IsSpace)
-		}
-		return s, nil
+		return pyStripSpace(s, left, right), nil
 	}
 	cut, err := strArg("strip", args[0])
 	if err != nil {
@@ -111,13 +105,12 @@ func strMethod(s string, name string) Value {
 				maxsplit, _ = asInt(v)
 			}
 			var parts []string
-			if sep == nil {
-				parts = strings.Fields(s)
-				if maxsplit >= 0 && int64(len(parts)) > maxsplit+1 {
-					// Rare in templates; approximate by re-joining the tail.
-					parts = append(parts[:maxsplit], strings.Join(parts[maxsplit:], " "))
-				}
-			} else {
+			switch {
+			case sep == nil && name == "split":
+				parts = pySplitSpace(s, maxsplit)
+			case sep == nil:
+				parts = pyRSplitSpace(s, maxsplit)
+			default:
 				sp, err := strArg(name, sep)
 				if err != nil {
 					return nil, err
@@ -141,14 +134,11 @@ func strMethod(s string, name string) Value {
 			return out, nil
 		})
 	case "splitlines":
-		return method(func([]Value, *Dict) (Value, error) {
-			lines := strings.Split(strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\r", "\n"), "\n")
-			if len(lines) > 0 && lines[len(lines)-1] == "" {
-				lines = lines[:len(lines)-1]
-			}
-			out := &List{}
-			for _, l := range lines {
-				out.Items = append(out.Items, l)
+		return method(func(args []Value, kw *Dict) (Value, error) {
+			lines := pySplitLines(s, truthy(kwOr(kw, args, 0, "keepends", false)))
+			out := &List{Items: make([]Value, len(lines))}
+			for i, l := range lines {
+				out.Items[i] = l
 			}
 			return out, nil
 		})
@@ -260,7 +250,7 @@ func strPredicate(s, name string) bool {
 				return false
 			}
 		case "isspace":
-			if !unicode.IsSpace(r) {
+			if !isPySpace(r) {
 				return false
 			}
 		case "isupper":
@@ -279,20 +269,6 @@ func strPredicate(s, name string) bool {
 		return cased
 	}
 	return true
-}
-
-func pyTitle(s string) string {
-	var b strings.Builder
-	prevCased := false
-	for _, r := range s {
-		if prevCased {
-			b.WriteRune(unicode.ToLower(r))
-		} else {
-			b.WriteRune(unicode.ToTitle(r))
-		}
-		prevCased = unicode.IsLetter(r)
-	}
-	return b.String()
 }
 
 func pyCapitalize(s string) string {
@@ -805,25 +781,4 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 		return nil, errors.New("TypeError: not all arguments converted during string formatting")
 	}
 	return b.String(), nil
-}
-
-// jinjaTitle is Jinja's title filter: words start after whitespace and
-// -({[< (unlike str.title, "it's" stays "It's").
-func jinjaTitle(s string) string {
-	var b strings.Builder
-	start := true
-	for _, r := range s {
-		if unicode.IsSpace(r) || strings.ContainsRune("-({[<", r) {
-			b.WriteRune(r)
-			start = true
-			continue
-		}
-		if start {
-			b.WriteRune(unicode.ToUpper(r))
-		} else {
-			b.WriteRune(unicode.ToLower(r))
-		}
-		start = false
-	}
-	return b.String()
 }

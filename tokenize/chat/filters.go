@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
@@ -59,7 +60,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		chars := kwOr(kw, args, 0, "chars", nil)
 		if chars == nil {
-			return strings.TrimSpace(s), nil
+			return pyStripSpace(s, true, true), nil
 		}
 		return pyStrip(s, []Value{chars}, true, true)
 	case "upper", "lower", "title", "capitalize":
@@ -103,17 +104,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		first := truthy(kwOr(kw, args, 1, "first", false))
 		blank := truthy(kwOr(kw, args, 2, "blank", false))
-		lines := strings.Split(s, "\n")
-		for i := range lines {
-			if i == 0 && !first {
-				continue
-			}
-			if lines[i] == "" && !blank {
-				continue
-			}
-			lines[i] = pad + lines[i]
-		}
-		return strings.Join(lines, "\n"), nil
+		return jinjaIndent(s, pad, first, blank), nil
 	case "first", "last":
 		items, err := iterate(v)
 		if err != nil {
@@ -408,23 +399,33 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 	case "wordcount":
 		return int64(len(strings.FieldsFunc(str(v), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsNumber(r) && r != '_' }))), nil
 	case "center":
-		s := str(v)
 		w := int(max(0, min(toInt(kwOr(kw, args, 0, "width", int64(80)), 80), maxRepeat)))
-		n := len([]rune(s))
-		if w <= n {
-			return s, nil
-		}
-		left := (w - n) / 2
-		return strings.Repeat(" ", left) + s + strings.Repeat(" ", w-n-left), nil
+		return pyCenter(str(v), w), nil
 	case "truncate":
+		// Jinja's do_truncate, with its default leeway of 5.
 		s := str(v)
-		n := int(toInt(kwOr(kw, args, 0, "length", int64(255)), 255))
+		n := toInt(kwOr(kw, args, 0, "length", int64(255)), 255)
+		killwords := truthy(kwOr(kw, args, 1, "killwords", false))
+		end := str(kwOr(kw, args, 2, "end", "..."))
+		leeway := toInt(kwOr(kw, args, 3, "leeway", int64(5)), 5)
+		endLen := int64(utf8.RuneCountInString(end))
+		if n < endLen {
+			return nil, fmt.Errorf("AssertionError: expected length >= %d, got %d", endLen, n)
+		}
+		if leeway < 0 {
+			return nil, fmt.Errorf("AssertionError: expected leeway >= 0, got %d", leeway)
+		}
 		rs := []rune(s)
-		if len(rs) <= n {
+		if l := int64(len(rs)); l <= n || l-n <= leeway {
 			return s, nil
 		}
-		end := str(kwOr(kw, args, 2, "end", "..."))
-		return string(rs[:max(0, n-len([]rune(end)))]) + end, nil
+		head := string(rs[:n-endLen])
+		if !killwords {
+			if i := strings.LastIndexByte(head, ' '); i >= 0 {
+				head = head[:i]
+			}
+		}
+		return head + end, nil
 	case "batch":
 		items, err := iterate(v)
 		if err != nil {

@@ -3,6 +3,7 @@ package chat
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Token kinds of the template lexer.
@@ -54,7 +55,7 @@ type lexer struct {
 
 func (lx *lexer) emitText(text string, lineStart bool, tagKind byte, tagMod byte) {
 	if lx.stripNext {
-		t := strings.TrimLeft(text, " \t\n\r\v\f")
+		t := strings.TrimLeftFunc(text, isPySpace)
 		if len(t) < len(text) {
 			lineStart = text[len(text)-len(t)-1] == '\n'
 		}
@@ -65,7 +66,7 @@ func (lx *lexer) emitText(text string, lineStart bool, tagKind byte, tagMod byte
 	lx.stripNext, lx.trimNext = false, false
 	switch {
 	case tagMod == '-':
-		text = strings.TrimRight(text, " \t\n\r\v\f")
+		text = strings.TrimRightFunc(text, isPySpace)
 	case tagMod != '+' && (tagKind == '%' || tagKind == '#'):
 		// lstrip_blocks: drop spaces and tabs before a block or comment tag
 		// when they are all that precedes it on its line.
@@ -151,11 +152,11 @@ func (lx *lexer) nextTag(from int) int {
 
 // rawBlock handles {% raw %}...{% endraw %}; lx.pos is just inside "{%".
 func (lx *lexer) rawBlock() (string, bool) {
-	rest := strings.TrimLeft(lx.src[lx.pos:], " \t\n")
+	rest := strings.TrimLeftFunc(lx.src[lx.pos:], isPySpace)
 	if !strings.HasPrefix(rest, "raw") {
 		return "", false
 	}
-	rest = strings.TrimLeft(rest[3:], " \t\n")
+	rest = strings.TrimLeftFunc(rest[3:], isPySpace)
 	closeMod := byte(0)
 	if strings.HasPrefix(rest, "-%}") || strings.HasPrefix(rest, "+%}") {
 		closeMod = rest[0]
@@ -176,11 +177,11 @@ func (lx *lexer) rawBlock() (string, bool) {
 			endMod = lx.src[k]
 			k++
 		}
-		r := strings.TrimLeft(lx.src[k:], " \t\n")
+		r := strings.TrimLeftFunc(lx.src[k:], isPySpace)
 		if !strings.HasPrefix(r, "endraw") {
 			continue
 		}
-		r = strings.TrimLeft(r[6:], " \t\n")
+		r = strings.TrimLeftFunc(r[6:], isPySpace)
 		tailMod := byte(0)
 		if strings.HasPrefix(r, "-%}") || strings.HasPrefix(r, "+%}") {
 			tailMod = r[0]
@@ -191,12 +192,12 @@ func (lx *lexer) rawBlock() (string, bool) {
 		}
 		body := lx.src[bodyStart:j]
 		if closeMod == '-' {
-			body = strings.TrimLeft(body, " \t\n\r\v\f")
+			body = strings.TrimLeftFunc(body, isPySpace)
 		} else if closeMod != '+' {
 			body = strings.TrimPrefix(body, "\n")
 		}
 		if endMod == '-' {
-			body = strings.TrimRight(body, " \t\n\r\v\f")
+			body = strings.TrimRightFunc(body, isPySpace)
 		}
 		lx.line += strings.Count(lx.src[lx.pos:len(lx.src)-len(r)+2], "\n")
 		lx.pos = len(lx.src) - len(r) + 2
@@ -216,11 +217,15 @@ const opChars = "+-*/%~()[]{},.:|=<>!"
 func (lx *lexer) lexExpr(end string, endKind tokKind) error {
 	src := lx.src
 	for {
-		for lx.pos < len(src) && strings.IndexByte(" \t\n\r", src[lx.pos]) >= 0 {
-			if src[lx.pos] == '\n' {
+		for lx.pos < len(src) {
+			r, n := utf8.DecodeRuneInString(src[lx.pos:])
+			if !isPySpace(r) {
+				break
+			}
+			if r == '\n' {
 				lx.line++
 			}
-			lx.pos++
+			lx.pos += n
 		}
 		if lx.pos >= len(src) {
 			return fmt.Errorf("line %d: unclosed tag (want %q)", lx.line, end)
