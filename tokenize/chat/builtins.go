@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"slices"
 	"sort"
 	"strconv"
@@ -412,33 +413,20 @@ func listMethod(l *List, name string) Value {
 // globals are the functions every template sees.
 var globals = map[string]Value{
 	"range": method(func(args []Value, _ *Dict) (Value, error) {
-		var a [3]int64
-		a[2] = 1
-		switch len(args) {
-		case 1:
-			a[1], _ = asInt(args[0])
-		case 2, 3:
-			for i := range args {
-				v, ok := asInt(args[i])
-				if !ok {
-					return nil, fmt.Errorf("TypeError: range() integer argument expected, got %s", typeName(args[i]))
-				}
-				a[i] = v
-			}
-		default:
+		if len(args) < 1 || len(args) > 3 {
 			return nil, argErr("range", 1, len(args))
 		}
-		if a[2] == 0 {
-			return nil, errors.New("ValueError: range() arg 3 must not be zero")
-		}
-		out := &List{}
-		for i := a[0]; (a[2] > 0 && i < a[1]) || (a[2] < 0 && i > a[1]); i += a[2] {
-			if len(out.Items) >= maxRange {
-				return nil, errors.New("OverflowError: range too large")
+		bounds := [3]Value{int64(0), nil, int64(1)}
+		for i, a := range args {
+			if _, _, ok := intOf(a); !ok {
+				return nil, fmt.Errorf("TypeError: '%s' object cannot be interpreted as an integer", typeName(a))
 			}
-			out.Items = append(out.Items, i)
+			if len(args) == 1 {
+				i = 1
+			}
+			bounds[i] = a
 		}
-		return out, nil
+		return pyRange(bounds[0], bounds[1], bounds[2])
 	}),
 	"namespace": method(func(args []Value, kw *Dict) (Value, error) {
 		ns := &Namespace{d: NewDict()}
@@ -571,14 +559,9 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		_, ok := v.(string)
 		return ok, nil
 	case "number":
-		switch v.(type) {
-		case int64, float64, bool:
-			return true, nil
-		}
-		return false, nil
+		return isNumber(v), nil
 	case "integer":
-		_, ok := v.(int64)
-		return ok, nil
+		return isInt(v), nil
 	case "float":
 		_, ok := v.(float64)
 		return ok, nil
@@ -616,21 +599,21 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		}
 		return false, nil
 	case "odd", "even":
-		n, ok := asInt(v)
-		if !ok {
-			return false, fmt.Errorf("TypeError: test %s needs an integer", name)
+		// Jinja: value % 2 == 1 (or == 0), so 3.0 is odd.
+		m, err := binop("%", v, int64(2))
+		if err != nil {
+			return false, err
 		}
-		return (n%2 != 0) == (name == "odd"), nil
+		return equal(m, boolInt(name == "odd")), nil
 	case "divisibleby":
 		if len(args) != 1 {
 			return false, argErr("divisibleby", 1, len(args))
 		}
-		n, ok1 := asInt(v)
-		d, ok2 := asInt(args[0])
-		if !ok1 || !ok2 || d == 0 {
-			return false, errors.New("TypeError: divisibleby needs non-zero integers")
+		m, err := binop("%", v, args[0])
+		if err != nil {
+			return false, err
 		}
-		return n%d == 0, nil
+		return equal(m, int64(0)), nil
 	case "eq", "equalto", "==", "ne", "!=", "lt", "le", "gt", "ge", "lessthan", "greaterthan", "<", "<=", ">", ">=":
 		if len(args) != 1 {
 			return false, argErr(name, 1, len(args))
@@ -752,27 +735,12 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 			b.WriteString(fmt.Sprintf("%"+flags+"s", str(arg)))
 		case 'r', 'a':
 			b.WriteString(fmt.Sprintf("%"+flags+"s", repr(arg)))
-		case 'd', 'i', 'u':
-			n, ok := asFloat(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: %%d format: a real number is required, not %s", typeName(arg))
+		case 'd', 'i', 'u', 'x', 'X', 'o', 'f', 'F', 'e', 'E', 'g', 'G':
+			out, err := percentNumber(flags, conv, arg)
+			if err != nil {
+				return nil, err
 			}
-			b.WriteString(fmt.Sprintf("%"+flags+"d", int64(n)))
-		case 'f', 'F', 'e', 'E', 'g', 'G':
-			n, ok := asFloat(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: must be real number, not %s", typeName(arg))
-			}
-			if !strings.Contains(flags, ".") && conv != 'g' && conv != 'G' {
-				flags += ".6"
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
-		case 'x', 'X', 'o':
-			n, ok := asInt(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: %%%c format: an integer is required, not %s", conv, typeName(arg))
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
+			b.WriteString(out)
 		default:
 			return nil, fmt.Errorf("ValueError: unsupported format character '%c'", conv)
 		}
@@ -781,4 +749,137 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 		return nil, errors.New("TypeError: not all arguments converted during string formatting")
 	}
 	return b.String(), nil
+}
+
+// percentNumber is one numeric conversion of Python's printf-style
+// formatting: %d takes any real number (a float is truncated, exactly),
+// %x and %o only ints, the float conversions any number.
+func percentNumber(flags string, conv byte, arg Value) (string, error) {
+	switch conv {
+	case 'd', 'i', 'u', 'x', 'X', 'o':
+		var iv Value
+		switch x := arg.(type) {
+		case int64, *big.Int:
+			iv = x
+		case bool:
+			iv = boolInt(x)
+		case float64:
+			if conv != 'd' && conv != 'i' && conv != 'u' {
+				return "", fmt.Errorf("TypeError: %%%c format: an integer is required, not float", conv)
+			}
+			var err error
+			if iv, err = floatToInt(x); err != nil {
+				return "", err
+			}
+		default:
+			if conv == 'd' || conv == 'i' || conv == 'u' {
+				return "", fmt.Errorf("TypeError: %%%c format: a real number is required, not %s", conv, typeName(arg))
+			}
+			return "", fmt.Errorf("TypeError: %%%c format: an integer is required, not %s", conv, typeName(arg))
+		}
+		verb := string(conv)
+		switch conv {
+		case 'i', 'u':
+			verb = "d"
+		case 'o':
+			if strings.Contains(flags, "#") {
+				// Python's alternate octal form is 0o17, Go's %O.
+				flags, verb = strings.ReplaceAll(flags, "#", ""), "O"
+			}
+		}
+		return fmt.Sprintf("%"+flags+verb, iv), nil
+	}
+	x, ok, err := floatOf(arg)
+	if !ok {
+		return "", fmt.Errorf("TypeError: must be real number, not %s", typeName(arg))
+	}
+	if err != nil {
+		return "", err
+	}
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		// Python writes inf and nan (INF, NAN for the capital
+		// conversions), padded like a string.
+		word := "inf"
+		switch {
+		case math.IsNaN(x):
+			word = "nan"
+		case x < 0:
+			word = "-inf"
+		case strings.Contains(flags, "+"):
+			word = "+inf"
+		case strings.Contains(flags, " "):
+			word = " inf"
+		}
+		if conv == 'F' || conv == 'E' || conv == 'G' {
+			word = strings.ToUpper(word)
+		}
+		width := strings.TrimLeft(flags, "-+ #0")
+		width, _, _ = strings.Cut(width, ".")
+		align := ""
+		if strings.Contains(flags, "-") {
+			align = "-"
+		}
+		return fmt.Sprintf("%"+align+width+"s", word), nil
+	}
+	if !strings.Contains(flags, ".") {
+		flags += ".6" // Python's default precision, for %g as well
+	}
+	return fmt.Sprintf("%"+flags+string(conv), x), nil
+}
+
+// pyRange is list(range(start, stop, step)) for ints, as far as Jinja's
+// sandbox allows (MAX_RANGE items).
+func pyRange(start, stop, step Value) (Value, error) {
+	a, az, _ := intOf(start)
+	b, bz, _ := intOf(stop)
+	c, cz, _ := intOf(step)
+	if cz == nil && c == 0 {
+		return nil, errors.New("ValueError: range() arg 3 must not be zero")
+	}
+	if az == nil && bz == nil && cz == nil && c != math.MinInt64 {
+		// The length, without overflow: |stop - start| fits a uint64.
+		var span, st uint64
+		switch {
+		case c > 0 && b > a:
+			span, st = uint64(b)-uint64(a), uint64(c)
+		case c < 0 && b < a:
+			span, st = uint64(a)-uint64(b), uint64(-c)
+		default:
+			return &List{}, nil
+		}
+		n := (span-1)/st + 1
+		if n > maxRange {
+			return nil, errRangeTooBig()
+		}
+		out := &List{Items: make([]Value, n)}
+		for i := range out.Items {
+			out.Items[i] = a + int64(i)*c // each fits: it lies between start and stop
+		}
+		return out, nil
+	}
+	x, y, d := bigOf(a, az), bigOf(b, bz), bigOf(c, cz)
+	span := new(big.Int).Sub(y, x)
+	if span.Sign() != d.Sign() || span.Sign() == 0 {
+		return &List{}, nil
+	}
+	n := new(big.Int).Quo(new(big.Int).Sub(span, big.NewInt(int64(d.Sign()))), d)
+	n.Add(n, big.NewInt(1))
+	if !n.IsInt64() || n.Int64() > maxRange {
+		return nil, errRangeTooBig()
+	}
+	out := &List{Items: make([]Value, n.Int64())}
+	z := new(big.Int).Set(x)
+	for i := range out.Items {
+		v, err := normInt(new(big.Int).Set(z))
+		if err != nil {
+			return nil, err
+		}
+		out.Items[i] = v
+		z.Add(z, d)
+	}
+	return out, nil
+}
+
+func errRangeTooBig() error {
+	return fmt.Errorf("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", maxRange)
 }

@@ -2,6 +2,7 @@ package chat
 
 import (
 	"fmt"
+	"math/big"
 	"strings"
 )
 
@@ -949,13 +950,9 @@ func (c *compiler) bin(x *binExpr) evalFn {
 			// which binop does after checking every other operand type.
 			if a, ok := lv.(int64); ok {
 				if b, ok := rv.(int64); ok {
-					switch intOp {
-					case '+':
-						return a + b, nil
-					case '-':
-						return a - b, nil
+					if v, done, err := int64Binop(op, a, b); done {
+						return v, err
 					}
-					return a * b, nil
 				}
 			}
 		}
@@ -968,8 +965,9 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 		// -1 in messages[::-1]: negated once, not boxed anew per render.
 		var v Value
 		switch n := l.v.(type) {
-		case int64:
-			v = -n
+		case int64, *big.Int:
+			small, z, _ := intOf(n)
+			v, _ = intNeg(small, z) // within the digit limit, as n is
 		case float64:
 			v = -n
 		}
@@ -990,12 +988,11 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 	case "-":
 		apply = func(v Value) (Value, error) {
 			switch n := v.(type) {
-			case int64:
-				return -n, nil
+			case int64, bool, *big.Int:
+				small, z, _ := intOf(n)
+				return intNeg(small, z)
 			case float64:
 				return -n, nil
-			case bool:
-				return -boolInt(n), nil
 			}
 			if u, ok := v.(Undefined); ok {
 				return nil, u.err()
@@ -1004,9 +1001,14 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 		}
 	case "+":
 		apply = func(v Value) (Value, error) {
-			switch v.(type) {
-			case int64, float64:
+			switch n := v.(type) {
+			case int64, float64, *big.Int:
 				return v, nil
+			case bool:
+				return boolInt(n), nil
+			}
+			if u, ok := v.(Undefined); ok {
+				return nil, u.err()
 			}
 			return nil, fmt.Errorf("TypeError: bad operand type for unary +: '%s'", typeName(v))
 		}
@@ -1246,20 +1248,20 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 		}
 	}
 	l, r := c.operand(lx), c.operand(rx)
-	var ints func(a, b float64) bool
+	var ints func(a, b int64) bool
 	switch op {
 	case "<":
-		ints = func(a, b float64) bool { return a < b }
+		ints = func(a, b int64) bool { return a < b }
 	case "<=":
-		ints = func(a, b float64) bool { return a <= b }
+		ints = func(a, b int64) bool { return a <= b }
 	case ">":
-		ints = func(a, b float64) bool { return a > b }
+		ints = func(a, b int64) bool { return a > b }
 	case ">=":
-		ints = func(a, b float64) bool { return a >= b }
+		ints = func(a, b int64) bool { return a >= b }
 	case "==":
-		ints = func(a, b float64) bool { return a == b }
+		ints = func(a, b int64) bool { return a == b }
 	case "!=":
-		ints = func(a, b float64) bool { return a != b }
+		ints = func(a, b int64) bool { return a != b }
 	}
 	return func(e *evaluator, f *frame) (bool, error) {
 		if err := e.tick(); err != nil {
@@ -1274,10 +1276,9 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 			return false, err
 		}
 		if ints != nil {
-			// compare and equal compare numbers as floats; so does this.
 			if a, ok := lv.(int64); ok {
 				if b, ok := rv.(int64); ok {
-					return ints(float64(a), float64(b)), nil
+					return ints(a, b), nil
 				}
 			}
 		}

@@ -395,9 +395,17 @@ func (e *evaluator) evalSlice(x *sliceCode, f *frame) (Value, error) {
 		if v == nil {
 			continue
 		}
-		n, ok := v.(int64)
+		n, z, ok := intOf(v)
 		if !ok {
 			return nil, fmt.Errorf("TypeError: slice indices must be integers or None")
+		}
+		if z != nil {
+			// Beyond int64 a bound selects as the int64 limit of its
+			// sign does: both are past either end of any sequence.
+			n = math.MaxInt64
+			if z.Sign() < 0 {
+				n = math.MinInt64
+			}
 		}
 		bounds[i], set[i] = n, true
 	}
@@ -571,16 +579,19 @@ func binop(op string, l, r Value) (Value, error) {
 	}
 	if op == "*" {
 		s, sOK := l.(string)
-		n, nOK := r.(int64)
+		nv := r
 		if !sOK {
 			s, sOK = r.(string)
-			n, nOK = l.(int64)
+			nv = l
 		}
-		if sOK && nOK {
+		if n, nb, isInt := intOf(nv); sOK && isInt {
+			if nb != nil {
+				return nil, errors.New("OverflowError: cannot fit 'int' into an index-sized integer")
+			}
 			if n <= 0 {
 				return "", nil
 			}
-			if int64(len(s))*n > maxRepeat {
+			if n > maxRepeat || int64(len(s))*n > maxRepeat {
 				return nil, errors.New("MemoryError: string repetition result too large")
 			}
 			return strings.Repeat(s, int(n)), nil
@@ -595,53 +606,18 @@ func binop(op string, l, r Value) (Value, error) {
 			return pyPercent(f, args, r)
 		}
 	}
-	ai, aInt := asInt(l)
-	bi, bInt := asInt(r)
-	if aInt && bInt {
-		switch op {
-		case "+":
-			return ai + bi, nil
-		case "-":
-			return ai - bi, nil
-		case "*":
-			return ai * bi, nil
-		case "/":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: division by zero")
-			}
-			return float64(ai) / float64(bi), nil
-		case "//":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
-			}
-			q := ai / bi
-			if (ai%bi != 0) && ((ai < 0) != (bi < 0)) {
-				q--
-			}
-			return q, nil
-		case "%":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
-			}
-			m := ai % bi
-			if m != 0 && ((m < 0) != (bi < 0)) {
-				m += bi
-			}
-			return m, nil
-		case "**":
-			if bi >= 0 {
-				res := int64(1)
-				for k := int64(0); k < bi && k < 64; k++ {
-					res *= ai
-				}
-				return res, nil
-			}
-			return math.Pow(float64(ai), float64(bi)), nil
-		}
+	if v, ok, err := intBinop(op, l, r); ok {
+		return v, err
 	}
-	af, aNum := asFloat(l)
-	bf, bNum := asFloat(r)
-	if aNum && bNum {
+	if isNumber(l) && isNumber(r) {
+		af, _, err := floatOf(l)
+		if err != nil {
+			return nil, err
+		}
+		bf, _, err := floatOf(r)
+		if err != nil {
+			return nil, err
+		}
 		switch op {
 		case "+":
 			return af + bf, nil
@@ -658,18 +634,16 @@ func binop(op string, l, r Value) (Value, error) {
 			if bf == 0 {
 				return nil, errors.New("ZeroDivisionError: float floor division by zero")
 			}
-			return math.Floor(af / bf), nil
+			q, _ := floatFloorDivMod(af, bf)
+			return q, nil
 		case "%":
 			if bf == 0 {
 				return nil, errors.New("ZeroDivisionError: float modulo")
 			}
-			m := math.Mod(af, bf)
-			if m != 0 && ((m < 0) != (bf < 0)) {
-				m += bf
-			}
+			_, m := floatFloorDivMod(af, bf)
 			return m, nil
 		case "**":
-			return math.Pow(af, bf), nil
+			return floatPow(af, bf)
 		}
 	}
 	return nil, fmt.Errorf("TypeError: unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(r))
@@ -685,18 +659,6 @@ func asInt(v Value) (int64, bool) {
 	return 0, false
 }
 
-func asFloat(v Value) (float64, bool) {
-	switch v := v.(type) {
-	case int64:
-		return float64(v), true
-	case float64:
-		return v, true
-	case bool:
-		return float64(boolInt(v)), true
-	}
-	return 0, false
-}
-
 // equal is Python ==.
 func equal(a, b Value) bool {
 	// Strings first: templates compare roles and types to literals all the
@@ -705,10 +667,10 @@ func equal(a, b Value) bool {
 		bs, ok := b.(string)
 		return ok && as == bs
 	}
-	if af, ok := asFloat(a); ok {
-		if bf, ok := asFloat(b); ok {
-			return af == bf
-		}
+	if c, unordered, ok := numCompare(a, b); ok {
+		return c == 0 && !unordered
+	}
+	if isNumber(a) || isNumber(b) {
 		return false
 	}
 	switch a := a.(type) {
@@ -722,6 +684,9 @@ func equal(a, b Value) bool {
 		return ok && a == bs
 	case *List:
 		bl, ok := b.(*List)
+		if ok && a == bl {
+			return true // Python compares items by identity first
+		}
 		if !ok || a.Tuple != bl.Tuple || len(a.Items) != len(bl.Items) {
 			return false
 		}
@@ -733,6 +698,9 @@ func equal(a, b Value) bool {
 		return true
 	case *Dict:
 		bd, ok := b.(*Dict)
+		if ok && a == bd {
+			return true
+		}
 		if !ok || a.Len() != bd.Len() {
 			return false
 		}
@@ -784,16 +752,13 @@ func compare(op string, l, r Value) (bool, error) {
 		return false, u.err()
 	}
 	var c int
-	if af, ok := asFloat(l); ok {
-		bf, ok := asFloat(r)
-		if !ok {
+	if isNumber(l) {
+		var unordered, ok bool
+		if c, unordered, ok = numCompare(l, r); !ok {
 			return false, fmt.Errorf("TypeError: '%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
 		}
-		switch {
-		case af < bf:
-			c = -1
-		case af > bf:
-			c = 1
+		if unordered {
+			return false, nil // NaN
 		}
 	} else if as, ok := l.(string); ok {
 		bs, ok := r.(string)

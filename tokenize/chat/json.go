@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -179,6 +180,17 @@ func (p *jsonParser) number() (Value, error) {
 		if n, err := strconv.ParseInt(lit, 10, 64); err == nil {
 			return n, nil
 		}
+		// Beyond int64: Python's json reads an exact int, up to its
+		// 4300-digit limit.
+		if len(lit) > maxIntDigits+1 {
+			return nil, p.errf("%v", errIntTooLarge())
+		}
+		z, _ := new(big.Int).SetString(lit, 10)
+		v, err := normInt(z)
+		if err != nil {
+			return nil, p.errf("%v", err)
+		}
+		return v, nil
 	}
 	f, err := strconv.ParseFloat(lit, 64)
 	if err != nil && !math.IsInf(f, 0) {

@@ -3,6 +3,7 @@ package chat
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"unicode"
@@ -10,8 +11,8 @@ import (
 )
 
 // Value is a template value with Python semantics. Concrete types:
-// nil (None), Undefined, bool, int64, float64, string, *List, *Dict,
-// *Namespace, *loopInfo and callables.
+// nil (None), Undefined, bool, int64 and *big.Int (int, see ints.go),
+// float64, string, *List, *Dict, *Namespace, *loopInfo and callables.
 type Value = any
 
 // Undefined is a missing variable, attribute or item. Printing it gives "",
@@ -115,7 +116,7 @@ func typeName(v Value) string {
 		return "Undefined"
 	case bool:
 		return "bool"
-	case int64:
+	case int64, *big.Int:
 		return "int"
 	case float64:
 		return "float"
@@ -146,6 +147,8 @@ func truthy(v Value) bool {
 		return v
 	case int64:
 		return v != 0
+	case *big.Int:
+		return true // never zero: zero is an int64
 	case float64:
 		return v != 0
 	case string:
@@ -194,6 +197,8 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 		}
 	case int64:
 		b.WriteString(strconv.FormatInt(v, 10))
+	case *big.Int:
+		b.WriteString(v.String())
 	case float64:
 		b.WriteString(pyFloat(v))
 	case string:
@@ -351,6 +356,8 @@ func writeJSON(b *strings.Builder, v Value, indent *int, sortKeys bool, level in
 		}
 	case int64:
 		b.WriteString(strconv.FormatInt(v, 10))
+	case *big.Int:
+		b.WriteString(v.String())
 	case float64:
 		switch {
 		case math.IsInf(v, 1):
