@@ -51,26 +51,47 @@ func pyStrip(s string, args []Value, left, right bool) (string, error) {
 	return s, nil
 }
 
+// method makes a builtin function that spends the work of what it builds.
 func method(f func(args []Value, kw *Dict) (Value, error)) callable {
-	return func(_ *evaluator, args []Value, kw *Dict) (Value, error) { return f(args, kw) }
+	return func(e *evaluator, args []Value, kw *Dict) (Value, error) {
+		v, err := f(args, kw)
+		if err != nil {
+			return nil, err
+		}
+		return v, e.spendOn(v)
+	}
 }
 
+// strMethod is a method of str s. Each scans s (or may), so a call
+// spends s's work first and then that of what it builds.
 func strMethod(s string, name string) Value {
+	m := func(f func(e *evaluator, args []Value, kw *Dict) (Value, error)) callable {
+		return func(e *evaluator, args []Value, kw *Dict) (Value, error) {
+			if err := e.spendOn(s); err != nil {
+				return nil, err
+			}
+			v, err := f(e, args, kw)
+			if err != nil {
+				return nil, err
+			}
+			return v, e.spendOn(v)
+		}
+	}
 	switch name {
 	case "strip", "lstrip", "rstrip":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			return pyStrip(s, args, name != "rstrip", name != "lstrip")
 		})
 	case "upper":
-		return method(func([]Value, *Dict) (Value, error) { return strings.ToUpper(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strings.ToUpper(s), nil })
 	case "lower":
-		return method(func([]Value, *Dict) (Value, error) { return strings.ToLower(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strings.ToLower(s), nil })
 	case "title":
-		return method(func([]Value, *Dict) (Value, error) { return pyTitle(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return pyTitle(s), nil })
 	case "capitalize":
-		return method(func([]Value, *Dict) (Value, error) { return pyCapitalize(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return pyCapitalize(s), nil })
 	case "startswith", "endswith":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr(name, 1, len(args))
 			}
@@ -92,7 +113,7 @@ func strMethod(s string, name string) Value {
 			return false, nil
 		})
 	case "split", "rsplit":
-		return method(func(args []Value, kw *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) {
 			var sep Value
 			maxsplit := int64(-1)
 			if len(args) > 0 {
@@ -135,7 +156,7 @@ func strMethod(s string, name string) Value {
 			return out, nil
 		})
 	case "splitlines":
-		return method(func(args []Value, kw *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) {
 			lines := pySplitLines(s, truthy(kwOr(kw, args, 0, "keepends", false)))
 			out := &List{Items: make([]Value, len(lines))}
 			for i, l := range lines {
@@ -144,7 +165,7 @@ func strMethod(s string, name string) Value {
 			return out, nil
 		})
 	case "replace":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) < 2 || len(args) > 3 {
 				return nil, argErr("replace", 2, len(args))
 			}
@@ -160,10 +181,10 @@ func strMethod(s string, name string) Value {
 			if len(args) == 3 {
 				count, _ = asInt(args[2])
 			}
-			return strings.Replace(s, o, n, int(count)), nil
+			return replaceChecked(s, o, n, int(count))
 		})
 	case "find", "rfind", "index", "rindex", "count":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr(name, 1, len(args))
 			}
@@ -189,11 +210,11 @@ func strMethod(s string, name string) Value {
 			return int64(i), nil
 		})
 	case "join":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("join", 1, len(args))
 			}
-			items, err := iterate(args[0])
+			items, err := e.iterate(args[0])
 			if err != nil {
 				return nil, err
 			}
@@ -205,12 +226,12 @@ func strMethod(s string, name string) Value {
 				}
 				parts[i] = p
 			}
-			return strings.Join(parts, s), nil
+			return joinChecked(parts, s)
 		})
 	case "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower":
-		return method(func([]Value, *Dict) (Value, error) { return strPredicate(s, name), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strPredicate(s, name), nil })
 	case "format":
-		return method(func(args []Value, kw *Dict) (Value, error) { return pyFormat(s, args, kw) })
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) { return pyFormat(s, args, kw) })
 	}
 	return nil
 }
@@ -285,6 +306,9 @@ func pyFormat(s string, args []Value, kw *Dict) (Value, error) {
 	var b strings.Builder
 	auto := 0
 	for i := 0; i < len(s); i++ {
+		if b.Len() > maxOutput {
+			return nil, errValueTooLarge()
+		}
 		c := s[i]
 		if c == '{' && i+1 < len(s) && s[i+1] == '{' {
 			b.WriteByte('{')
@@ -357,7 +381,8 @@ func dictMethod(d *Dict, name string) Value {
 			return out, nil
 		})
 	case "get":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		// A lookup: it builds nothing, so it spends nothing.
+		return callable(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) < 1 || len(args) > 2 {
 				return nil, argErr("get", 1, len(args))
 			}
@@ -378,29 +403,32 @@ func dictMethod(d *Dict, name string) Value {
 func listMethod(l *List, name string) Value {
 	switch name {
 	case "index":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return callable(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("index", 1, len(args))
 			}
 			for i, it := range l.Items {
-				if equal(it, args[0]) {
-					return int64(i), nil
+				if e.equal(it, args[0]) {
+					return int64(i), e.spent()
 				}
+			}
+			if err := e.spent(); err != nil {
+				return nil, err
 			}
 			return nil, fmt.Errorf("ValueError: %s is not in list", repr(args[0]))
 		})
 	case "count":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return callable(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("count", 1, len(args))
 			}
 			n := int64(0)
 			for _, it := range l.Items {
-				if equal(it, args[0]) {
+				if e.equal(it, args[0]) {
 					n++
 				}
 			}
-			return n, nil
+			return n, e.spent()
 		})
 	case "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse":
 		return method(func([]Value, *Dict) (Value, error) {
@@ -545,7 +573,7 @@ func strftime(t timeLike, f string) string {
 
 func sortStrings(s []string) { sort.Strings(s) }
 
-func runTest(name string, v Value, args []Value) (bool, error) {
+func (e *evaluator) runTest(name string, v Value, args []Value) (bool, error) {
 	switch name {
 	case "defined":
 		_, u := v.(Undefined)
@@ -604,7 +632,7 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return equal(m, boolInt(name == "odd")), nil
+		return e.equal(m, boolInt(name == "odd")), nil
 	case "divisibleby":
 		if len(args) != 1 {
 			return false, argErr("divisibleby", 1, len(args))
@@ -613,7 +641,7 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return equal(m, int64(0)), nil
+		return e.equal(m, int64(0)), nil
 	case "eq", "equalto", "==", "ne", "!=", "lt", "le", "gt", "ge", "lessthan", "greaterthan", "<", "<=", ">", ">=":
 		if len(args) != 1 {
 			return false, argErr(name, 1, len(args))
@@ -623,12 +651,12 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		if op == "" {
 			op = name
 		}
-		return compare(op, v, args[0])
+		return e.compare(op, v, args[0])
 	case "in":
 		if len(args) != 1 {
 			return false, argErr("in", 1, len(args))
 		}
-		return contains(args[0], v)
+		return e.contains(args[0], v)
 	case "sameas":
 		if len(args) != 1 {
 			return false, argErr("sameas", 1, len(args))
@@ -639,7 +667,7 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		case Undefined:
 			return false, nil // every lookup makes a new Undefined object
 		}
-		return equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
+		return e.equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
 	case "lower", "upper":
 		s, ok := v.(string)
 		if !ok {
@@ -683,6 +711,9 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 	var b strings.Builder
 	next := 0
 	for i := 0; i < len(f); i++ {
+		if b.Len() > maxOutput {
+			return nil, errValueTooLarge()
+		}
 		if f[i] != '%' {
 			b.WriteByte(f[i])
 			continue
@@ -731,10 +762,15 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 		}
 		flags := f[spec:i]
 		switch conv {
-		case 's':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", str(arg)))
-		case 'r', 'a':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", repr(arg)))
+		case 's', 'r', 'a':
+			text := str(arg)
+			if conv != 's' {
+				text = repr(arg)
+			}
+			// Python pads a str with spaces only: '%05s' is '    x'.
+			rest := strings.TrimLeft(flags, "-+ #0")
+			lead := strings.ReplaceAll(flags[:len(flags)-len(rest)], "0", "")
+			b.WriteString(fmt.Sprintf("%"+lead+rest+"s", text))
 		case 'd', 'i', 'u', 'x', 'X', 'o', 'f', 'F', 'e', 'E', 'g', 'G':
 			out, err := percentNumber(flags, conv, arg)
 			if err != nil {

@@ -315,6 +315,9 @@ func (e *evaluator) writeChain(ops []operand, f *frame) error {
 		}
 		if s, ok := v.(string); ok {
 			e.out.WriteString(s)
+			if e.out.Len() > maxOutput {
+				return errOutputLimit()
+			}
 			continue
 		}
 		if i > 0 {
@@ -403,7 +406,7 @@ func (c *compiler) set(s *setNode) execFn {
 		if err != nil {
 			return err
 		}
-		return unpack(f, slots, v)
+		return e.unpack(f, slots, v)
 	}
 }
 
@@ -510,6 +513,12 @@ func (c *compiler) expr(x expr) evalFn {
 			if err != nil {
 				return nil, err
 			}
+			if s, ok := o.(string); ok {
+				// Indexing a str counts characters up to the index.
+				if err := e.spendOn(s); err != nil {
+					return nil, err
+				}
+			}
 			return getItem(o, i)
 		}
 	case *sliceExpr:
@@ -534,6 +543,12 @@ func (c *compiler) expr(x expr) evalFn {
 				v, err := tickThen(e, f, in)
 				if err != nil {
 					return nil, err
+				}
+				if s, ok := v.(string); ok && len(s) >= workBytes {
+					// Counting characters, as e.filter would spend.
+					if err := e.spendOn(s); err != nil {
+						return nil, err
+					}
 				}
 				return length(v)
 			}
@@ -956,7 +971,11 @@ func (c *compiler) bin(x *binExpr) evalFn {
 				}
 			}
 		}
-		return binop(op, lv, rv)
+		v, err := binop(op, lv, rv)
+		if err != nil {
+			return nil, err
+		}
+		return v, e.spendOn(v)
 	}
 }
 
@@ -1140,7 +1159,7 @@ func (c *compiler) test(x *testExpr) condFn {
 				return false, err
 			}
 		}
-		r, err := runTest(name, v, targs)
+		r, err := e.runTest(name, v, targs)
 		if err != nil {
 			return false, err
 		}
@@ -1166,7 +1185,7 @@ func (c *compiler) compare(x *compareExpr) condFn {
 			if err != nil {
 				return false, err
 			}
-			ok, err := compare(op, l, r)
+			ok, err := e.compare(op, l, r)
 			if err != nil {
 				return false, err
 			}
@@ -1238,9 +1257,14 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 				return false, err
 			}
 			if h, ok := rv.(string); ok {
+				if len(h) >= workBytes {
+					if err := e.spendOn(h); err != nil {
+						return false, err
+					}
+				}
 				return strings.Contains(h, s) == in, nil
 			}
-			ok, err := contains(rv, s)
+			ok, err := e.contains(rv, s)
 			if err != nil {
 				return false, err
 			}
@@ -1282,7 +1306,7 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 				}
 			}
 		}
-		return compare(op, lv, rv)
+		return e.compare(op, lv, rv)
 	}
 }
 

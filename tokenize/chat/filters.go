@@ -6,6 +6,7 @@ import (
 	"html"
 	"math"
 	"math/big"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,14 +24,61 @@ func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
 	return def
 }
 
+// filter applies a filter and spends its work (see spend): a step per
+// item or 64 bytes of the input it scans, before, and of what it builds,
+// after. Filters that return a value they were given (default, first,
+// min...) build nothing.
 func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value, error) {
+	switch name {
+	case "length", "count", "wordcount", "int", "float", "list", "first", "last", "reverse", "truncate":
+		// Work that grows with a str input (counting or listing its
+		// characters), however small the result; a list's length is
+		// known.
+		if str, ok := v.(string); ok {
+			if err := e.spendOn(str); err != nil {
+				return nil, err
+			}
+		}
+	case "sum", "min", "max", "unique", "select", "reject", "selectattr", "rejectattr", "map", "join", "batch":
+		// A pass over the items, however small the result.
+		if err := e.spendOn(v); err != nil {
+			return nil, err
+		}
+	case "sort", "dictsort":
+		// n log n comparisons.
+		n := 0
+		switch x := v.(type) {
+		case *List:
+			n = len(x.Items)
+		case *Dict:
+			n = x.Len()
+		case string:
+			n = len(x)
+		}
+		e.spend(n * bits.Len(uint(n)))
+		if err := e.spent(); err != nil {
+			return nil, err
+		}
+	}
+	out, err := e.applyFilter(name, v, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	switch name {
+	case "default", "d", "safe", "first", "last", "min", "max", "attr", "length", "count", "wordcount":
+		return out, nil
+	}
+	return out, e.spendOn(out)
+}
+
+func (e *evaluator) applyFilter(name string, v Value, args []Value, kw *Dict) (Value, error) {
 	// Filters other than default and tests of definedness fail on
 	// Undefined the way Jinja's default Undefined does when used.
 	switch name {
 	case "tojson":
 		var indent *int
 		if iv := kwOr(kw, args, 0, "indent", nil); iv != nil {
-			n := int(toInt(iv, 0))
+			n := int(max(-1, min(toInt(iv, 0), maxOutput+1))) // every negative indent is none
 			indent = &n
 		}
 		sortKeys := truthy(kwOr(kw, nil, 0, "sort_keys", false))
@@ -90,7 +138,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		if c := kwOr(kw, args, 2, "count", nil); c != nil {
 			count = toInt(c, -1)
 		}
-		return strings.Replace(s, str(args[0]), str(args[1]), int(count)), nil
+		return replaceChecked(s, str(args[0]), str(args[1]), int(count))
 	case "indent":
 		s, err := strIn(name, v)
 		if err != nil {
@@ -105,9 +153,9 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		first := truthy(kwOr(kw, args, 1, "first", false))
 		blank := truthy(kwOr(kw, args, 2, "blank", false))
-		return jinjaIndent(s, pad, first, blank), nil
+		return jinjaIndent(s, pad, first, blank)
 	case "first", "last":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -119,13 +167,14 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return items[len(items)-1], nil
 	case "join":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
 		sep := str(kwOr(kw, args, 0, "d", ""))
 		attr := kwOr(kw, args, 1, "attribute", nil)
 		parts := make([]string, len(items))
+		total := 0
 		for i, it := range items {
 			if attr != nil {
 				if it, err = getItem(it, attr); err != nil {
@@ -133,10 +182,13 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 				}
 			}
 			parts[i] = str(it)
+			if total += len(parts[i]); total > maxOutput {
+				return nil, errValueTooLarge()
+			}
 		}
-		return strings.Join(parts, sep), nil
+		return joinChecked(parts, sep)
 	case "list":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -175,7 +227,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			slices.Reverse(rs)
 			return string(rs), nil
 		}
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -183,7 +235,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		slices.Reverse(out)
 		return &List{Items: out}, nil
 	case "sort":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -203,12 +255,12 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		var sortErr error
 		slices.SortStableFunc(out, func(a, b Value) int {
 			ka, kb := key(a), key(b)
-			if lt, err := compare("<", ka, kb); err != nil {
+			if lt, err := e.compare("<", ka, kb); err != nil {
 				sortErr = err
 			} else if lt {
 				return -1
 			}
-			if gt, _ := compare(">", ka, kb); gt {
+			if gt, _ := e.compare(">", ka, kb); gt {
 				return 1
 			}
 			return 0
@@ -221,7 +273,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return &List{Items: out}, nil
 	case "unique":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -248,7 +300,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return out, nil
 	case "map":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -280,7 +332,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return out, nil
 	case "select", "reject", "selectattr", "rejectattr":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -305,7 +357,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			var ok bool
 			if len(rest) == 0 {
 				ok = truthy(x)
-			} else if ok, err = runTest(str(rest[0]), x, rest[1:]); err != nil {
+			} else if ok, err = e.runTest(str(rest[0]), x, rest[1:]); err != nil {
 				return nil, err
 			}
 			if ok == want {
@@ -344,7 +396,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 	case "round":
 		return roundFilter(v, kwOr(kw, args, 0, "precision", int64(0)), str(kwOr(kw, args, 1, "method", "common")))
 	case "sum":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +414,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return total, nil
 	case "min", "max":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -384,7 +436,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			if err != nil {
 				return nil, err
 			}
-			better, err := compare(op, k, bestKey)
+			better, err := e.compare(op, k, bestKey)
 			if err != nil {
 				return nil, err
 			}
@@ -438,7 +490,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return head + end, nil
 	case "batch":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}

@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// TestPythonNumbers checks number semantics the golden renders cannot
+// TestPythonEdges checks Python semantics (numbers mostly) the golden renders cannot
 // hold (errors end a render) or do not reach. The expected values are
 // Python 3.11 with jinja2 3.1.6, rendered as testdata/chat/README.md says.
-func TestPythonNumbers(t *testing.T) {
+func TestPythonEdges(t *testing.T) {
 	vars := NewDict()
 	vars.Set("inf", math.Inf(1))
 	vars.Set("nan", math.NaN())
@@ -39,6 +39,9 @@ func TestPythonNumbers(t *testing.T) {
 		{src: `{{ nan|int }}|{{ inf|round }}|{{ x|float }}|{{ nan == nan }}|{{ nan < 1 }}|{{ nan != nan }}|{{ 1e308 * 10 }}|{{ x * 1e300 }}`,
 			want: `0|inf|1.2345678901234567e+19|False|False|True|inf|inf`},
 		{src: `{{ 10**4299 > 0 }}`, want: `True`},
+		{src: `{{ [1,[2]]|tojson(indent=-1) }}|{{ {'a':[1]}|tojson(indent=0) }}`, want: "[\n1,\n[\n2\n]\n]|{\n\"a\": [\n1\n]\n}"},
+		{src: `{{ '%05s|%-010s|%10.2s|%010r' % ('a','b','xyz', 'q') }}|{{ 'a b c d e f g'|truncate(5, false, '..', 0) }}`, want: `    a|b         |        xy|       'q'|a..`},
+		{src: `{{ 'abc'|truncate(2) }}`, err: "AssertionError"},
 		{src: `{{ inf|int }}`, err: "OverflowError"},
 		{src: `{{ inf|round(0, 'ceil') }}`, err: "OverflowError"},
 		{src: `{{ nan|round(1, 'floor') }}`, err: "ValueError"},

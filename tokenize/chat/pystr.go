@@ -222,8 +222,11 @@ func jinjaTitle(s string) string {
 // jinjaIndent is Jinja's indent filter: str.splitlines boundaries (each
 // becomes "\n"), the first line and empty lines left alone unless first
 // and blank say otherwise.
-func jinjaIndent(s, pad string, first, blank bool) string {
+func jinjaIndent(s, pad string, first, blank bool) (string, error) {
 	lines := pySplitLines(s+"\n", false)
+	if len(pad) > 0 && (maxOutput-len(s))/len(pad) < len(lines) {
+		return "", errValueTooLarge()
+	}
 	var b strings.Builder
 	if first {
 		b.WriteString(pad)
@@ -237,5 +240,35 @@ func jinjaIndent(s, pad string, first, blank bool) string {
 		}
 		b.WriteString(l)
 	}
-	return b.String()
+	return b.String(), nil
+}
+
+// joinChecked is strings.Join, refused before it allocates a result past
+// the output limit.
+func joinChecked(parts []string, sep string) (string, error) {
+	total := len(sep) * max(0, len(parts)-1)
+	for _, p := range parts {
+		if total += len(p); total > maxOutput {
+			return "", errValueTooLarge()
+		}
+	}
+	if total > maxOutput {
+		return "", errValueTooLarge()
+	}
+	return strings.Join(parts, sep), nil
+}
+
+// replaceChecked is strings.Replace (n < 0: every occurrence), refused
+// before it allocates a result past the output limit.
+func replaceChecked(s, old, repl string, n int) (string, error) {
+	if len(repl) > len(old) {
+		count := strings.Count(s, old)
+		if n >= 0 && n < count {
+			count = n
+		}
+		if grow := len(repl) - len(old); count > 0 && (maxOutput-len(s))/count < grow {
+			return "", errValueTooLarge()
+		}
+	}
+	return strings.Replace(s, old, repl, n), nil
 }

@@ -184,6 +184,11 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 		b.WriteString("...")
 		return
 	}
+	if b.Len() > maxOutput {
+		// Past the limit the text is refused wherever it goes (output,
+		// a str value): the rest need not be written.
+		return
+	}
 	switch v := v.(type) {
 	case nil:
 		b.WriteString("None")
@@ -335,10 +340,18 @@ func writeJSON(b *strings.Builder, v Value, indent *int, sortKeys bool, level in
 	if level > 1000 {
 		return fmt.Errorf("ValueError: nesting too deep for tojson")
 	}
+	if b.Len() > maxOutput {
+		return errValueTooLarge()
+	}
 	nl := func(l int) {
 		if indent != nil {
 			b.WriteByte('\n')
-			b.WriteString(strings.Repeat(" ", *indent*l))
+			// A negative indent is no indent, as " " * -1 is "".
+			if pad := *indent * l; pad > 0 && pad <= maxOutput {
+				b.WriteString(strings.Repeat(" ", pad))
+			} else if pad > maxOutput {
+				b.WriteString(strings.Repeat(" ", maxOutput+1))
+			}
 		}
 	}
 	itemSep := ", "
