@@ -6,8 +6,10 @@
 //
 // It is its own interpreter rather than gonja because chat templates need a
 // Python value model gonja lacks: ordered dicts (tools | tojson), Python
-// printing of None/True/floats, str methods with Python semantics, and
-// Jinja's Undefined behaviour; see DESIGN.md section 2.
+// printing of None/True/floats, arbitrary-precision ints (ints.go), str
+// methods with Python's white space (pystr.go), and Jinja's Undefined
+// behaviour; see DESIGN.md section 2. testdata/chat holds Python's renders
+// that it must match byte for byte.
 package chat
 
 import (
