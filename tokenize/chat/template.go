@@ -8,8 +8,8 @@
 // Python value model gonja lacks: ordered dicts (tools | tojson), Python
 // printing of None/True/floats, arbitrary-precision ints (ints.go), str
 // methods with Python's white space (pystr.go), and Jinja's Undefined
-// behaviour; see DESIGN.md section 2. testdata/chat holds Python's renders
-// that it must match byte for byte.
+// behaviour. testdata/chat holds Python's renders that it must match byte
+// for byte (testdata/chat/README.md says how they were made).
 package chat
 
 import (
