@@ -30,7 +30,8 @@ func defaultServeSettings() serveSettings {
 
 func serveCommand() *cli.Command {
 	s := defaultServeSettings()
-	return &cli.Command{
+	t := newFlagTable("serve")
+	return t.command(&cli.Command{
 		Name:  "serve",
 		Usage: "run the OpenAI-compatible router in front of vLLM pods",
 		Description: "Routes /v1/completions and /v1/chat/completions to the pod whose prefix cache holds the\n" +
@@ -38,25 +39,24 @@ func serveCommand() *cli.Command {
 			"Each --endpoint is a pod's base URL with options in its query, e.g.\n" +
 			"  http://10.0.0.7:8000?events=tcp://10.0.0.7:5557&replay=tcp://10.0.0.7:5558&dp=2&model=NAME&role=decode\n" +
 			"Every flag has an environment variable PREFIXROUTER_<FLAG> (dashes as underscores).",
-		OnUsageError: onUsageError,
-		Flags:        s.flags(),
-		Action:       func(ctx context.Context, _ *cli.Command) error { return runServe(ctx, &s) },
-	}
+		Flags:  s.flags(t),
+		Action: func(ctx context.Context, _ *cli.Command) error { return runServe(ctx, &s) },
+	})
 }
 
 // flags is the serve command's flag table: each flag is bound to the field
 // it sets, and its default is that field's value in s, which starts as
 // router.DefaultConfig. Help, docs/configuration.md and the config cannot
 // disagree on a default.
-func (s *serveSettings) flags() []cli.Flag {
+func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	h, ev := &s.Health, &s.Events
-	serving := binder{"Serving"}
-	targets := binder{"Targets"}
-	routing := binder{"Routing"}
-	keys := binder{"Block keys and tokenization"}
-	upstream := binder{"Requests to the pods"}
-	health := binder{"Health and load"}
-	events := binder{"KV-event streams"}
+	serving := t.group("Serving")
+	targets := t.group("Targets")
+	routing := t.group("Routing")
+	keys := t.group("Block keys and tokenization")
+	upstream := t.group("Requests to the pods")
+	health := t.group("Health and load")
+	events := t.group("KV-event streams")
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -79,7 +79,7 @@ func (s *serveSettings) flags() []cli.Flag {
 
 		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo),
 			"learned from the pods"),
-		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed),
+		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed, nil),
 		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),
 		keys.list("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)", &s.Tokenizers),
 		choice(keys, "tokenization", "mode for models without a mode of their own: local, remote or auto", &s.Tokenization, tokenize.Mode.String, tokenize.ParseMode),

@@ -14,8 +14,18 @@ import (
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
+// tokenizeSettings is what the tokenize command's flags set.
+type tokenizeSettings struct {
+	Tokenizer        string
+	AddSpecialTokens bool
+	Chat             bool
+}
+
 func tokenizeCommand() *cli.Command {
-	return &cli.Command{
+	var s tokenizeSettings
+	t := newFlagTable("tokenize")
+	b := t.group("")
+	return t.command(&cli.Command{
 		Name:  "tokenize",
 		Usage: "encode JSON Lines from stdin with a model's tokenizer, as vLLM would",
 		Description: "Each stdin line is a JSON string; each output line is the JSON array of its token ids.\n" +
@@ -24,22 +34,25 @@ func tokenizeCommand() *cli.Command {
 			"and each output line is {\"prompt\": ..., \"token_ids\": [...]} or {\"error\": ...} when the template raises.\n" +
 			"--tokenizer is a model directory (tokenizer.json with tokenizer_config.json's BOS rules and chat template,\n" +
 			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), or \"bytes\" for the built-in model.",
-		OnUsageError: onUsageError,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "tokenizer", Usage: "model directory, tokenizer.json file, or \"bytes\" (required)", Sources: envVar("tokenizer")},
-			&cli.BoolFlag{Name: "add-special-tokens", Usage: "add the post-processor's special tokens (BOS/EOS) to plain strings"},
-			&cli.BoolFlag{Name: "chat", Usage: "lines are chat requests rendered with the model's chat template"},
+			defaultText(b.str("tokenizer", "model directory, tokenizer.json file, or \"bytes\"", &s.Tokenizer), "none, required"),
+			b.bool("add-special-tokens", "add the post-processor's special tokens (BOS/EOS) to plain strings", &s.AddSpecialTokens),
+			b.bool("chat", "lines are chat requests rendered with the model's chat template", &s.Chat),
 		},
-		Action: runTokenize,
-	}
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			return runTokenize(cmd.Root().Reader, cmd.Root().Writer, &s, cmd.IsSet("add-special-tokens"))
+		},
+	})
 }
 
-func runTokenize(_ context.Context, cmd *cli.Command) error {
-	path := cmd.String("tokenizer")
+// runTokenize encodes stdin; specialGiven says --add-special-tokens was
+// given at all, which --chat refuses even as false.
+func runTokenize(stdin io.Reader, stdout io.Writer, s *tokenizeSettings, specialGiven bool) error {
+	path := s.Tokenizer
 	if path == "" {
 		return usageError("--tokenizer is required")
 	}
-	if cmd.Bool("chat") && cmd.IsSet("add-special-tokens") {
+	if s.Chat && specialGiven {
 		return usageError("--add-special-tokens does not apply to --chat (chat prompts encode without them, as vLLM does)")
 	}
 	reg := tokenize.NewRegistry(tokenize.Options{})
@@ -48,18 +61,18 @@ func runTokenize(_ context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
-	w := bufio.NewWriter(cmd.Root().Writer)
+	w := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	err = tokenizeLines(cmd.Root().Reader, func(lineNo int, line []byte) error {
-		if cmd.Bool("chat") {
+	err = tokenizeLines(stdin, func(lineNo int, line []byte) error {
+		if s.Chat {
 			return tokenizeChatLine(m, enc, lineNo, line)
 		}
 		var text string
 		if err := json.Unmarshal(line, &text); err != nil {
 			return usageError("stdin line %d: want a JSON string: %v", lineNo, err)
 		}
-		ids, err := m.Encode(text, cmd.Bool("add-special-tokens"))
+		ids, err := m.Encode(text, s.AddSpecialTokens)
 		if err != nil {
 			return fmt.Errorf("line %d: %w", lineNo, err)
 		}
