@@ -38,6 +38,37 @@ func wantUsageLine(t *testing.T, want string, args ...string) {
 	}
 }
 
+func TestUnknownFlagsAndCommandsNameWhatWasMeant(t *testing.T) {
+	clearEnv(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--hash-sed", "0"}, "unknown flag --hash-sed (did you mean --hash-seed?)"},
+		{[]string{"serve", "--max_retries", "1"}, "unknown flag --max_retries (did you mean --max-retries?)"},
+		{[]string{"serve", "--tokeniser", "m=bytes"}, "unknown flag --tokeniser (did you mean --tokenizer?)"},
+		{[]string{"serve", "--idle", "1s"}, "unknown flag --idle (did you mean --idle-timeout?)"},
+		{[]string{"hash", "--sed", "0"}, "unknown flag --sed (did you mean --hash-seed?)"},
+		{[]string{"hash", "--seed", "0"}, "unknown flag --seed (renamed --hash-seed)"},
+		{[]string{"hash", "--algo", "xxhash"}, "unknown flag --algo (renamed --hash-algo)"},
+		{[]string{"sim", "--seed", "7"}, "unknown flag --seed (renamed --fault-seed)"},
+		{[]string{"events", "--endpont", "tcp://h:5557"}, "unknown flag --endpont (did you mean --endpoint?)"},
+		{[]string{"serve", "--count", "3"}, "unknown flag --count (a flag of events)"},
+		{[]string{"--endpoint", "http://h:8000", "serve"}, "unknown flag --endpoint (a flag of serve or events)"},
+		{[]string{"serve", "--bogus"}, "unknown flag --bogus"},
+		{[]string{"serv"}, "unknown command serv (did you mean serve?)"},
+		{[]string{"evnets"}, "unknown command evnets (did you mean events?)"},
+		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, sim, events, tokenize, version, help, h)"},
+		{[]string{"serve", "http://h:8000"}, `unexpected argument "http://h:8000" (give every value with its flag, e.g. --NAME VALUE)`},
+		{[]string{"serve", "--policy"}, "--policy needs a value"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			wantUsageLine(t, tc.want, tc.args...)
+		})
+	}
+}
+
 // TestNumbersAreTyped: counts, sizes and durations are numbers in every
 // command, so help says what they take and a bad value is refused by the
 // parser, on the command line and in the environment alike.
@@ -119,6 +150,16 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("PREFIXROUTER_EVENTS_COUNT", "ten")
 	wantUsageLine(t, "--endpoint is required, e.g. tcp://10.0.0.7:5557", "events", "--count", "1")
+}
+
+// TestUnreadEnvironmentVariablesAreRefused: a PREFIXROUTER_ variable no
+// command reads is a typo or an old name, and the error names the new one.
+func TestUnreadEnvironmentVariablesAreRefused(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("PREFIXROUTER_TIME_SCALE", "100")
+	t.Setenv("PREFIXROUTER_HASHSEED", "0")
+	wantUsageLine(t, "PREFIXROUTER_HASHSEED is read by no command (did you mean PREFIXROUTER_HASH_SEED?); "+
+		"PREFIXROUTER_TIME_SCALE is read by no command (did you mean PREFIXROUTER_SIM_TIME_SCALE?)", "version")
 }
 
 // TestEnvironmentVariablesAreUnique: every flag of every command has one

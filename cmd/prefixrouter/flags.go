@@ -44,10 +44,11 @@ func envName(command, flag string) string {
 }
 
 // command completes a command that uses the table: malformed environment
-// variables and flag errors are usage errors with one line.
+// variables, flag errors and stray arguments are usage errors with one line.
 func (t *flagTable) command(cmd *cli.Command) *cli.Command {
 	cmd.Before = t.reportEnv
 	cmd.OnUsageError = t.onUsageError
+	cmd.ArgValidator = rejectArguments
 	return cmd
 }
 

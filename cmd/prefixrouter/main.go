@@ -65,6 +65,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		ErrWriter:      io.Discard,
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 		OnUsageError:   newFlagTable("").onUsageError,
+		ArgValidator:   unknownCommand,
+		Before:         checkEnvNames,
 		Commands: []*cli.Command{
 			hashCommand(),
 			serveCommand(),

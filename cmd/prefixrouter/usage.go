@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,7 +22,7 @@ func usageError(format string, args ...any) error {
 func (t *flagTable) onUsageError(_ context.Context, cmd *cli.Command, err error, _ bool) error {
 	msg := err.Error()
 	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-		return usageError("%s", unknownFlag(name, t.renamed))
+		return usageError("%s", unknownFlag(cmd, name, t.renamed))
 	}
 	if raw, name, ok := invalidValue(msg); ok {
 		if check := t.checks[name]; check != nil {
@@ -54,11 +56,29 @@ func invalidValue(msg string) (raw, name string, ok bool) {
 	return raw, name, ok
 }
 
-// unknownFlag names an unknown flag and, where it was renamed, its new name.
-func unknownFlag(name string, renamed map[string]string) string {
+// unknownFlag names an unknown flag and, where one is near enough to be
+// meant, the flag to use instead: its new name, a close spelling, or the
+// commands that have it.
+func unknownFlag(cmd *cli.Command, name string, renamed map[string]string) string {
 	msg := "unknown flag " + dashed(name)
 	if now, ok := renamed[name]; ok {
 		return fmt.Sprintf("%s (renamed %s)", msg, dashed(now))
+	}
+	var names []string
+	for _, f := range cmd.VisibleFlags() {
+		names = append(names, f.Names()...)
+	}
+	if s := closest(strings.ReplaceAll(name, "_", "-"), names); s != "" {
+		return fmt.Sprintf("%s (did you mean %s?)", msg, dashed(s))
+	}
+	var owners []string
+	for _, c := range cmd.Root().Commands {
+		if c != cmd && slices.ContainsFunc(c.Flags, func(f cli.Flag) bool { return slices.Contains(f.Names(), name) }) {
+			owners = append(owners, c.Name)
+		}
+	}
+	if len(owners) > 0 {
+		return fmt.Sprintf("%s (a flag of %s)", msg, orList(owners))
 	}
 	return msg
 }
@@ -69,4 +89,147 @@ func dashed(name string) string {
 		return "-" + name
 	}
 	return "--" + name
+}
+
+// rejectArguments refuses positional arguments: no command takes any, and
+// one left over is a flag's value typed without its flag.
+func rejectArguments(_ context.Context, cmd *cli.Command) error {
+	if !cmd.Args().Present() {
+		return nil
+	}
+	return usageError("unexpected argument %q (give every value with its flag, e.g. --NAME VALUE)", cmd.Args().First())
+}
+
+// unknownCommand is the root's argument check: the first argument named no
+// command.
+func unknownCommand(_ context.Context, cmd *cli.Command) error {
+	if cmd != cmd.Root() || !cmd.Args().Present() {
+		return nil // the help command's topic, or no command at all
+	}
+	name := cmd.Args().First()
+	var names []string
+	for _, c := range cmd.Commands {
+		if !c.Hidden {
+			names = append(names, c.Names()...)
+		}
+	}
+	msg := "unknown command " + name
+	if s := closest(name, names); s != "" {
+		return usageError("%s (did you mean %s?)", msg, s)
+	}
+	return usageError("%s (commands: %s)", msg, strings.Join(names, ", "))
+}
+
+// checkEnvNames refuses PREFIXROUTER_ variables that no command reads: a
+// misspelt or outdated name would otherwise be ignored without a word.
+func checkEnvNames(ctx context.Context, root *cli.Command) (context.Context, error) {
+	const prefix = "PREFIXROUTER_"
+	var known []string // without the prefix
+	for _, c := range root.Commands {
+		for _, f := range c.Flags {
+			if df, ok := f.(cli.DocGenerationFlag); ok {
+				for _, v := range df.GetEnvVars() {
+					known = append(known, strings.TrimPrefix(v, prefix))
+				}
+			}
+		}
+	}
+	var problems []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		name, ok := strings.CutPrefix(k, prefix)
+		if !ok || slices.Contains(known, name) {
+			continue
+		}
+		// A variable of one command's flag read by another before each
+		// command had its own (PREFIXROUTER_TIME_SCALE for sim's).
+		var meant []string
+		for _, n := range known {
+			if strings.HasSuffix(n, "_"+name) {
+				meant = append(meant, prefix+n)
+			}
+		}
+		if len(meant) == 0 {
+			if s := closest(name, known); s != "" {
+				meant = append(meant, prefix+s)
+			}
+		}
+		p := k + " is read by no command"
+		if len(meant) > 0 {
+			p += " (did you mean " + strings.ReplaceAll(orList(meant), ", ", " or ") + "?)"
+		}
+		problems = append(problems, p)
+	}
+	if len(problems) == 0 {
+		return ctx, nil
+	}
+	slices.Sort(problems)
+	return ctx, usageError("%s", strings.Join(problems, "; "))
+}
+
+// closest is the name s was probably meant to be: the nearest by edit
+// distance (a typo: at most one edit per four characters, at least one),
+// else the one name that begins with s, else the one whose last
+// dash-separated word is a typo of s ("sed" for hash-seed); "" when
+// nothing is near.
+func closest(s string, names []string) string {
+	if best := nearest(s, names); best != "" || len(s) < 3 {
+		return best
+	}
+	var prefixed, byWord []string
+	for _, n := range names {
+		if strings.HasPrefix(n, s) && !slices.Contains(prefixed, n) {
+			prefixed = append(prefixed, n)
+		}
+		if i := strings.LastIndexAny(n, "-_"); i >= 0 {
+			if nearest(s, []string{n[i+1:]}) != "" && !slices.Contains(byWord, n) {
+				byWord = append(byWord, n)
+			}
+		}
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0]
+	}
+	if len(prefixed) == 0 && len(byWord) == 1 {
+		return byWord[0]
+	}
+	return ""
+}
+
+// nearest is the name closest to s within the typo distance, or "".
+func nearest(s string, names []string) string {
+	best, bestD := "", max(1, len(s)/4)+1
+	for _, n := range names {
+		if d := editDistance(s, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance counts the insertions, deletions, substitutions and swaps of
+// neighbours that turn a into b (optimal string alignment).
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev2 := make([]int, len(rb)+1)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(rb)]
 }
