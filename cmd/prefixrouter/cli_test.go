@@ -249,3 +249,18 @@ func TestHelpPrintsOneDefaultPerFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestHashSeedRandom: "random" means PYTHONHASHSEED unset everywhere. sim
+// simulates such pods (TestSimRunsUntilCancelled); serve and hash cannot
+// compute their hashes and refuse it, serve pointing to token-derived mode.
+func TestHashSeedRandom(t *testing.T) {
+	clearEnv(t)
+	const why = `"random" means pods without PYTHONHASHSEED, whose block hashes are random per process and cannot be recomputed: `
+	wantUsageLine(t, "--hash-seed: "+why+"omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)",
+		"serve", "--endpoint", "http://127.0.0.1:1", "--hash-seed", "random")
+	wantUsageLine(t, "--hash-seed: "+why+"start the pods with PYTHONHASHSEED set to compare their hashes",
+		"hash", "--hash-seed", "random", "--block-size", "4", "--tokens", "1,2,3,4")
+	t.Setenv("PREFIXROUTER_HASH_SEED", "random")
+	wantUsageLine(t, "PREFIXROUTER_HASH_SEED (--hash-seed): "+why+"omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)",
+		"serve", "--endpoint", "http://127.0.0.1:1")
+}

@@ -44,7 +44,8 @@ func hashCommand() *cli.Command {
 			"algorithm, seed and block size agree with the pods.",
 		Flags: []cli.Flag{
 			choice(b, "hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &s.HashAlgo, kvindex.HashAlgo.String, kvindex.ParseHashAlgo),
-			b.optional("hash-seed", "the pods' PYTHONHASHSEED", "none, required", &s.HashSeed, &s.HasHashSeed, nil),
+			b.optional("hash-seed", "the pods' PYTHONHASHSEED", "none, required", &s.HashSeed, &s.HasHashSeed,
+				refuseRandomSeed("start the pods with PYTHONHASHSEED set to compare their hashes")),
 			defaultText(b.int("block-size", "the pods' KV block size in tokens", &s.BlockSize), "none, required"),
 			b.str("lora-name", "LoRA adapter name (extra key on every block)", &s.LoRAName),
 			b.str("cache-salt", "request cache_salt (extra key on block 0)", &s.CacheSalt),
@@ -114,11 +115,22 @@ func (s *hashSettings) tokens() ([]uint32, error) {
 	return nil, usageError("give the tokens with --tokens 1,2,3 or --tokens-file F")
 }
 
-// hashSeedRandom is the sim --hash-seed value that models PYTHONHASHSEED
-// unset. (vLLM itself would hash a PYTHONHASHSEED of "random" as that
-// string; the in-process sim.Config keeps that meaning and has
-// RandomHashSeed instead.)
+// hashSeedRandom is the --hash-seed value that means "PYTHONHASHSEED
+// unset" in every command: sim models such pods, serve and hash refuse it.
+// (vLLM itself would hash a PYTHONHASHSEED of "random" as that string.)
 const hashSeedRandom = "random"
+
+// refuseRandomSeed is the --hash-seed check of the commands that compute
+// vLLM's hashes: pods without PYTHONHASHSEED root theirs at random bytes
+// per process, which nobody outside can reproduce. remedy says what to do.
+func refuseRandomSeed(remedy string) func(string) error {
+	return func(v string) error {
+		if v != hashSeedRandom {
+			return nil
+		}
+		return fmt.Errorf("%q means pods without PYTHONHASHSEED, whose block hashes are random per process and cannot be recomputed: %s", v, remedy)
+	}
+}
 
 func parseTokenList(s string) ([]uint32, error) {
 	s = strings.TrimSpace(s)

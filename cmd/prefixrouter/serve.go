@@ -79,7 +79,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 
 		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo),
 			"learned from the pods"),
-		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed, nil),
+		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed,
+			refuseRandomSeed("omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)")),
 		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),
 		keys.list("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)", &s.Tokenizers),
 		choice(keys, "tokenization", "mode for models without a mode of their own: local, remote or auto", &s.Tokenization, tokenize.Mode.String, tokenize.ParseMode),
