@@ -29,7 +29,8 @@ type hashSettings struct {
 	Format      string
 }
 
-func hashCommand() *cli.Command {
+// hashCommand writes its notes (not errors) to stderr.
+func hashCommand(stderr io.Writer) *cli.Command {
 	s := hashSettings{HashAlgo: kvindex.AlgoSHA256, Format: "u64"}
 	t := newFlagTable("hash")
 	t.rename("seed", "hash-seed")
@@ -41,7 +42,8 @@ func hashCommand() *cli.Command {
 		Description: "Computes the block hashes a vLLM pod publishes in its KV events for the given tokens,\n" +
 			"one line per full block, as unsigned decimal (the event wire value) or, with --format hex,\n" +
 			"the full digest. Compare them with `prefixrouter events` output to check that the router's\n" +
-			"algorithm, seed and block size agree with the pods.",
+			"algorithm, seed and block size agree with the pods. Fewer tokens than one block print\n" +
+			"nothing on stdout and say so on stderr.",
 		Flags: []cli.Flag{
 			choice(b, "hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &s.HashAlgo, kvindex.HashAlgo.String, kvindex.ParseHashAlgo),
 			b.optional("hash-seed", "the pods' PYTHONHASHSEED", "none, required", &s.HashSeed, &s.HasHashSeed,
@@ -53,11 +55,11 @@ func hashCommand() *cli.Command {
 			b.str("tokens-file", "file holding a JSON array of token ids", &s.TokensFile),
 			choice(b, "format", "output: u64 (event wire value) or hex (full digest)", &s.Format, identity, oneOf("u64", "hex")),
 		},
-		Action: func(_ context.Context, cmd *cli.Command) error { return runHash(cmd.Root().Writer, &s) },
+		Action: func(_ context.Context, cmd *cli.Command) error { return runHash(cmd.Root().Writer, stderr, &s) },
 	})
 }
 
-func runHash(stdout io.Writer, s *hashSettings) error {
+func runHash(stdout, stderr io.Writer, s *hashSettings) error {
 	if !s.HasHashSeed || s.HashSeed == "" {
 		return usageError("--hash-seed is required: the pods' PYTHONHASHSEED (without it vLLM hashes are random per process)")
 	}
@@ -76,6 +78,11 @@ func runHash(stdout io.Writer, s *hashSettings) error {
 	digests, err := h.Digests(nil, tokens, extras)
 	if err != nil {
 		return fmt.Errorf("hash: %w", err)
+	}
+	if len(digests) == 0 {
+		// Nothing on stdout is the right answer (vLLM hashes full blocks
+		// only), but an empty output looks like a failure without a word.
+		fmt.Fprintf(stderr, "prefixrouter: %d tokens do not fill one block of %d: no block hashes\n", len(tokens), s.BlockSize)
 	}
 	w := bufio.NewWriter(stdout)
 	for _, d := range digests {

@@ -121,6 +121,26 @@ func TestHashCommandContract(t *testing.T) {
 	}
 }
 
+// TestHashShortInputSaysSoOnStderr: fewer tokens than one block have no
+// block hash (vLLM hashes full blocks only), so stdout stays empty and the
+// exit status 0, but stderr says why nothing was printed.
+func TestHashShortInputSaysSoOnStderr(t *testing.T) {
+	for _, tc := range []struct{ tokens, note string }{
+		{"1,2,3", "prefixrouter: 3 tokens do not fill one block of 4: no block hashes\n"},
+		{"", "prefixrouter: 0 tokens do not fill one block of 4: no block hashes\n"},
+	} {
+		out, errOut, code := runCLI(t, "", "hash", "--hash-seed", "0", "--block-size", "4", "--tokens", tc.tokens)
+		if code != 0 || out != "" || errOut != tc.note {
+			t.Errorf("--tokens %q: exit %d stdout %q stderr %q, want exit 0, no stdout, stderr %q", tc.tokens, code, out, errOut, tc.note)
+		}
+	}
+	// A full block prints its hash and nothing on stderr.
+	out, errOut, code := runCLI(t, "", "hash", "--hash-seed", "0", "--block-size", "4", "--tokens", "1,2,3,4,5")
+	if code != 0 || strings.Count(out, "\n") != 1 || errOut != "" {
+		t.Errorf("one full block: exit %d stdout %q stderr %q", code, out, errOut)
+	}
+}
+
 func FuzzParseTokenList(f *testing.F) {
 	for _, s := range []string{"", "1,2,3", " 4 , 5", "1,,2", "-1", "4294967296", "x"} {
 		f.Add(s)

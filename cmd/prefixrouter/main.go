@@ -68,7 +68,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		ArgValidator:   unknownCommand,
 		Before:         checkEnvNames,
 		Commands: []*cli.Command{
-			hashCommand(),
+			hashCommand(stderr),
 			serveCommand(),
 			demoCommand(),
 			simCommand(),
