@@ -142,10 +142,16 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 		"serve", "--endpoint", "http://127.0.0.1:1")
 	t.Setenv("PREFIXROUTER_POLICY", "fastest")
 	t.Setenv("PREFIXROUTER_MAX_RETRIES", "two")
-	wantUsageLine(t, `PREFIXROUTER_IDLE_TIMEOUT (--idle-timeout): "soon" is not a duration (like 500ms, 30s or 2m); `+
+	t.Setenv("PREFIXROUTER_HASH_ALGO", "md5")
+	wantUsageLine(t, `PREFIXROUTER_HASH_ALGO (--hash-algo): unknown hash algorithm "md5" (want one of sha256, sha256_cbor, xxhash, xxhash_cbor); `+
+		`PREFIXROUTER_IDLE_TIMEOUT (--idle-timeout): "soon" is not a duration (like 500ms, 30s or 2m); `+
 		`PREFIXROUTER_MAX_RETRIES (--max-retries): "two" is not an integer; `+
 		`PREFIXROUTER_POLICY (--policy): unknown policy "fastest" (want round-robin, least-load, approximate or precise)`,
 		"serve", "--endpoint", "http://127.0.0.1:1")
+	// An empty variable of a value learned from the pods is that value.
+	clearEnv(t)
+	t.Setenv("PREFIXROUTER_HASH_ALGO", "")
+	wantUsageLine(t, "--max-retries must not be negative", "serve", "--endpoint", "http://127.0.0.1:1", "--max-retries", "-1")
 	// A flag on the command line wins: its variable is not read.
 	clearEnv(t)
 	t.Setenv("PREFIXROUTER_EVENTS_COUNT", "ten")

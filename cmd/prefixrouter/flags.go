@@ -156,6 +156,11 @@ func (b binder) str(name, usage string, p *string) *cli.StringFlag {
 	return bind(b, &cli.StringFlag{Name: name, Usage: usage, Destination: p}, nil)
 }
 
+// checked binds a string that valid must accept.
+func (b binder) checked(name, usage string, p *string, valid func(string) error) *cli.StringFlag {
+	return bind(b, &cli.StringFlag{Name: name, Usage: usage, Destination: p}, valid)
+}
+
 func (b binder) list(name, usage string, p *[]string) *cli.StringSliceFlag {
 	return bind(b, &cli.StringSliceFlag{Name: name, Usage: usage, Destination: p}, nil)
 }
@@ -234,6 +239,21 @@ func orList(names []string) string {
 }
 
 func identity(s string) string { return s }
+
+// learnedOr checks a value that is either empty (learned elsewhere) or
+// one parse accepts.
+func learnedOr[T any](parse func(string) (T, error)) func(string) error {
+	return func(v string) error {
+		if v == "" {
+			return nil
+		}
+		_, err := parse(v)
+		return err
+	}
+}
+
+// parseLogLevel reads --log-level.
+var parseLogLevel = oneOf("debug", "info", "warn", "error")
 
 // defaultText replaces the printed default where the zero value has a
 // meaning of its own ("learned from the pods").

@@ -63,8 +63,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		serving.int("max-body-bytes", "largest accepted request body (413 beyond)", &s.MaxBodyBytes),
 		serving.bool("debug-headers", "add X-Prefixrouter-* headers naming the chosen target (exposes internal addresses)", &s.DebugHeaders),
 		serving.dur("shutdown-timeout", "how long in-flight requests may drain on SIGTERM", &s.ShutdownTimeout),
-		serving.str("log-level", "debug, info, warn or error", &s.LogLevel),
-		serving.str("log-format", "text or json", &s.LogFormat),
+		choice(serving, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
+		choice(serving, "log-format", "text or json", &s.LogFormat, identity, oneOf("text", "json")),
 
 		targets.list("endpoint", "a target pod (repeatable; the environment variable takes a comma-separated list)", &h.Endpoints),
 		targets.str("endpoints-file", "YAML or JSON list of endpoint specs, re-read when it changes", &h.EndpointsFile),
@@ -77,8 +77,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		routing.float("kv-threshold", "KV-cache usage above which the precise cost adds memory pressure", &s.Cost.KVThreshold),
 		routing.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
 
-		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo),
-			"learned from the pods"),
+		defaultText(keys.checked("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo,
+			learnedOr(kvindex.ParseHashAlgo)), "learned from the pods"),
 		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed,
 			refuseRandomSeed("omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)")),
 		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),

@@ -60,6 +60,12 @@ func otherValue(t *testing.T, f cli.Flag) string {
 			return "least-load"
 		case "tokenization":
 			return "remote"
+		case "log-level":
+			return "debug"
+		case "log-format":
+			return "json"
+		case "hash-algo":
+			return "xxhash"
 		}
 		return f.Value + "x"
 	case *cli.StringSliceFlag:

@@ -75,7 +75,7 @@ func (s *simSettings) flags(t *flagTable) []cli.Flag {
 		pods.float("time-scale", "model seconds per wall second", &s.TimeScale),
 		pods.int("default-max-tokens", "max_tokens of requests that give none", &s.DefaultMaxTokens),
 		pods.bool("disable-prompt-tokens-details", "leave usage.prompt_tokens_details null", &s.DisablePromptTokensDetails),
-		choice(pods, "log-level", "debug, info, warn or error", &s.LogLevel, identity, oneOf("debug", "info", "warn", "error")),
+		choice(pods, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
 
 		choice(keys, "hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &s.HashAlgo, kvindex.HashAlgo.String, kvindex.ParseHashAlgo),
 		keys.str("hash-seed", "the pods' PYTHONHASHSEED, or \"random\" for PYTHONHASHSEED unset (32 random root bytes per engine process, new at every restart)", &s.HashSeed),
