@@ -14,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
@@ -35,9 +36,11 @@ func eventsCommand() *cli.Command {
 		Usage: "subscribe to a pod's KV-cache events and print them as JSON lines",
 		Description: "The wiring check to run before anything else: connects to a vLLM pod's KV-event\n" +
 			"publisher (--kv-events-config endpoint), prints one JSON object per event, recovers\n" +
-			"sequence gaps through the replay socket when --replay is given, and ends with a summary line.",
+			"sequence gaps through the replay socket when --replay is given, and ends with a summary line.\n" +
+			"--endpoint also takes the pod's URL as serve's --endpoint does: its events= and replay=\n" +
+			"options (default tcp://HOST:5557, no replay) are the sockets of rank 0.",
 		Flags: []cli.Flag{
-			defaultText(b.str("endpoint", "the pod's event publisher, tcp://HOST:PORT", &s.Endpoint), "none, required"),
+			defaultText(b.str("endpoint", "the pod's event publisher, tcp://HOST:PORT, or the pod's URL as serve takes it", &s.Endpoint), "none, required"),
 			b.str("replay", "the pod's replay socket, tcp://HOST:PORT", &s.Replay),
 			defaultText(b.str("topic", "topic prefix to subscribe to", &s.Topic), "every topic"),
 			defaultText(b.uint64("count", "exit after printing this many events", &s.Count), "0, no limit"),
@@ -54,6 +57,27 @@ func notNegative(d time.Duration) error {
 		return fmt.Errorf("must not be negative, got %v", d)
 	}
 	return nil
+}
+
+// sockets are the publisher and replay addresses: --endpoint and --replay,
+// or, when --endpoint is a pod's URL as serve takes it, rank 0's sockets
+// from its events= and replay= options (--replay still wins).
+func (s *eventsSettings) sockets() (events, replay string, err error) {
+	if s.Endpoint == "" {
+		return "", "", usageError("--endpoint is required, e.g. tcp://10.0.0.7:5557")
+	}
+	if !strings.HasPrefix(s.Endpoint, "http://") && !strings.HasPrefix(s.Endpoint, "https://") {
+		return s.Endpoint, s.Replay, nil
+	}
+	spec, err := health.ParseSpec(s.Endpoint)
+	if err != nil {
+		return "", "", usageError("--endpoint %q: %v", s.Endpoint, err)
+	}
+	replay = s.Replay
+	if replay == "" {
+		replay = spec.Replay
+	}
+	return spec.Events, replay, nil
 }
 
 // eventLine is one printed event. Hashes are decimal strings of their uint64
@@ -83,10 +107,11 @@ type eventsSummary struct {
 }
 
 func runEvents(ctx context.Context, stdout io.Writer, s *eventsSettings) error {
-	endpoint, replay, count, timeout := s.Endpoint, s.Replay, s.Count, s.Timeout
-	if endpoint == "" {
-		return usageError("--endpoint is required, e.g. tcp://10.0.0.7:5557")
+	endpoint, replay, err := s.sockets()
+	if err != nil {
+		return err
 	}
+	count, timeout := s.Count, s.Timeout
 	if err := checkZMQEndpoint("--endpoint", endpoint); err != nil {
 		return err
 	}
