@@ -270,3 +270,27 @@ func TestHashSeedRandom(t *testing.T) {
 	wantUsageLine(t, "PREFIXROUTER_HASH_SEED (--hash-seed): "+why+"omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)",
 		"serve", "--endpoint", "http://127.0.0.1:1")
 }
+
+// FuzzHashCommandLine: whatever the arguments, the hash command answers
+// with an exit status of 0, 1 or 2, at most one line on stderr, and nothing
+// on stdout when it fails; it never panics.
+func FuzzHashCommandLine(f *testing.F) {
+	f.Add("--hash-seed", "0", "--block-size=4", "--tokens=1,2,3,4,5")
+	f.Add("--hash-sed", "0", "--blocksize", "x")
+	f.Add("--tokens", "", "--format", "hex")
+	f.Add("--block-size", "99999999999999999999", "extra", "--")
+	f.Fuzz(func(t *testing.T, a, b, c, d string) {
+		var out, errOut bytes.Buffer
+		args := []string{"prefixrouter", "hash", "--hash-seed", "0", "--block-size", "4", a, b, c, d}
+		code := run(context.Background(), args, strings.NewReader(""), &out, &errOut)
+		if code < 0 || code > 2 {
+			t.Fatalf("%q: exit %d", args, code)
+		}
+		if n := strings.Count(errOut.String(), "\n"); n > 1 {
+			t.Fatalf("%q: %d lines on stderr: %q", args, n, errOut.String())
+		}
+		if code != 0 && out.Len() > 0 {
+			t.Fatalf("%q: exit %d with stdout %q", args, code, out.String())
+		}
+	})
+}
