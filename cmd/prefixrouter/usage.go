@@ -104,11 +104,16 @@ func rejectArguments(_ context.Context, cmd *cli.Command) error {
 // command.
 func unknownCommand(_ context.Context, cmd *cli.Command) error {
 	if cmd != cmd.Root() || !cmd.Args().Present() {
-		return nil // the help command's topic, or no command at all
+		return nil // a command's own arguments, or no command at all
 	}
-	name := cmd.Args().First()
+	return notACommand(cmd, cmd.Args().First())
+}
+
+// notACommand says that name is no command of root, and which it probably
+// was meant to be.
+func notACommand(root *cli.Command, name string) error {
 	var names []string
-	for _, c := range cmd.Commands {
+	for _, c := range root.Commands {
 		if !c.Hidden {
 			names = append(names, c.Names()...)
 		}
@@ -118,6 +123,30 @@ func unknownCommand(_ context.Context, cmd *cli.Command) error {
 		return usageError("%s (did you mean %s?)", msg, s)
 	}
 	return usageError("%s (commands: %s)", msg, strings.Join(names, ", "))
+}
+
+// helpCommand replaces the parser's own, which answers an unknown topic
+// with exit status 3 and another message than an unknown command's.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "help",
+		Aliases:      []string{"h"},
+		Usage:        "list the commands, or one command's flags",
+		ArgsUsage:    "[COMMAND]",
+		OnUsageError: newFlagTable("help").onUsageError,
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			root, args := cmd.Root(), cmd.Args()
+			switch {
+			case !args.Present():
+				return cli.ShowRootCommandHelp(root)
+			case args.Len() > 1:
+				return usageError("unexpected argument %q (help takes one command)", args.Get(1))
+			case root.Command(args.First()) == nil:
+				return notACommand(root, args.First())
+			}
+			return cli.ShowCommandHelp(ctx, root, args.First())
+		},
+	}
 }
 
 // checkEnvNames refuses PREFIXROUTER_ variables that no command reads: a
