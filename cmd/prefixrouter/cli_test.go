@@ -154,6 +154,11 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("PREFIXROUTER_HASH_ALGO", "")
 	wantUsageLine(t, "--max-retries must not be negative", "serve", "--endpoint", "http://127.0.0.1:1", "--max-retries", "-1")
+	t.Setenv("PREFIXROUTER_POLICY", "")
+	t.Setenv("PREFIXROUTER_DEBUG_HEADERS", "")
+	t.Setenv("PREFIXROUTER_MAX_RETRIES", "")
+	wantUsageLine(t, `PREFIXROUTER_POLICY (--policy): unknown policy "" (want round-robin, least-load, approximate or precise)`,
+		"serve", "--endpoint", "http://127.0.0.1:1")
 	// A flag on the command line wins: its variable is not read.
 	clearEnv(t)
 	t.Setenv("PREFIXROUTER_EVENTS_COUNT", "ten")

@@ -97,10 +97,8 @@ func bind[T any, C any, VC cli.ValueCreator[T, C]](b binder, f *cli.FlagBase[T, 
 		return nil
 	}
 	b.t.checks[f.Name] = check
-	kind := reflect.TypeFor[T]().Kind()
 	f.Sources = cli.NewValueSourceChain(envSource{
-		key: envName(b.t.name, f.Name), flag: f.Name, check: check, t: b.t,
-		emptyIsValue: kind == reflect.String || kind == reflect.Bool,
+		key: envName(b.t.name, f.Name), flag: f.Name, check: check, t: b.t, kind: reflect.TypeFor[T]().Kind(),
 	})
 	return f
 }
@@ -129,16 +127,21 @@ func badValue(typeName, raw string, err error) error {
 // is recorded for reportEnv instead of reaching the flag, whose parser
 // would fail the command with a plain error (exit 1) naming only the flag.
 type envSource struct {
-	key, flag    string
-	check        func(string) error
-	t            *flagTable
-	emptyIsValue bool // an empty variable is a value (strings, bools) or unset (numbers)
+	key, flag string
+	check     func(string) error
+	t         *flagTable
+	kind      reflect.Kind // of the flag's value
 }
 
 func (s envSource) Lookup() (string, bool) {
 	v, ok := os.LookupEnv(s.key)
-	if !ok || v == "" {
-		return v, ok && s.emptyIsValue
+	switch {
+	case !ok:
+		return "", false
+	case v == "" && s.kind == reflect.Bool:
+		return v, true // false, as the parser reads it
+	case v == "" && s.kind != reflect.String:
+		return "", false // an empty number, duration or list is unset
 	}
 	if err := s.check(v); err != nil {
 		s.t.envErrs = append(s.t.envErrs, fmt.Sprintf("%s (--%s): %v", s.key, s.flag, err))

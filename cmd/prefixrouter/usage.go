@@ -18,7 +18,9 @@ func usageError(format string, args ...any) error {
 
 // onUsageError turns a flag-parsing failure into one line with exit code 2:
 // an unknown flag gets the flag it was probably meant to be, a malformed
-// value the reason its type refuses it.
+// value the reason its type refuses it. It reads the parser's messages as
+// urfave/cli v3 words them; TestUnknownFlagsAndCommandsNameWhatWasMeant and
+// TestNumbersAreTyped fail if a new version words them otherwise.
 func (t *flagTable) onUsageError(_ context.Context, cmd *cli.Command, err error, _ bool) error {
 	msg := err.Error()
 	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
