@@ -59,6 +59,36 @@ type testEnv struct {
 	clock  *manualClock
 	events *fakeEvents
 	reg    *prometheus.Registry
+	logs   *lockedBuffer
+}
+
+// lockedBuffer collects log lines from any goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the logged lines that contain every one of parts.
+func (l *lockedBuffer) lines(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		ok := line != ""
+		for _, p := range parts {
+			ok = ok && strings.Contains(line, p)
+		}
+		if ok {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -67,8 +97,10 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // manual clock and fake subscriber statuses; evaluate judges on demand.
 func newTestPlane(t testing.TB, cfg Config) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry()}
-	p, err := New(cfg, Deps{Registerer: env.reg, Logger: quietLogger(), Now: env.clock.Now})
+	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
+		logs: &lockedBuffer{}}
+	log := slog.New(slog.NewTextHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	p, err := New(cfg, Deps{Registerer: env.reg, Logger: log, Now: env.clock.Now})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
