@@ -165,11 +165,16 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 }
 
 // candidate is target t as a candidate, before any lookup: its confirmed
-// run counts as far as its event stream is trusted.
+// run counts as far as its event stream is trusted, and not at all while
+// its cache configuration conflicts with its peers' or the flags (its
+// keys then mean nothing to the router).
 func (dc *decider) candidate(t *health.Target) Candidate {
-	v := dc.plane.Verdict(t.ID)
-	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: v.Trusted(),
-		Trust: v.ConfirmedWeight(), Load: loadOf(t, v)}
+	tr := dc.plane.Trust(t.ID)
+	c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: tr.Predictions, Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
+	if t.ConfigConflict != "" {
+		c.Trusted, c.Trust = false, 0
+	}
+	return c
 }
 
 // hasAlternative reports whether a retry could find another routable
