@@ -1,7 +1,6 @@
 package eventplane
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -9,16 +8,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// faultOf returns id's fault of kind k, if any.
-func faultOf(p *Plane, id target.ID, k FaultKind) (Fault, bool) {
-	for _, f := range p.Freshness(id).Faults {
-		if f.Kind == k {
-			return f, true
-		}
-	}
-	return Fault{}, false
-}
 
 // TestDisconnectedStreamIsAWiringFault: a pod that answers HTTP while
 // nothing answers at its events address (the bare pod URL given, vLLM
@@ -56,15 +45,7 @@ func TestDisconnectedStreamIsAWiringFault(t *testing.T) {
 			}
 			env.clock.Advance(disconnectedGrace)
 			env.p.evaluate()
-			f, ok := faultOf(env.p, id, FaultEventsDisconnected)
-			if !ok {
-				t.Fatalf("no disconnected fault: %+v", env.p.Freshness(id))
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(f.Detail, w) {
-					t.Errorf("detail %q lacks %q", f.Detail, w)
-				}
-			}
+			requireFault(t, env.p, id, FaultEventsDisconnected, tc.want...)
 			logged := env.logs.lines("level=WARN", "event stream wiring fault", "fault=events_disconnected", "target="+id.String())
 			if len(logged) != 1 {
 				t.Fatalf("%d log lines at the first judgement, want 1: %q", len(logged), env.logs.lines())
@@ -125,28 +106,12 @@ func TestKeyMismatchDistrustsTheCache(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				keys, err := h.Keys(nil, tokens, kvindex.RequestExtras{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				hashes := make([]uint64, len(keys))
-				for i, k := range keys {
-					hashes[i] = uint64(k)
-				}
-				env.p.ingestor.Apply(id, &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes,
-					TokenIDs: tokens[:len(keys)*bs], BlockSize: bs, Medium: events.MediumGPU}}})
+				b, _ := storedBatch(t, h, tokens)
+				env.p.ingestor.Apply(id, &b)
 			}
 			store(tc.podSeed, tc.podBlock)
 			env.p.evaluate()
-			f, ok := faultOf(env.p, id, FaultKeyMismatch)
-			if !ok {
-				t.Fatalf("no key mismatch fault: %+v", env.p.Freshness(id))
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(f.Detail, w) {
-					t.Errorf("detail %q lacks %q", f.Detail, w)
-				}
-			}
+			requireFault(t, env.p, id, FaultKeyMismatch, tc.want...)
 			tr := env.p.Trust(id)
 			if tr.Verdict != VerdictFresh || tr.Confirmed != 0 || tr.Predictions || tr.DistrustedBy != FaultKeyMismatch {
 				t.Fatalf("trust %+v: want a fresh stream whose cache counts for nothing", tr)
@@ -186,15 +151,7 @@ func TestUnchainedStreamIsAWiringFault(t *testing.T) {
 		env.p.ingestor.Apply(id, &events.Batch{Events: []events.Event{block(1000+i, true, 2000+i)}})
 	}
 	env.p.evaluate()
-	f, ok := faultOf(env.p, id, FaultUnchained)
-	if !ok {
-		t.Fatalf("no unchained fault: %+v", env.p.Freshness(id))
-	}
-	for _, w := range []string{"parent block the router never saw", "replay=", "--hash-seed"} {
-		if !strings.Contains(f.Detail, w) {
-			t.Errorf("detail %q lacks %q", f.Detail, w)
-		}
-	}
+	requireFault(t, env.p, id, FaultUnchained, "parent block the router never saw", "replay=", "--hash-seed")
 	if tr := env.p.Trust(id); tr.Confirmed != 0 || tr.DistrustedBy != FaultUnchained {
 		t.Fatalf("trust %+v", tr)
 	}
@@ -221,10 +178,7 @@ func TestUnknownBlockKeysIsAWiringFault(t *testing.T) {
 	env.p.SetCaches(map[target.ID]Cache{id: {Serving: true}})
 	env.clock.Advance(disconnectedGrace)
 	env.p.evaluate()
-	f, ok := faultOf(env.p, id, FaultNoBlockKeys)
-	if !ok || !strings.Contains(f.Detail, "set --block-size") {
-		t.Fatalf("fault %+v (%v): want one naming --block-size", f, ok)
-	}
+	requireFault(t, env.p, id, FaultNoBlockKeys, "set --block-size")
 }
 
 // TestStreamViewIsOneInstant: the view's detail and the last event's age

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -123,4 +124,40 @@ prefixrouter_health_events_verdict{target="` + id.String() + `",verdict="` + str
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), "prefixrouter_health_events_verdict"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// storedBatch is the BlockStored batch a pod hashing with h publishes for
+// the full blocks of tokens, with the keys it stores.
+func storedBatch(t testing.TB, h *kvindex.Hasher, tokens []uint32) (events.Batch, []kvindex.Key) {
+	t.Helper()
+	keys, err := h.Keys(nil, tokens, kvindex.RequestExtras{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := make([]uint64, len(keys))
+	for i, k := range keys {
+		hashes[i] = uint64(k)
+	}
+	bs := h.BlockSize()
+	return events.Batch{TS: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, Medium: events.MediumGPU,
+		TokenIDs: tokens[:len(keys)*bs], BlockSize: bs}}}, keys
+}
+
+// requireFault returns id's fault of kind k and checks that its detail
+// says every one of wants.
+func requireFault(t *testing.T, p *Plane, id target.ID, k FaultKind, wants ...string) Fault {
+	t.Helper()
+	for _, f := range p.Freshness(id).Faults {
+		if f.Kind != k {
+			continue
+		}
+		for _, w := range wants {
+			if !strings.Contains(f.Detail, w) {
+				t.Errorf("%s detail %q lacks %q", k, f.Detail, w)
+			}
+		}
+		return f
+	}
+	t.Fatalf("no %s fault: %+v", k, p.Freshness(id))
+	return Fault{}
 }

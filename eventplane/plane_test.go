@@ -356,15 +356,7 @@ func TestWiring(t *testing.T) {
 	}
 	store := func(pub *publish.Publisher, tokens []uint32) []kvindex.Key {
 		t.Helper()
-		keys, err := h.Keys(nil, tokens, kvindex.RequestExtras{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hashes := make([]uint64, len(keys))
-		for i, k := range keys {
-			hashes[i] = uint64(k)
-		}
-		b := events.Batch{TS: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, Medium: events.MediumGPU, TokenIDs: tokens, BlockSize: 4}}}
+		b, keys := storedBatch(t, h, tokens)
 		if _, err := pub.Publish(&b, events.EncodingMap); err != nil {
 			t.Fatal(err)
 		}
