@@ -46,21 +46,21 @@ func TestDisconnectedStreamIsAWiringFault(t *testing.T) {
 			env.clock.Advance(disconnectedGrace)
 			env.p.evaluate()
 			requireFault(t, env.p, id, FaultEventsDisconnected, tc.want...)
-			logged := env.logs.lines("level=WARN", "event stream wiring fault", "fault=events_disconnected", "target="+id.String())
+			logged := env.logs.Lines("level=WARN", "event stream wiring fault", "fault=events_disconnected", "target="+id.String())
 			if len(logged) != 1 {
-				t.Fatalf("%d log lines at the first judgement, want 1: %q", len(logged), env.logs.lines())
+				t.Fatalf("%d log lines at the first judgement, want 1: %q", len(logged), env.logs.Lines())
 			}
 			// Bounded repetition while it lasts.
 			for range 10 {
 				env.clock.Advance(5 * time.Second)
 				env.p.evaluate()
 			}
-			if n := len(env.logs.lines("event stream wiring fault", "fault=events_disconnected")); n != 1 {
+			if n := len(env.logs.Lines("event stream wiring fault", "fault=events_disconnected")); n != 1 {
 				t.Fatalf("%d lines within a minute, want 1", n)
 			}
 			env.clock.Advance(15 * time.Second)
 			env.p.evaluate()
-			if again := env.logs.lines("event stream wiring fault", "fault=events_disconnected", "for="); len(again) != 1 {
+			if again := env.logs.Lines("event stream wiring fault", "fault=events_disconnected", "for="); len(again) != 1 {
 				t.Fatalf("after a minute: %q, want one repeat saying for how long", again)
 			}
 			// The stream connects: the fault clears, once.
@@ -70,7 +70,7 @@ func TestDisconnectedStreamIsAWiringFault(t *testing.T) {
 			if fs := env.p.Freshness(id).Faults; len(fs) != 0 {
 				t.Fatalf("connected: faults %+v", fs)
 			}
-			if n := len(env.logs.lines("level=INFO", "wiring fault cleared", "fault=events_disconnected")); n != 1 {
+			if n := len(env.logs.Lines("level=INFO", "wiring fault cleared", "fault=events_disconnected")); n != 1 {
 				t.Fatalf("%d cleared lines, want 1", n)
 			}
 		})
@@ -116,8 +116,8 @@ func TestKeyMismatchDistrustsTheCache(t *testing.T) {
 			if tr.Verdict != VerdictFresh || tr.Confirmed != 0 || tr.Predictions || tr.DistrustedBy != FaultKeyMismatch {
 				t.Fatalf("trust %+v: want a fresh stream whose cache counts for nothing", tr)
 			}
-			if n := len(env.logs.lines("level=ERROR", "event stream wiring fault", "fault=key_mismatch")); n != 1 {
-				t.Fatalf("%d error lines, want 1: %q", n, env.logs.lines())
+			if n := len(env.logs.Lines("level=ERROR", "event stream wiring fault", "fault=key_mismatch")); n != 1 {
+				t.Fatalf("%d error lines, want 1: %q", n, env.logs.Lines())
 			}
 			if iv := env.p.IndexView(); len(iv) != 1 || iv[0].HashMismatches == 0 || iv[0].HashChecks < iv[0].HashMismatches {
 				t.Fatalf("index view %+v: every mismatch is a check", iv)
@@ -155,7 +155,7 @@ func TestUnchainedStreamIsAWiringFault(t *testing.T) {
 	if tr := env.p.Trust(id); tr.Confirmed != 0 || tr.DistrustedBy != FaultUnchained {
 		t.Fatalf("trust %+v", tr)
 	}
-	if n := len(env.logs.lines("level=ERROR", "fault=unchained_blocks")); n != 1 {
+	if n := len(env.logs.Lines("level=ERROR", "fault=unchained_blocks")); n != 1 {
 		t.Fatalf("%d error lines, want 1", n)
 	}
 	for i := range uint64(200) {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
@@ -60,38 +61,10 @@ type testEnv struct {
 	clock  *manualClock
 	events *fakeEvents
 	reg    *prometheus.Registry
-	logs   *lockedBuffer
+	logs   *logbuf.Buffer
 }
 
-// lockedBuffer collects log lines from any goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the logged lines that contain every one of parts.
-func (l *lockedBuffer) lines(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
-		ok := line != ""
-		for _, p := range parts {
-			ok = ok && strings.Contains(line, p)
-		}
-		if ok {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
+// quietLogger discards logs.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newTestPlane builds a plane that is not Run (no subscriber starts) with a
@@ -99,7 +72,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 func newTestPlane(t testing.TB, cfg Config) *testEnv {
 	t.Helper()
 	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
-		logs: &lockedBuffer{}}
+		logs: &logbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p, err := New(cfg, Deps{Registerer: env.reg, Logger: log, Now: env.clock.Now})
 	if err != nil {

@@ -3,12 +3,13 @@ package health
 import (
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -202,30 +203,6 @@ func TestTargetLabelIsIDString(t *testing.T) {
 	}
 }
 
-// syncBuffer collects log output from any goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines(substr string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(s.b.String(), "\n") {
-		if strings.Contains(l, substr) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // TestStateLogLines: a target's first judged state is logged without a
 // previous state (the one it is created in, awaiting its first probe, was
 // no judgement), every change names the previous one, and a target that
@@ -234,17 +211,17 @@ func (s *syncBuffer) lines(substr string) []string {
 func TestStateLogLines(t *testing.T) {
 	pod := newFakePod(t, "m")
 	pod.healthy.Store(false)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, BlockSize: 32},
 		Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	env.m.evaluate()
-	if l := logs.lines("target state"); len(l) != 0 {
+	if l := logs.Lines("target state"); len(l) != 0 {
 		t.Fatalf("logged before the first probe: %q", l)
 	}
 	for range 3 {
 		env.tick()
 	}
-	lines := logs.lines("target state")
+	lines := logs.Lines("target state")
 	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "state=down reason=probe_failed") ||
 		strings.Contains(lines[0], "previous") {
 		t.Fatalf("first state lines %q: want one warning, down for the failed probe, without a previous state", lines)
@@ -254,7 +231,7 @@ func TestStateLogLines(t *testing.T) {
 	for range 3 {
 		env.tick()
 	}
-	lines = logs.lines("target state")
+	lines = logs.Lines("target state")
 	if len(lines) != 2 || !strings.Contains(lines[1], "state=degraded reason=cache_config_conflict") ||
 		!strings.Contains(lines[1], "previous=down previous_reason=probe_failed") {
 		t.Fatalf("state lines %q: want the change to the conflict, naming the previous state", lines)
@@ -263,12 +240,12 @@ func TestStateLogLines(t *testing.T) {
 		env.clock.Advance(5 * time.Second)
 		env.tick()
 	}
-	if n := len(logs.lines("target state")); n != 2 {
+	if n := len(logs.Lines("target state")); n != 2 {
 		t.Fatalf("%d state lines within a minute of the conflict, want 2", n)
 	}
 	env.clock.Advance(15 * time.Second)
 	env.tick()
-	lines = logs.lines("target state")
+	lines = logs.Lines("target state")
 	if len(lines) != 3 || !strings.Contains(lines[2], "reason=cache_config_conflict") || !strings.Contains(lines[2], "for=1m") ||
 		strings.Contains(lines[2], "previous") {
 		t.Fatalf("state lines %q: want one repeat of the lasting conflict", lines)
