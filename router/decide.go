@@ -165,16 +165,11 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 }
 
 // candidate is target t as a candidate, before any lookup: its confirmed
-// run counts as far as its event stream is trusted, and not at all while
-// its cache configuration conflicts with its peers' or the flags (its
-// keys then mean nothing to the router).
+// run counts as far as its event stream is trusted (eventplane.Trust:
+// not at all while its keys are found to disagree with the pod's).
 func (dc *decider) candidate(t *health.Target) Candidate {
 	tr := dc.plane.Trust(t.ID)
-	c := Candidate{Target: t, Routable: t.CanRoute(), Trusted: tr.Predictions, Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
-	if t.ConfigConflict != "" {
-		c.Trusted, c.Trust = false, 0
-	}
-	return c
+	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: tr.Predictions, Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
 }
 
 // hasAlternative reports whether a retry could find another routable
