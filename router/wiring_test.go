@@ -5,10 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -157,5 +160,62 @@ func TestWiringFaultWrongHashSeed(t *testing.T) {
 	}
 	if code, _, b := post(t, "http://"+r.Addr()+"/v1/completions", body); code != 200 {
 		t.Fatalf("status %d after the fault: %s", code, b)
+	}
+}
+
+// TestComposedState: a target health finds fine, or degraded only for a
+// passing reason, shows its most severe wiring fault as its reason; a
+// target health finds down keeps health's reason; health's own wiring
+// faults (prefix caching off, a cache-config conflict) come first.
+func TestComposedState(t *testing.T) {
+	disconnected := eventplane.Freshness{Faults: []eventplane.Fault{{Kind: eventplane.FaultEventsDisconnected, Detail: "nothing answers"}}}
+	tests := []struct {
+		name       string
+		target     health.Target
+		fresh      eventplane.Freshness
+		wantState  health.State
+		wantReason string
+		wantFaults []string
+	}{
+		{"fine", health.Target{State: health.StateRoutable, Reason: health.ReasonOK}, eventplane.Freshness{},
+			health.StateRoutable, "ok", nil},
+		{"routable with a stream fault", health.Target{State: health.StateRoutable, Reason: health.ReasonOK}, disconnected,
+			health.StateDegraded, "events_disconnected", []string{"events_disconnected"}},
+		{"stale metrics give way to the fault", health.Target{State: health.StateDegraded, Reason: health.ReasonMetricsStale}, disconnected,
+			health.StateDegraded, "events_disconnected", []string{"events_disconnected"}},
+		{"down stays down", health.Target{State: health.StateDown, Reason: health.ReasonProbeFailed}, disconnected,
+			health.StateDown, "probe_failed", []string{"events_disconnected"}},
+		{"health's faults first", health.Target{State: health.StateDegraded, Reason: health.ReasonPrefixCachingOff, ConfigConflict: "block_size 32, expected 16",
+			Cache: health.CacheConfig{Known: true, PrefixCaching: "False"}}, disconnected,
+			health.StateDegraded, "prefix_caching_disabled", []string{"prefix_caching_disabled", "cache_config_conflict", "events_disconnected"}},
+	}
+	for _, k := range wiringFaultKinds {
+		if faultHints[k] == "" {
+			t.Errorf("fault %s has no hint for /ready", k)
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			faults := wiringFaults(&tt.target, &tt.fresh)
+			var kinds []string
+			for _, f := range faults {
+				kinds = append(kinds, f.Kind)
+				if f.Detail == "" {
+					t.Errorf("fault %s without detail", f.Kind)
+				}
+			}
+			if !slices.Equal(kinds, tt.wantFaults) {
+				t.Fatalf("faults %v, want %v", kinds, tt.wantFaults)
+			}
+			st, reason, _ := composedState(&tt.target, faults)
+			if st != tt.wantState || reason != tt.wantReason {
+				t.Fatalf("state %s/%s, want %s/%s", st, reason, tt.wantState, tt.wantReason)
+			}
+			for _, k := range kinds {
+				if !slices.Contains(wiringFaultKinds, k) {
+					t.Errorf("fault %s has no gauge series", k)
+				}
+			}
+		})
 	}
 }
