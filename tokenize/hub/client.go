@@ -521,6 +521,12 @@ func (c *Client) transient(ctx context.Context, err error) bool {
 	if errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) {
 		return false
 	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		// The name does not exist (a typo in HF_ENDPOINT, or no DNS for the
+		// outside world): asking again changes nothing.
+		return false
+	}
 	if errors.Is(err, errStalled) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errCorrupt) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
