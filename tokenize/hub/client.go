@@ -530,7 +530,9 @@ func (c *Client) transient(ctx context.Context, err error) bool {
 	if errors.Is(err, errStalled) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errCorrupt) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	var netErr net.Error
+	// Only errors of the connection itself: a file system error also
+	// carries an errno, but trying the request again does not fix it.
 	var urlErr *url.Error
-	return errors.As(err, &netErr) || errors.As(err, &urlErr)
+	var opErr *net.OpError
+	return errors.As(err, &urlErr) || errors.As(err, &opErr)
 }

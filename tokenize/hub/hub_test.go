@@ -3,13 +3,19 @@ package hub
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -458,5 +464,40 @@ func TestTokenIsNeverLogged(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "hf_secret") || strings.Contains(err.Error(), "hf_secret") {
 		t.Fatalf("the token leaked:\n%s\n%v", logs.String(), err)
+	}
+}
+
+func TestTransient(t *testing.T) {
+	reset := &url.Error{Op: "Head", URL: "https://hub/x", Err: &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"503", &StatusError{Status: 503}, true},
+		{"429", &StatusError{Status: 429}, true},
+		{"404", &StatusError{Status: 404, kind: ErrEntryNotFound}, false},
+		{"401", &StatusError{Status: 401, kind: ErrRepoNotFound}, false},
+		{"connection reset", reset, true},
+		{"a timeout of its own", &url.Error{Op: "Head", URL: "https://hub/x", Err: context.DeadlineExceeded}, true},
+		{"stalled body", fmt.Errorf("GET x: %w", errStalled), true},
+		{"short body", fmt.Errorf("GET x: %w", io.ErrUnexpectedEOF), true},
+		{"no such host", &url.Error{Op: "Head", URL: "https://hub/x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "hub", IsNotFound: true}}}, false},
+		{"DNS timeout", &url.Error{Op: "Head", URL: "https://hub/x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "i/o timeout", Name: "hub", IsTimeout: true}}}, true},
+		{"unknown certificate authority", &url.Error{Op: "Head", URL: "https://hub/x", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}}, false},
+		{"a file system error", &os.PathError{Op: "rename", Path: "/cache/x", Err: syscall.EACCES}, false},
+	}
+	c := New(Config{Logger: quiet()})
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.transient(context.Background(), tc.err); got != tc.want {
+				t.Fatalf("transient(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if c.transient(ctx, reset) {
+		t.Fatal("retrying after the caller cancelled")
 	}
 }
