@@ -501,3 +501,29 @@ func TestTransient(t *testing.T) {
 		t.Fatal("retrying after the caller cancelled")
 	}
 }
+
+// FuzzParseRef parses arbitrary ORG/NAME[@REVISION] values: an accepted
+// reference prints back to itself and cannot name a path outside the cache.
+func FuzzParseRef(f *testing.F) {
+	for _, s := range []string{"Qwen/Qwen3-8B", "gpt2@v1", "a/b@refs/pr/1", "a/b@../x", "a--b/c", "a/b@", "./x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseRef(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseRef(r.String())
+		if err != nil || again != r {
+			t.Fatalf("ParseRef(%q) = %+v, which prints as %q and parses as %+v, %v", s, r, r.String(), again, err)
+		}
+		if strings.ContainsAny(RepoFolder(r.Repo), `/\`) || strings.Contains(RepoFolder(r.Repo), "..") {
+			t.Fatalf("repository %q gives the folder %q", r.Repo, RepoFolder(r.Repo))
+		}
+		dir := t.TempDir()
+		ref := filepath.Join(dir, "refs", filepath.FromSlash(r.Revision))
+		if rel, err := filepath.Rel(filepath.Join(dir, "refs"), ref); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			t.Fatalf("revision %q leaves refs/: %s", r.Revision, ref)
+		}
+	})
+}
