@@ -279,3 +279,30 @@ func TestRemoteModeFetchesNothing(t *testing.T) {
 		t.Fatalf("%d requests for a model the pods tokenize", n)
 	}
 }
+
+// TestHubTokenizerRestartAsksOnce checks what a restart costs with a warm
+// cache: one HEAD to learn where the branch points; the files, and the
+// absence of chat_template.jinja, are known for that commit.
+func TestHubTokenizerRestartAsksOnce(t *testing.T) {
+	cache := t.TempDir()
+	first := newHubEnv(t, hub.Config{CacheDir: cache})
+	first.srv.AddRepo("org/tiny", map[string][]byte{"tokenizer.json": tinyTokenizerJSON(t), "tokenizer_config.json": []byte(`{}`)})
+	if _, err := first.load(t, "org/tiny", ModeLocal); err != nil {
+		t.Fatal(err)
+	}
+	if n := first.srv.Count("hub", http.MethodHead); n != 3 {
+		t.Fatalf("first start: %d HEADs, want 3 (two files and a missing template)", n)
+	}
+	heads, gets := first.srv.Count("hub", http.MethodHead), first.srv.Count("hub", http.MethodGet)
+	// The same hub and cache, a new registry: a restart.
+	quiet := slog.New(slog.DiscardHandler)
+	reg := NewRegistry(Options{Hub: hub.New(hub.Config{Endpoint: first.srv.URL(), CacheDir: cache, Logger: quiet}), Logger: quiet})
+	defer reg.Close()
+	s, _ := ParseSpec("org/tiny")
+	if _, err := reg.Load(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if h, g := first.srv.Count("hub", http.MethodHead)-heads, first.srv.Count("hub", http.MethodGet)-gets; h != 1 || g != 0 {
+		t.Fatalf("restart: %d HEADs and %d GETs, want 1 and 0", h, g)
+	}
+}

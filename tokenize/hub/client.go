@@ -148,14 +148,8 @@ func New(cfg Config) *Client {
 	}
 }
 
-// Endpoint is the hub's base URL.
-func (c *Client) Endpoint() string { return c.cfg.Endpoint }
-
 // CacheDir is the hub cache directory.
 func (c *Client) CacheDir() string { return c.cfg.CacheDir }
-
-// Offline reports whether the client answers from the cache alone.
-func (c *Client) Offline() bool { return c.cfg.Offline }
 
 // File is a file of a repository in the cache.
 type File struct {
@@ -173,8 +167,14 @@ type File struct {
 // which commit it looked at).
 func (c *Client) Download(ctx context.Context, ref Ref, file string) (File, error) {
 	if isCommit(ref.Revision) {
-		if f, err := c.cache(ref.Repo).lookup(ref.Revision, file); err == nil {
+		// A commit never changes: what the cache knows of it, file or
+		// absence, stands without asking.
+		f, err := c.cache(ref.Repo).lookup(ref.Revision, file)
+		if err == nil {
 			return f, nil
+		}
+		if errors.Is(err, ErrEntryNotFound) {
+			return f, c.fail(ref, file, err, "")
 		}
 	}
 	if c.cfg.Offline {
