@@ -163,7 +163,7 @@ func TestHubTokenizerEncodesLikeTheLocalOne(t *testing.T) {
 				t.Fatalf("mode %v/%v, want local", m.EffectiveMode(true), m.EffectiveMode(false))
 			}
 			sameTokenizer(t, m, local)
-			if !strings.Contains(e.logs.String(), "tokenizer files from the hub") {
+			if !strings.Contains(e.logs.String(), "tokenizer files from the hub cache") {
 				t.Errorf("no log line for the fetch:\n%s", e.logs)
 			}
 		})

@@ -147,7 +147,7 @@ func (r *Registry) addFromHub(ctx context.Context, s Spec) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", s.Hub, err)
 	}
-	r.log.Info("tokenizer files from the hub", "model", s.Name, "repo", s.Hub.Repo, "revision", s.Hub.Revision, "dir", dir)
+	r.log.Info("tokenizer files from the hub cache", "model", s.Name, "repo", s.Hub.Repo, "revision", s.Hub.Revision, "dir", dir)
 	return m, nil
 }
 
