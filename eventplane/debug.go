@@ -10,8 +10,11 @@ import (
 // StreamView is a target's KV-event freshness verdict and its evidence, as
 // the router's GET /debug/targets shows it (each target's "event_stream").
 type StreamView struct {
-	Verdict            Verdict   `json:"verdict"`
-	Detail             string    `json:"detail,omitempty"`
+	Verdict Verdict `json:"verdict"`
+	Detail  string  `json:"detail,omitempty"`
+	// JudgedAt is when the verdict was made: Detail's durations and
+	// LastEventAgeS are as of then.
+	JudgedAt           time.Time `json:"judged_at,omitzero"`
 	Connected          bool      `json:"connected"`
 	Replaying          bool      `json:"replaying"`
 	LastEvent          time.Time `json:"last_event,omitzero"`
@@ -52,8 +55,8 @@ type IndexView struct {
 	HashMismatches  uint64 `json:"hash_mismatches"`
 }
 
-// StreamView returns id's stream view; a target the plane does not know
-// has no subscriber.
+// StreamView returns id's stream view as of its last judgement; a target
+// the plane does not know has no subscriber.
 func (p *Plane) StreamView(id target.ID) StreamView {
 	f := p.Freshness(id)
 	v := StreamView{
@@ -65,8 +68,9 @@ func (p *Plane) StreamView(id target.ID) StreamView {
 		QueueDepth:     f.QueueDepth, RoutedInWindow: f.RoutedInWindow,
 		AwaitingSince: f.AwaitingSince, UncachedSinceEvent: f.UncachedSinceEvent,
 	}
-	if !f.LastEvent.IsZero() {
-		age := p.now().Sub(f.LastEvent).Seconds()
+	v.JudgedAt = f.Judged
+	if !f.LastEvent.IsZero() && !f.Judged.IsZero() {
+		age := f.Judged.Sub(f.LastEvent).Seconds()
 		v.LastEventAgeS = &age
 	}
 	return v

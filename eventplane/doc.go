@@ -14,8 +14,17 @@
 //     backlog, batches lost for good) and from expectations: a request
 //     whose prompt filled new full blocks expects a KV event after its
 //     dispatch, so that an idle pod is told apart from a broken pipe;
-//   - trust: what a verdict implies for routing (Verdict.ConfirmedWeight
-//     for the confirmed run, Verdict.Trusted for predictions);
+//   - wiring faults (faults.go): a serving pod whose stream stays
+//     disconnected, block keys that cannot be configured, keys that
+//     disagree with the pod's (hash seed, algorithm, block size), a
+//     token-derived stream whose blocks keep arriving unchained; each
+//     names the flag or vLLM setting to check, is logged when first found
+//     and once a minute while it lasts, and is shown in the verdict's
+//     evidence (Freshness.Faults);
+//   - trust: what a verdict implies for routing (Plane.Trust: the
+//     verdict's Verdict.ConfirmedWeight for the confirmed run and
+//     Verdict.Trusted for predictions, none of either while a fault makes
+//     the keys worthless);
 //   - the per-target event-stream series (prefixrouter_health_events_*,
 //     prefixrouter_health_routed_in_window: names kept from when health
 //     judged freshness) and kvindex's prefixrouter_kv_* series, and the

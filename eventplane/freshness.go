@@ -38,11 +38,29 @@ func (v Verdict) ConfirmedWeight() float64 {
 	return 0
 }
 
+// Trust is how far routing may lean on a target's event stream.
+type Trust struct {
+	Verdict Verdict
+	// Confirmed weights the target's confirmed run: the verdict's
+	// ConfirmedWeight, or 0 while a fault distrusts the cache.
+	Confirmed float64
+	// Predictions says whether predictions may count (Verdict.Trusted,
+	// and no fault distrusts the cache).
+	Predictions bool
+	// DistrustedBy is the fault that voids the cache, if any.
+	DistrustedBy FaultKind
+}
+
 // Freshness is the verdict on a target's event stream with its evidence.
 type Freshness struct {
 	Verdict Verdict
 	// Detail explains the verdict in words (debug view only).
 	Detail string
+	// Judged is when the verdict was made; Detail's durations are as of
+	// then.
+	Judged time.Time
+	// Faults are the stream's wiring faults, most severe first.
+	Faults []Fault
 	// LastEvent is when the subscriber last received a batch (zero: never).
 	LastEvent  time.Time
 	LastSeq    uint64
@@ -68,6 +86,18 @@ type Freshness struct {
 	// prompt tokens and new full blocks of the requests awaiting an event.
 	UncachedSinceEvent       int64
 	ExpectedBlocksSinceEvent int64
+}
+
+// Trust is what f lets routing lean on.
+func (f *Freshness) Trust() Trust {
+	t := Trust{Verdict: f.Verdict, Confirmed: f.Verdict.ConfirmedWeight(), Predictions: f.Verdict.Trusted()}
+	for _, x := range f.Faults {
+		if x.Kind.DistrustsCache() {
+			t.Confirmed, t.Predictions, t.DistrustedBy = 0, false, x.Kind
+			break
+		}
+	}
+	return t
 }
 
 // noSubscriber is the freshness of a target the plane runs no subscriber
@@ -129,6 +159,8 @@ func (p *Plane) judge(t *stream, now time.Time) {
 	lossRecent := !t.unrecoveredAt.IsZero() && now.Sub(t.unrecoveredAt) < p.cfg.StaleAfter
 
 	f := Freshness{
+		Judged:                   now,
+		Faults:                   p.judgeFaults(t, status, ok, now),
 		LastEvent:                status.LastEvent,
 		LastSeq:                  status.LastSeq,
 		HaveSeq:                  status.HaveSeq,
@@ -150,6 +182,8 @@ func (p *Plane) judge(t *stream, now time.Time) {
 	}
 	cache := p.caches[t.id]
 	switch {
+	case !ok && p.ingestor == nil:
+		f.Verdict, f.Detail = noSubscriber.Verdict, "no event subscriber until the fleet's block keys are known (block size, and hash algorithm with --hash-seed)"
 	case !ok:
 		f.Verdict, f.Detail = noSubscriber.Verdict, noSubscriber.Detail
 	case !status.Connected:

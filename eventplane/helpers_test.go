@@ -12,7 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -59,16 +61,20 @@ type testEnv struct {
 	clock  *manualClock
 	events *fakeEvents
 	reg    *prometheus.Registry
+	logs   *logbuf.Buffer
 }
 
+// quietLogger discards logs.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newTestPlane builds a plane that is not Run (no subscriber starts) with a
 // manual clock and fake subscriber statuses; evaluate judges on demand.
 func newTestPlane(t testing.TB, cfg Config) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry()}
-	p, err := New(cfg, Deps{Registerer: env.reg, Logger: quietLogger(), Now: env.clock.Now})
+	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
+		logs: &logbuf.Buffer{}}
+	log := slog.New(slog.NewTextHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	p, err := New(cfg, Deps{Registerer: env.reg, Logger: log, Now: env.clock.Now})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -91,4 +97,40 @@ prefixrouter_health_events_verdict{target="` + id.String() + `",verdict="` + str
 	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(want), "prefixrouter_health_events_verdict"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// storedBatch is the BlockStored batch a pod hashing with h publishes for
+// the full blocks of tokens, with the keys it stores.
+func storedBatch(t testing.TB, h *kvindex.Hasher, tokens []uint32) (events.Batch, []kvindex.Key) {
+	t.Helper()
+	keys, err := h.Keys(nil, tokens, kvindex.RequestExtras{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := make([]uint64, len(keys))
+	for i, k := range keys {
+		hashes[i] = uint64(k)
+	}
+	bs := h.BlockSize()
+	return events.Batch{TS: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, Medium: events.MediumGPU,
+		TokenIDs: tokens[:len(keys)*bs], BlockSize: bs}}}, keys
+}
+
+// requireFault returns id's fault of kind k and checks that its detail
+// says every one of wants.
+func requireFault(t *testing.T, p *Plane, id target.ID, k FaultKind, wants ...string) Fault {
+	t.Helper()
+	for _, f := range p.Freshness(id).Faults {
+		if f.Kind != k {
+			continue
+		}
+		for _, w := range wants {
+			if !strings.Contains(f.Detail, w) {
+				t.Errorf("%s detail %q lacks %q", k, f.Detail, w)
+			}
+		}
+		return f
+	}
+	t.Fatalf("no %s fault: %+v", k, p.Freshness(id))
+	return Fault{}
 }

@@ -25,10 +25,13 @@ type Source struct {
 	Replay string
 }
 
-// Cache is what a target's pod reported about its KV cache
-// (vllm:cache_config_info, which health scrapes), as far as the plane needs
-// it.
+// Cache is what health reports about a target's pod, as far as the plane
+// needs it: whether it serves, and its KV cache (vllm:cache_config_info).
 type Cache struct {
+	// Serving is set while the pod answers HTTP (health's state routable
+	// or degraded): a stream that stays disconnected is then a wiring
+	// fault, not a pod still starting.
+	Serving bool
 	// Reported is set when the pod reported its cache configuration;
 	// BlockSize and HashAlgo are then its own.
 	Reported bool
@@ -113,8 +116,12 @@ type stream struct {
 	live *live
 
 	fresh  Freshness
-	await  awaitLedger
-	routes []routeSample
+	faults map[FaultKind]*faultRecord
+	// servingSince is when health last reported the pod serving; zero
+	// while it does not.
+	servingSince time.Time
+	await        awaitLedger
+	routes       []routeSample
 	// Unrecoverable loss: the subscriber's Unrecovered counter as last
 	// seen, when it last grew, and by how much since the window opened.
 	lastUnrecovered uint64
@@ -139,6 +146,7 @@ type view map[target.ID]*viewEntry
 
 type viewEntry struct {
 	fresh Freshness
+	trust Trust
 	live  *live
 }
 
@@ -205,6 +213,15 @@ func (p *Plane) Verdict(id target.ID) Verdict {
 	return noSubscriber.Verdict
 }
 
+// Trust is how far routing may lean on id's event stream: its verdict,
+// unless a wiring fault makes its keys worthless. Lock-free.
+func (p *Plane) Trust(id target.ID) Trust {
+	if e := (*p.view.Load())[id]; e != nil {
+		return e.trust
+	}
+	return noSubscriber.Trust()
+}
+
 // Freshness is the verdict on id's event stream with its evidence.
 // Lock-free.
 func (p *Plane) Freshness(id target.ID) Freshness {
@@ -238,7 +255,11 @@ func (p *Plane) SetTarget(id target.ID, src Source) {
 	if !ok {
 		s = &stream{id: id, src: src, live: &live{now: p.now}}
 		s.live.blockSize.Store(int64(p.blockSizeOf(id)))
+		if p.caches[id].Serving {
+			s.servingSince = p.now()
+		}
 		p.streams[id] = s
+		p.metrics.AddTarget(id)
 		p.startLocked(s)
 		p.judge(s, p.now())
 		p.publishLocked()
@@ -265,6 +286,7 @@ func (p *Plane) RemoveTarget(id target.ID) {
 	if p.ingestor != nil {
 		p.ingestor.Forget(id)
 	}
+	p.metrics.ForgetTarget(id)
 	p.index.RemoveTarget(id)
 }
 
@@ -298,8 +320,15 @@ func (p *Plane) SetCaches(caches map[target.ID]Cache) {
 			p.log.Error("cannot configure block keys", "err", err)
 		}
 	}
+	now := p.now()
 	for id, s := range p.streams {
 		s.live.blockSize.Store(int64(p.blockSizeOf(id)))
+		switch serving := p.caches[id].Serving; {
+		case serving && s.servingSince.IsZero():
+			s.servingSince = now
+		case !serving:
+			s.servingSince = time.Time{}
+		}
 	}
 	for id, c := range p.caches {
 		if n := placementCap(c.NumGPUBlocks); n > 0 && p.caps[id] != n {
@@ -368,7 +397,7 @@ func (p *Plane) evaluate() {
 func (p *Plane) publishLocked() {
 	v := make(view, len(p.streams))
 	for id, s := range p.streams {
-		v[id] = &viewEntry{fresh: s.fresh, live: s.live}
+		v[id] = &viewEntry{fresh: s.fresh, trust: s.fresh.Trust(), live: s.live}
 	}
 	p.view.Store(&v)
 }

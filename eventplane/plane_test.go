@@ -225,15 +225,16 @@ func TestMetrics(t *testing.T) {
 	}
 	got := map[string]float64{}
 	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "prefixrouter_health_") {
+			continue
+		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() != "target" && l.GetName() != "verdict" {
 					t.Errorf("%s has label %s", f.GetName(), l.GetName())
 				}
 			}
-			if strings.HasPrefix(f.GetName(), "prefixrouter_health_") {
-				got[f.GetName()] = m.GetGauge().GetValue()
-			}
+			got[f.GetName()] = m.GetGauge().GetValue()
 		}
 	}
 	want := map[string]float64{
@@ -253,6 +254,70 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, err := New(Config{}, Deps{Registerer: env.reg}); err == nil {
 		t.Fatal("second registration accepted")
+	}
+}
+
+// TestAlertableCountersExistFromTheStart: an alert on the rate of hash
+// mismatches or of batches lost for good needs the series before the first
+// occurrence: a target's kvindex counters exist at zero from when it is
+// added, for every reason, and vanish when it is removed.
+func TestAlertableCountersExistFromTheStart(t *testing.T) {
+	env := newTestPlane(t, Config{})
+	id := podID(0)
+	env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+	series := map[string][]string{
+		"prefixrouter_kv_hash_mismatches_total":     {`reason="hash"`, `reason="block_size"`, `reason="extra_keys"`},
+		"prefixrouter_kv_unrecovered_batches_total": {""},
+		"prefixrouter_kv_sequence_gaps_total":       {""},
+		"prefixrouter_kv_restarts_total":            {""},
+		"prefixrouter_kv_decode_errors_total":       {""},
+		"prefixrouter_kv_rank_mismatches_total":     {""},
+		"prefixrouter_kv_unchained_blocks_total":    {""},
+		"prefixrouter_kv_hash_checks_total":         {""},
+		"prefixrouter_kv_event_batches_total":       {""},
+	}
+	fams, err := env.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]int{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["target"] != id.String() {
+				continue
+			}
+			if v := m.GetCounter().GetValue(); f.GetType().String() == "COUNTER" && v != 0 {
+				t.Errorf("%s%v = %v before any event", f.GetName(), labels, v)
+			}
+			for _, want := range series[f.GetName()] {
+				if want == "" || strings.Contains(want, `"`+labels["reason"]+`"`) {
+					found[f.GetName()]++
+				}
+			}
+		}
+	}
+	for name, want := range series {
+		if found[name] != len(want) {
+			t.Errorf("%s: %d series for the new target, want %d (%v)", name, found[name], len(want), want)
+		}
+	}
+	env.p.RemoveTarget(id)
+	fams, err = env.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "target" && l.GetValue() == id.String() {
+					t.Errorf("%s still has the removed target", f.GetName())
+				}
+			}
+		}
 	}
 }
 
@@ -291,15 +356,7 @@ func TestWiring(t *testing.T) {
 	}
 	store := func(pub *publish.Publisher, tokens []uint32) []kvindex.Key {
 		t.Helper()
-		keys, err := h.Keys(nil, tokens, kvindex.RequestExtras{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hashes := make([]uint64, len(keys))
-		for i, k := range keys {
-			hashes[i] = uint64(k)
-		}
-		b := events.Batch{TS: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, Medium: events.MediumGPU, TokenIDs: tokens, BlockSize: 4}}}
+		b, keys := storedBatch(t, h, tokens)
 		if _, err := pub.Publish(&b, events.EncodingMap); err != nil {
 			t.Fatal(err)
 		}

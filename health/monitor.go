@@ -117,10 +117,14 @@ type rankState struct {
 	load  Load
 	cache CacheConfig
 
-	state          State
-	reason         Reason
-	detail         string
-	since          time.Time
+	state  State
+	reason Reason
+	detail string
+	since  time.Time
+	// judged is set once a state other than awaiting the first probe was
+	// found; logged is when the state was last logged.
+	judged         bool
+	logged         time.Time
 	conflict       string
 	conflictModels []string
 }
@@ -487,17 +491,12 @@ func (m *Monitor) rebuildLocked() {
 	for _, t := range all {
 		t.load.Stale = t.load.At.IsZero() || now.Sub(t.load.At) > m.cfg.LoadStaleAfter
 		st, reason, detail := m.stateOf(t)
+		m.logState(t, st, reason, detail, now)
 		if st != t.state || reason != t.reason {
 			if st != t.state {
 				t.since = now
 				t.live.transitions.Add(1)
 			}
-			lvl := slog.LevelInfo
-			if st == StateDown || st == StateDegraded {
-				lvl = slog.LevelWarn
-			}
-			m.log.Log(context.Background(), lvl, "target state", "target", t.ts.ID.String(),
-				"state", st, "reason", reason, "detail", detail, "previous", t.state)
 			t.state, t.reason = st, reason
 		}
 		t.detail = detail
@@ -527,6 +526,39 @@ func (m *Monitor) rebuildLocked() {
 		}
 	}
 	m.snap.Store(snap)
+}
+
+// stateLogEvery bounds how often a target that stays down or degraded is
+// logged again.
+const stateLogEvery = time.Minute
+
+// logState logs a target's state: at its first judgement (the state a
+// target is created in, awaiting its first probe, is no judgement and is
+// not shown as a previous state), at every change, and once every
+// stateLogEvery while it stays down or degraded, so that a lasting fault
+// (a cache-config conflict, prefix caching off, a pod that never answers)
+// stays in the log. Down and degraded are warnings.
+func (m *Monitor) logState(t *rankState, st State, reason Reason, detail string, now time.Time) {
+	args := []any{"target", t.ts.ID.String(), "state", st, "reason", reason, "detail", detail}
+	bad := st == StateDown || st == StateDegraded
+	switch {
+	case !t.judged && reason == ReasonAwaitingProbe:
+		return
+	case !t.judged:
+		t.judged = true
+	case st != t.state || reason != t.reason:
+		args = append(args, "previous", t.state, "previous_reason", t.reason)
+	case bad && now.Sub(t.logged) >= stateLogEvery:
+		args = append(args, "for", now.Sub(t.since).Round(time.Second), "repeats_every", stateLogEvery)
+	default:
+		return
+	}
+	lvl := slog.LevelInfo
+	if bad {
+		lvl = slog.LevelWarn
+	}
+	m.log.Log(context.Background(), lvl, "target state", args...)
+	t.logged = now
 }
 
 // models returns the models the target serves.

@@ -1,12 +1,15 @@
 package health
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -197,5 +200,54 @@ func TestTargetLabelIsIDString(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("series for targets %v, want both ranks", seen)
+	}
+}
+
+// TestStateLogLines: a target's first judged state is logged without a
+// previous state (the one it is created in, awaiting its first probe, was
+// no judgement), every change names the previous one, and a target that
+// stays degraded (here a cache-config conflict: --block-size 32 against a
+// pod of 16) is logged again once a minute, not at every evaluation.
+func TestStateLogLines(t *testing.T) {
+	pod := newFakePod(t, "m")
+	pod.healthy.Store(false)
+	var logs logbuf.Buffer
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, BlockSize: 32},
+		Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	env.m.evaluate()
+	if l := logs.Lines("target state"); len(l) != 0 {
+		t.Fatalf("logged before the first probe: %q", l)
+	}
+	for range 3 {
+		env.tick()
+	}
+	lines := logs.Lines("target state")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "state=down reason=probe_failed") ||
+		strings.Contains(lines[0], "previous") {
+		t.Fatalf("first state lines %q: want one warning, down for the failed probe, without a previous state", lines)
+	}
+
+	pod.healthy.Store(true)
+	for range 3 {
+		env.tick()
+	}
+	lines = logs.Lines("target state")
+	if len(lines) != 2 || !strings.Contains(lines[1], "state=degraded reason=cache_config_conflict") ||
+		!strings.Contains(lines[1], "previous=down previous_reason=probe_failed") {
+		t.Fatalf("state lines %q: want the change to the conflict, naming the previous state", lines)
+	}
+	for range 10 {
+		env.clock.Advance(5 * time.Second)
+		env.tick()
+	}
+	if n := len(logs.Lines("target state")); n != 2 {
+		t.Fatalf("%d state lines within a minute of the conflict, want 2", n)
+	}
+	env.clock.Advance(15 * time.Second)
+	env.tick()
+	lines = logs.Lines("target state")
+	if len(lines) != 3 || !strings.Contains(lines[2], "reason=cache_config_conflict") || !strings.Contains(lines[2], "for=1m") ||
+		strings.Contains(lines[2], "previous") {
+		t.Fatalf("state lines %q: want one repeat of the lasting conflict", lines)
 	}
 }

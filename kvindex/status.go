@@ -10,16 +10,21 @@ import (
 // read by the event plane to judge freshness.
 type SubscriberStatus struct {
 	Target    target.ID
-	Connected bool      // SUB socket connected and receiving is possible
-	Replaying bool      // a replay request is in flight
-	LastEvent time.Time // wall time the last batch was received (zero: never)
-	LastSeq   uint64    // sequence number of the last applied batch
-	HaveSeq   bool      // LastSeq is meaningful
-	Batches   uint64
-	Events    uint64
-	Gaps      uint64 // sequence gaps detected
-	Replays   uint64 // replay requests issued
-	Replayed  uint64 // batches received through replay
+	Connected bool // SUB socket connected and receiving is possible
+	// EverConnected is set once the SUB socket first connected.
+	EverConnected bool
+	// ConnectionChanged is when Connected last changed; before the first
+	// connection, when the subscriber started running.
+	ConnectionChanged time.Time
+	Replaying         bool      // a replay request is in flight
+	LastEvent         time.Time // wall time the last batch was received (zero: never)
+	LastSeq           uint64    // sequence number of the last applied batch
+	HaveSeq           bool      // LastSeq is meaningful
+	Batches           uint64
+	Events            uint64
+	Gaps              uint64 // sequence gaps detected
+	Replays           uint64 // replay requests issued
+	Replayed          uint64 // batches received through replay
 	// Unrecovered counts batches known to be missing that replay could not
 	// bring back (no replay socket, buffer too short, replay failed): the
 	// index may be missing stores or holding removed blocks.

@@ -414,3 +414,76 @@ func TestSubscriberStopsWhilePodLeaves(t *testing.T) {
 		<-done
 	}
 }
+
+// TestSubscriberFirstSequenceOneIsAStart: vLLM numbers a process's batches
+// from 0; publishers seen in the field start at 1. Their first batch, live
+// or waiting in the replay buffer at connect, and their first batch after a
+// restart, are a start: no gap, nothing lost for good (which would make the
+// target stale for --events-stale-after).
+func TestSubscriberFirstSequenceOneIsAStart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		buffered bool // the batches wait in the replay buffer before the subscriber joins
+	}{
+		{name: "first batch live"},
+		{name: "first batch in the replay buffer", buffered: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*", FirstSeq: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			if tc.buffered {
+				for range 3 {
+					_, _ = pub.PublishRaw(emptyBatch(t), false)
+				}
+			}
+			restarted := make(chan struct{}, 1)
+			sub, _ := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(),
+				Handle:    func(uint64, *events.Batch, bool) {},
+				Restarted: func() { restarted <- struct{}{} },
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = sub.Run(ctx) }()
+			waitFor(t, "batches 1 to 3 applied", func() bool {
+				if !tc.buffered && sub.Status().Connected && pub.NextSeq() < 4 {
+					_, _ = pub.PublishRaw(emptyBatch(t), true)
+				}
+				time.Sleep(10 * time.Millisecond)
+				st := sub.Status()
+				return st.HaveSeq && st.LastSeq == 3
+			})
+			if st := sub.Status(); st.Unrecovered != 0 || st.Gaps != 0 {
+				t.Fatalf("a stream starting at 1: %d batches lost for good, %d gaps (want none): %+v", st.Unrecovered, st.Gaps, st)
+			}
+
+			// A live batch ends the window in which replayed batches'
+			// live copies are dropped; then a new process numbers from 1
+			// again: a restart, still no loss.
+			waitFor(t, "a live batch", func() bool {
+				if pub.NextSeq() < 5 {
+					_, _ = pub.PublishRaw(emptyBatch(t), true)
+				}
+				time.Sleep(10 * time.Millisecond)
+				return sub.Status().LastSeq == 4
+			})
+			pub.Restart()
+			waitFor(t, "the new process's first batch", func() bool {
+				_, _ = pub.PublishRaw(emptyBatch(t), true)
+				time.Sleep(10 * time.Millisecond)
+				select {
+				case <-restarted:
+					return true
+				default:
+					return false
+				}
+			})
+			waitFor(t, "the new process's batches applied", func() bool { return sub.Status().LastSeq >= 1 && sub.Status().LastSeq < 3 })
+			if st := sub.Status(); st.Unrecovered != 0 || st.Restarts != 1 {
+				t.Fatalf("after the restart: %d lost for good, %d restarts (want 0 and 1): %+v", st.Unrecovered, st.Restarts, st)
+			}
+		})
+	}
+}

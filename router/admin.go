@@ -150,13 +150,23 @@ type debugHealth struct {
 	Targets []debugTarget `json:"targets"`
 }
 
+// debugTarget is one target: health's view, whose state and reason the
+// router composes with the target's wiring faults (wiring.go), health's
+// own kept beside them, and the event stream.
 type debugTarget struct {
 	health.TargetView
-	EventStream eventplane.StreamView `json:"event_stream"`
+	State        health.State          `json:"state"`
+	Reason       string                `json:"reason"`
+	Detail       string                `json:"detail,omitempty"`
+	HealthState  health.State          `json:"health_state"`
+	HealthReason health.Reason         `json:"health_reason"`
+	WiringFaults []wiringFault         `json:"wiring_faults,omitempty"`
+	EventStream  eventplane.StreamView `json:"event_stream"`
 }
 
 func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 	hv := r.mon.Debug()
+	snap := r.mon.Snapshot()
 	v := targetsView{
 		Policy: r.cfg.Policy.String(),
 		Keys:   r.ev.KeysView(),
@@ -165,7 +175,14 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 	}
 	for _, tv := range hv.Targets {
 		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
-		v.Health.Targets = append(v.Health.Targets, debugTarget{TargetView: tv, EventStream: r.ev.StreamView(id)})
+		dt := debugTarget{TargetView: tv, State: tv.State, Reason: string(tv.Reason), Detail: tv.Detail,
+			HealthState: tv.State, HealthReason: tv.Reason, EventStream: r.ev.StreamView(id)}
+		if t, ok := snap.Target(id); ok {
+			f := r.ev.Freshness(id)
+			dt.WiringFaults = wiringFaults(t, &f)
+			dt.State, dt.Reason, dt.Detail = composedState(t, dt.WiringFaults)
+		}
+		v.Health.Targets = append(v.Health.Targets, dt)
 	}
 	writeJSON(w, http.StatusOK, v)
 }

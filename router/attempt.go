@@ -161,11 +161,11 @@ func (a *attempt) retryableAnswer() string {
 	}
 	switch {
 	case a.resp.StatusCode >= 500:
-		return "status_5xx" // the pod's failure; another may do better
+		return upstreamStatus5xx // the pod's failure; another may do better
 	case a.resp.StatusCode < 300 && sseErrorFirst(a.first):
 		// vLLM streams a failure in prefill as a 200 whose first event
 		// is an error: nothing was generated, so nothing is lost.
-		return "stream_error_event"
+		return upstreamStreamErrorEvent
 	}
 	return ""
 }
@@ -182,7 +182,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	case errFirstByteTimeout:
 		a.label = "timeout"
-		r.met.upstreamErrors.WithLabelValues(a.name, "first_byte_timeout").Inc()
+		r.met.upstreamErrors.WithLabelValues(a.name, upstreamFirstByteTimeout).Inc()
 		// The pod may have computed for minutes; retrying elsewhere would
 		// double the work and the wait. Report it.
 		errUpstream(fasthttp.StatusGatewayTimeout, "the target did not answer within "+r.cfg.FirstByteTimeout.String()).write(in)
@@ -193,7 +193,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	}
 	a.label = "upstream_error"
-	r.met.upstreamErrors.WithLabelValues(a.name, "before_first_byte").Inc()
+	r.met.upstreamErrors.WithLabelValues(a.name, upstreamBeforeFirstByte).Inc()
 	r.log.Warn("target failed before the first byte", "target", a.name, "err", err)
 	return attemptRetryable
 }
@@ -208,7 +208,7 @@ func (a *attempt) answer() {
 	}
 	a.answered, a.status, a.ttft = true, resp.StatusCode, time.Since(x.start)
 	if resp.StatusCode >= 500 {
-		r.met.upstreamErrors.WithLabelValues(a.name, "status_5xx").Inc()
+		r.met.upstreamErrors.WithLabelValues(a.name, upstreamStatus5xx).Inc()
 	}
 	in := x.in
 	in.SetStatusCode(resp.StatusCode)
@@ -315,7 +315,7 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 		a.label = "canceled"
 	case rerr != nil && !errors.Is(rerr, io.EOF):
 		a.label = a.failureLabel()
-		a.r.met.upstreamErrors.WithLabelValues(a.name, "stream_broken").Inc()
+		a.r.met.upstreamErrors.WithLabelValues(a.name, upstreamStreamBroken).Inc()
 	default:
 		a.label = statusLabel(a.status)
 	}

@@ -165,11 +165,11 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 }
 
 // candidate is target t as a candidate, before any lookup: its confirmed
-// run counts as far as its event stream is trusted.
+// run counts as far as its event stream is trusted (eventplane.Trust:
+// not at all while its keys are found to disagree with the pod's).
 func (dc *decider) candidate(t *health.Target) Candidate {
-	v := dc.plane.Verdict(t.ID)
-	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: v.Trusted(),
-		Trust: v.ConfirmedWeight(), Load: loadOf(t, v)}
+	tr := dc.plane.Trust(t.ID)
+	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: tr.Predictions, Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
 }
 
 // hasAlternative reports whether a retry could find another routable

@@ -14,7 +14,10 @@
 // pod's token ids; kvindex turns ids into block keys; the event plane
 // (eventplane) follows every target's KV events into the placement index and
 // says how far each stream can be trusted. The router feeds the event plane
-// from health (eventplane.go) and tells it of each dispatch and first byte.
+// from health (eventplane.go) and tells it of each dispatch and first byte,
+// and composes the wiring faults each leaf finds into the target's state in
+// /debug/targets, the prefixrouter_target_wiring_fault gauge and the body
+// of /ready (wiring.go).
 // Data flows one way: request in, parse, tokenize, key, look up, score,
 // dispatch, proxy, record.
 //

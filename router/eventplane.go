@@ -29,9 +29,11 @@ func (r *Router) followTarget(c health.Change) {
 	}
 }
 
-// feedCaches hands the event plane the pods' cache configurations from
-// every new health snapshot until ctx ends: they configure block keys,
-// expected blocks, prefix-caching verdicts and placement caps.
+// feedCaches hands the event plane what health says of each pod (serving
+// or not, and its cache configuration) from every new health snapshot
+// until ctx ends: it configures block keys, expected blocks,
+// prefix-caching verdicts and placement caps, and tells a pod still
+// starting from a serving pod whose stream is not wired.
 func (r *Router) feedCaches(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
@@ -49,13 +51,14 @@ func (r *Router) feedCaches(ctx context.Context) {
 	}
 }
 
-// cachesOf translates health's cache configurations for the event plane. A
-// pod that did not report its block size takes the one its model's pods
-// agree on.
+// cachesOf translates health's view of each pod for the event plane. A pod
+// that did not report its block size takes the one its model's pods agree
+// on.
 func cachesOf(s *health.Snapshot) map[target.ID]eventplane.Cache {
 	out := make(map[target.ID]eventplane.Cache, len(s.Targets))
 	for _, t := range s.Targets {
 		c := eventplane.Cache{
+			Serving:               t.State == health.StateRoutable || t.State == health.StateDegraded,
 			Reported:              t.Cache.Known && t.Cache.BlockSize > 0,
 			HashAlgo:              t.Cache.HashAlgo,
 			NumGPUBlocks:          t.Cache.NumGPUBlocks,

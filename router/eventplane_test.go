@@ -19,14 +19,14 @@ func TestCachesOf(t *testing.T) {
 	snap := &health.Snapshot{
 		Models: map[string]health.ModelConfig{"m": {Model: "m", BlockSize: 32, Agreed: true}},
 		Targets: []*health.Target{
-			{ID: id("reported"), Models: []string{"m"}, Cache: health.CacheConfig{Known: true, BlockSize: 64, NumGPUBlocks: 900, HashAlgo: "xxhash", PrefixCaching: "True"}},
+			{ID: id("reported"), State: health.StateDegraded, Models: []string{"m"}, Cache: health.CacheConfig{Known: true, BlockSize: 64, NumGPUBlocks: 900, HashAlgo: "xxhash", PrefixCaching: "True"}},
 			{ID: id("no-block-size"), Models: []string{"m"}, Cache: health.CacheConfig{Known: true, HashAlgo: "sha256", PrefixCaching: "False"}},
-			{ID: id("unknown"), Models: []string{"other", "m"}},
+			{ID: id("unknown"), State: health.StateDown, Models: []string{"other", "m"}},
 			{ID: id("unknown-model"), Models: []string{"other"}},
 		},
 	}
 	want := map[target.ID]eventplane.Cache{
-		id("reported"):      {Reported: true, BlockSize: 64, HashAlgo: "xxhash", NumGPUBlocks: 900, PrefixCaching: "True"},
+		id("reported"):      {Serving: true, Reported: true, BlockSize: 64, HashAlgo: "xxhash", NumGPUBlocks: 900, PrefixCaching: "True"},
 		id("no-block-size"): {BlockSize: 32, HashAlgo: "sha256", PrefixCachingDisabled: true, PrefixCaching: "False"},
 		id("unknown"):       {BlockSize: 32},
 		id("unknown-model"): {},

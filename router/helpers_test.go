@@ -51,6 +51,12 @@ func fastHealth(endpoints ...string) health.Config {
 // it when the test ends.
 func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
 	t.Helper()
+	return startRouterLogging(t, cfg, quietLogger(), tokenizers...)
+}
+
+// startRouterLogging is startRouter with the router's logs going to log.
+func startRouterLogging(t testing.TB, cfg Config, log *slog.Logger, tokenizers ...string) *Router {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "127.0.0.1:0"
 	// No client timeout of its own: only the router's contexts (the
@@ -61,7 +67,7 @@ func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
 			t.Fatalf("tokenizer %s: %v", spec, err)
 		}
 	}
-	r, err := New(cfg, Deps{Tokenizers: reg, Logger: quietLogger()})
+	r, err := New(cfg, Deps{Tokenizers: reg, Logger: log})
 	if err != nil {
 		t.Fatalf("router: %v", err)
 	}

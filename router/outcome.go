@@ -93,6 +93,35 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// Reasons of prefixrouter_upstream_errors_total.
+const (
+	upstreamStatus5xx        = "status_5xx"
+	upstreamStreamErrorEvent = "stream_error_event"
+	upstreamFirstByteTimeout = "first_byte_timeout"
+	upstreamBeforeFirstByte  = "before_first_byte"
+	upstreamStreamBroken     = "stream_broken"
+)
+
+var upstreamErrorReasons = []string{upstreamStatus5xx, upstreamStreamErrorEvent, upstreamFirstByteTimeout, upstreamBeforeFirstByte, upstreamStreamBroken}
+
+// addTarget creates a new target's failure counters at zero, so that an
+// alert on their rate sees the series before the first failure.
+func (m *metrics) addTarget(name string) {
+	m.retries.WithLabelValues(name)
+	for _, reason := range upstreamErrorReasons {
+		m.upstreamErrors.WithLabelValues(name, reason)
+	}
+}
+
+// forgetTarget deletes a removed target's series, so that the label sets
+// stay bounded by the live fleet.
+func (m *metrics) forgetTarget(name string) {
+	for _, v := range []*prometheus.MetricVec{m.routed.MetricVec, m.retries.MetricVec, m.upstreamErrors.MetricVec,
+		m.promptTokens.MetricVec, m.predicted.MetricVec, m.reported.MetricVec, m.prediction.MetricVec} {
+		v.DeletePartialMatch(prometheus.Labels{"target": name})
+	}
+}
+
 // usage is what a response says about its prompt.
 type usage struct {
 	known        bool

@@ -93,6 +93,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	r.dec = &decider{policy: cfg.Policy, ch: r.ch, plane: r.ev}
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
+	if err := reg.Register(wiringCollector{r}); err != nil {
+		return nil, fmt.Errorf("router: metrics: %w", err)
+	}
 	r.cat = newCatalog(r.up, r.mon)
 	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	r.srv = &fasthttp.Server{
@@ -172,6 +175,12 @@ func (r *Router) goBG(fn func()) {
 
 func (r *Router) onChange(c health.Change) {
 	r.followTarget(c)
+	switch c.Kind {
+	case health.Added:
+		r.met.addTarget(c.Target.ID.String())
+	case health.Removed:
+		r.met.forgetTarget(c.Target.ID.String())
+	}
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)
 	}

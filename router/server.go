@@ -39,9 +39,9 @@ func (r *Router) handle(ctx *fasthttp.RequestCtx) {
 		// Process liveness: answering at all is the signal.
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	case "/ready":
-		if r.mon.Snapshot().Routable() {
+		if snap := r.mon.Snapshot(); snap.Routable() {
 			ctx.SetStatusCode(fasthttp.StatusOK)
-			ctx.SetBodyString("ready\n")
+			ctx.SetBodyString(r.readyBody(snap))
 		} else {
 			errNoTarget("no routable target", r.retryAfter()).write(ctx)
 		}

@@ -16,11 +16,19 @@ import (
 // startFleet starts simulated vLLM pods (real HTTP and ZMQ on loopback).
 func startFleet(t *testing.T, pods int, faults sim.Faults, loras ...string) *sim.Fleet {
 	t.Helper()
+	return startFleetWith(t, sim.Config{Pods: pods, Faults: faults, LoRAs: loras})
+}
+
+// startFleetWith starts simulated pods of the tiny profile configured by
+// cfg, logging nowhere.
+func startFleetWith(t *testing.T, cfg sim.Config) *sim.Fleet {
+	t.Helper()
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: pods, Profile: prof, Faults: faults, LoRAs: loras, Logger: quietLogger()})
+	cfg.Profile, cfg.Logger = prof, quietLogger()
+	f, err := sim.StartFleet(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("fleet: %v", err)
 	}
@@ -187,15 +195,7 @@ func TestSimDeadAndFailingPods(t *testing.T) {
 // computed on one rank is found there again (without the header the pod
 // would place requests itself and the hits would scatter).
 func TestSimDataParallelRanks(t *testing.T) {
-	prof, err := sim.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: 1, DP: 2, Profile: prof, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
+	f := startFleetWith(t, sim.Config{Pods: 1, DP: 2})
 	cfg := DefaultConfig()
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(f.Endpoints()...)
@@ -353,6 +353,14 @@ func TestSimReadsUntilDecided(t *testing.T) {
 
 func metricValue(t *testing.T, r *Router, series string) float64 {
 	t.Helper()
+	v, _ := metricSeries(t, r, series)
+	return v
+}
+
+// metricSeries reads one series from the admin /metrics; ok is false when
+// it is not exported.
+func metricSeries(t *testing.T, r *Router, series string) (v float64, ok bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + r.AdminAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -365,8 +373,8 @@ func metricValue(t *testing.T, r *Router, series string) float64 {
 			if err != nil {
 				t.Fatalf("%s: %v", line, err)
 			}
-			return f
+			return f, true
 		}
 	}
-	return 0
+	return 0, false
 }

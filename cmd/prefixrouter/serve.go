@@ -13,6 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tokenize"
+	"github.com/prefixrouter/prefixrouter/tokenize/hub"
 )
 
 // serveSettings is what the serve command's flags set: the router's
@@ -82,7 +83,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed,
 			refuseRandomSeed("omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)")),
 		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),
-		keys.list("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)", &s.Tokenizers),
+		keys.list("tokenizer", "MODEL[:MODE]=SOURCE, SOURCE a model directory, a tokenizer.json, hf:ORG/NAME[@REVISION] or \"bytes\"; a bare MODEL is a local directory, else that hub repository (repeatable)", &s.Tokenizers),
 		choice(keys, "tokenization", "mode for models without a mode of their own: local, remote or auto", &s.Tokenization, tokenize.Mode.String, tokenize.ParseMode),
 		keys.dur("tokenize-timeout", "bound on a remote tokenization before routing (past it: route on load)", &s.TokenizeTimeout),
 
@@ -126,18 +127,11 @@ func runServe(ctx context.Context, s *serveSettings) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	toks := tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
-	defer toks.Close()
-	for _, spec := range s.Tokenizers {
-		if !specHasMode(spec) {
-			// The flag's mode applies where the entry names none.
-			name, path, _ := strings.Cut(spec, "=")
-			spec = name + ":" + cfg.Tokenization.String() + "=" + path
-		}
-		if _, err := toks.AddSpec(spec); err != nil {
-			return usageError("--tokenizer %q: %v", spec, err)
-		}
+	toks, err := loadTokenizers(ctx, s.Tokenizers, cfg.Tokenization, reg, log)
+	if err != nil {
+		return err
 	}
+	defer toks.Close()
 	rt, err := router.New(cfg, router.Deps{Registry: reg, Tokenizers: toks, Logger: log})
 	if err != nil {
 		return usageError("%v", err)
@@ -164,11 +158,44 @@ func (s *serveSettings) config() router.Config {
 	return cfg
 }
 
-// specHasMode reports whether a --tokenizer value names its mode
-// (NAME:MODE=PATH).
-func specHasMode(spec string) bool {
-	name, _, ok := strings.Cut(spec, "=")
-	return ok && strings.Contains(name, ":")
+// loadTokenizers builds the registry of the --tokenizer entries; an entry
+// that names no mode takes --tokenization. The hub is configured from the
+// environment (hub.ConfigFromEnv) only when an entry needs it. Errors echo
+// the entry as typed.
+func loadTokenizers(ctx context.Context, texts []string, mode tokenize.Mode, reg prometheus.Registerer, log *slog.Logger) (*tokenize.Registry, error) {
+	specs := make([]tokenize.Spec, 0, len(texts))
+	var hubFor string
+	for _, text := range texts {
+		spec, err := tokenize.ParseSpec(text)
+		if err != nil {
+			return nil, usageError("--tokenizer %q: %v", text, err)
+		}
+		if !spec.HasMode {
+			spec.Mode = mode
+		}
+		if spec.Hub != nil && spec.Mode != tokenize.ModeRemote && hubFor == "" {
+			hubFor = text
+		}
+		specs = append(specs, spec)
+	}
+	opts := tokenize.Options{Registerer: reg, Logger: log}
+	if hubFor != "" {
+		hcfg, err := hub.ConfigFromEnv(os.Getenv)
+		if err != nil {
+			return nil, usageError("--tokenizer %q: %v", hubFor, err)
+		}
+		hcfg.Logger = log
+		hcfg.UserAgent = "prefixrouter/" + version
+		opts.Hub = hub.New(hcfg)
+	}
+	toks := tokenize.NewRegistry(opts)
+	for _, spec := range specs {
+		if _, err := toks.Load(ctx, spec); err != nil {
+			toks.Close()
+			return nil, usageError("--tokenizer %q: %v", spec.Text, err)
+		}
+	}
+	return toks, nil
 }
 
 // splitList flattens comma-separated values (the environment form of a
