@@ -165,14 +165,25 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 	wantUsageLine(t, "--endpoint is required, e.g. tcp://10.0.0.7:5557", "events", "--count", "1")
 }
 
-// TestUnreadEnvironmentVariablesAreRefused: a PREFIXROUTER_ variable no
-// command reads is a typo or an old name, and the error names the new one.
-func TestUnreadEnvironmentVariablesAreRefused(t *testing.T) {
+// TestUnreadEnvironmentVariablesAreNamed: a PREFIXROUTER_ variable no
+// command reads is a typo or an old name: a warning names the one meant,
+// and the command runs. Kubernetes' variables for a Service named
+// prefixrouter are not warned of.
+func TestUnreadEnvironmentVariablesAreNamed(t *testing.T) {
 	clearEnv(t)
 	t.Setenv("PREFIXROUTER_TIME_SCALE", "100")
 	t.Setenv("PREFIXROUTER_HASHSEED", "0")
-	wantUsageLine(t, "PREFIXROUTER_HASHSEED is read by no command (did you mean PREFIXROUTER_HASH_SEED?); "+
-		"PREFIXROUTER_TIME_SCALE is read by no command (did you mean PREFIXROUTER_SIM_TIME_SCALE?)", "version")
+	for _, k := range []string{"PREFIXROUTER_SERVICE_HOST", "PREFIXROUTER_SERVICE_PORT", "PREFIXROUTER_SERVICE_PORT_API",
+		"PREFIXROUTER_PORT", "PREFIXROUTER_PORT_8000_TCP", "PREFIXROUTER_PORT_8000_TCP_ADDR"} {
+		t.Setenv(k, "10.0.0.1")
+	}
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"prefixrouter", "version"}, strings.NewReader(""), &out, &errOut)
+	want := "prefixrouter: warning: PREFIXROUTER_HASHSEED is read by no command (did you mean PREFIXROUTER_HASH_SEED?)\n" +
+		"prefixrouter: warning: PREFIXROUTER_TIME_SCALE is read by no command (did you mean PREFIXROUTER_SIM_TIME_SCALE?)\n"
+	if code != 0 || out.String() != version+"\n" || errOut.String() != want {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0, the version, and stderr %q", code, out.String(), errOut.String(), want)
+	}
 }
 
 // TestEnvironmentVariablesAreUnique: every flag of every command has one

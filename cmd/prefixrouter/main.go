@@ -66,7 +66,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 		OnUsageError:   newFlagTable("").onUsageError,
 		ArgValidator:   unknownCommand,
-		Before:         checkEnvNames,
+		Before:         warnUnreadEnv(stderr),
 		Commands: []*cli.Command{
 			hashCommand(stderr),
 			serveCommand(),

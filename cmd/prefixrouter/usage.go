@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,9 +153,28 @@ func helpCommand() *cli.Command {
 	}
 }
 
-// checkEnvNames refuses PREFIXROUTER_ variables that no command reads: a
-// misspelt or outdated name would otherwise be ignored without a word.
-func checkEnvNames(ctx context.Context, root *cli.Command) (context.Context, error) {
+// warnUnreadEnv warns, one line on stderr per variable, of PREFIXROUTER_
+// variables that no command reads: a misspelt or outdated name would
+// otherwise be ignored without a word. It does not refuse them: Kubernetes
+// gives every pod variables named after each Service in its namespace
+// (PREFIXROUTER_SERVICE_HOST, PREFIXROUTER_PORT_8000_TCP... for a Service
+// named prefixrouter), and those are skipped.
+func warnUnreadEnv(stderr io.Writer) cli.BeforeFunc {
+	return func(ctx context.Context, root *cli.Command) (context.Context, error) {
+		for _, p := range unreadEnv(root) {
+			fmt.Fprintf(stderr, "prefixrouter: warning: %s\n", p)
+		}
+		return ctx, nil
+	}
+}
+
+// kubernetesServiceVar matches the variables Kubernetes sets for a Service
+// named prefixrouter (prefix already removed).
+var kubernetesServiceVar = regexp.MustCompile(`^(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)
+
+// unreadEnv names the PREFIXROUTER_ variables no command reads, each with
+// the one probably meant.
+func unreadEnv(root *cli.Command) []string {
 	const prefix = "PREFIXROUTER_"
 	var known []string // without the prefix
 	for _, c := range root.Commands {
@@ -169,7 +190,7 @@ func checkEnvNames(ctx context.Context, root *cli.Command) (context.Context, err
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		name, ok := strings.CutPrefix(k, prefix)
-		if !ok || slices.Contains(known, name) {
+		if !ok || slices.Contains(known, name) || kubernetesServiceVar.MatchString(name) {
 			continue
 		}
 		// A variable of one command's flag read by another before each
@@ -191,11 +212,8 @@ func checkEnvNames(ctx context.Context, root *cli.Command) (context.Context, err
 		}
 		problems = append(problems, p)
 	}
-	if len(problems) == 0 {
-		return ctx, nil
-	}
 	slices.Sort(problems)
-	return ctx, usageError("%s", strings.Join(problems, "; "))
+	return problems
 }
 
 // closest is the name s was probably meant to be: the nearest by edit
