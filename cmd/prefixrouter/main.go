@@ -73,7 +73,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			demoCommand(),
 			simCommand(),
 			eventsCommand(),
-			tokenizeCommand(),
+			tokenizeCommand(stderr),
 			versionCommand(),
 			helpCommand(),
 		},

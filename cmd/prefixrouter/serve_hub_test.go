@@ -174,3 +174,35 @@ func TestServeTokenizersFromTheHub(t *testing.T) {
 		t.Fatalf("offline, yet %d more requests", n-requests)
 	}
 }
+
+// TestTokenizeFromTheHub: the tokenize command takes a hub repository as
+// serve does, so that an operator can compare its ids with a pod's before
+// starting the router.
+func TestTokenizeFromTheHub(t *testing.T) {
+	s := fakeHubEnv(t)
+	s.AddRepo("Qwen/Qwen3-8B", qwen3Files(t))
+	texts, want := qwen3Ref(t, 40)
+	var stdin strings.Builder
+	for _, text := range texts {
+		b, _ := json.Marshal(text)
+		stdin.Write(append(b, '\n'))
+	}
+	out, errOut, code := runCLI(t, stdin.String(), "tokenize", "--tokenizer", "Qwen/Qwen3-8B")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines out, want %d", len(lines), len(want))
+	}
+	for i, line := range lines {
+		var got []uint32
+		if err := json.Unmarshal([]byte(line), &got); err != nil || !slices.Equal(got, want[i]) {
+			t.Fatalf("line %d (%q): ids %s, want %v", i+1, texts[i], line, want[i])
+		}
+	}
+	_, errOut, code = runCLI(t, "", "tokenize", "--tokenizer", "Qwen/NoSuchModel")
+	if code != 2 || !strings.Contains(errOut, "Qwen/NoSuchModel") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("a repository the hub lacks: exit %d, stderr %q; want 2 and one line naming it", code, errOut)
+	}
+}

@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
@@ -21,7 +24,7 @@ type tokenizeSettings struct {
 	Chat             bool
 }
 
-func tokenizeCommand() *cli.Command {
+func tokenizeCommand(stderr io.Writer) *cli.Command {
 	var s tokenizeSettings
 	t := newFlagTable("tokenize")
 	b := t.group("")
@@ -33,34 +36,33 @@ func tokenizeCommand() *cli.Command {
 			"\"chat_template_kwargs\": {...}} (only messages required; add_generation_prompt defaults to true)\n" +
 			"and each output line is {\"prompt\": ..., \"token_ids\": [...]} or {\"error\": ...} when the template raises.\n" +
 			"--tokenizer is a model directory (tokenizer.json with tokenizer_config.json's BOS rules and chat template,\n" +
-			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), or \"bytes\" for the built-in model.",
+			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), \"bytes\" for the built-in model,\n" +
+			"or a Hugging Face Hub repository ORG/NAME[@REVISION] (or hf:ORG/NAME) fetched as serve fetches it.",
 		Flags: []cli.Flag{
-			defaultText(b.str("tokenizer", "model directory, tokenizer.json file, or \"bytes\"", &s.Tokenizer), "none, required"),
+			defaultText(b.str("tokenizer", "model directory, tokenizer.json file, \"bytes\", or a hub repository ORG/NAME[@REVISION]", &s.Tokenizer), "none, required"),
 			b.bool("add-special-tokens", "add the post-processor's special tokens (BOS/EOS) to plain strings", &s.AddSpecialTokens),
 			b.bool("chat", "lines are chat requests rendered with the model's chat template", &s.Chat),
 		},
-		Action: func(_ context.Context, cmd *cli.Command) error {
-			return runTokenize(cmd.Root().Reader, cmd.Root().Writer, &s, cmd.IsSet("add-special-tokens"))
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			return runTokenize(ctx, cmd.Root().Reader, cmd.Root().Writer, stderr, &s, cmd.IsSet("add-special-tokens"))
 		},
 	})
 }
 
 // runTokenize encodes stdin; specialGiven says --add-special-tokens was
 // given at all, which --chat refuses even as false.
-func runTokenize(stdin io.Reader, stdout io.Writer, s *tokenizeSettings, specialGiven bool) error {
-	path := s.Tokenizer
-	if path == "" {
+func runTokenize(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, s *tokenizeSettings, specialGiven bool) error {
+	if s.Tokenizer == "" {
 		return usageError("--tokenizer is required")
 	}
 	if s.Chat && specialGiven {
 		return usageError("--add-special-tokens does not apply to --chat (chat prompts encode without them, as vLLM does)")
 	}
-	reg := tokenize.NewRegistry(tokenize.Options{})
-	defer reg.Close()
-	m, err := reg.Add("cli", path, tokenize.ModeLocal)
+	m, reg, err := loadTokenizeModel(ctx, s.Tokenizer, stderr)
 	if err != nil {
-		return fmt.Errorf("tokenize: %w", err)
+		return err
 	}
+	defer reg.Close()
 	w := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
@@ -82,6 +84,40 @@ func runTokenize(stdin io.Reader, stdout io.Writer, s *tokenizeSettings, special
 		err = ferr
 	}
 	return err
+}
+
+// loadTokenizeModel loads the tokenize command's one model: a local path or
+// "bytes" as given, else the hub repository it names, fetched as serve
+// fetches it (HF_* settings from the environment) and never replaced by a
+// pod: this command has none to ask.
+func loadTokenizeModel(ctx context.Context, text string, stderr io.Writer) (*tokenize.Model, *tokenize.Registry, error) {
+	if _, err := os.Stat(text); err == nil || text == "bytes" {
+		reg := tokenize.NewRegistry(tokenize.Options{})
+		m, err := reg.Add("cli", text, tokenize.ModeLocal)
+		if err != nil {
+			reg.Close()
+			return nil, nil, fmt.Errorf("tokenize: %w", err)
+		}
+		return m, reg, nil
+	}
+	if strings.ContainsAny(text, "=") {
+		return nil, nil, usageError("--tokenizer %q: want a model directory, a tokenizer.json, \"bytes\" or a hub repository ORG/NAME[@REVISION]", text)
+	}
+	spec, err := tokenize.ParseSpec(text)
+	if err != nil {
+		return nil, nil, usageError("--tokenizer %q: no such file or directory, and not a hub repository ORG/NAME[@REVISION]", text)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	reg, err := loadTokenizers(ctx, []string{text}, tokenize.ModeLocal, nil, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := reg.Model(spec.Name)
+	if err != nil {
+		reg.Close()
+		return nil, nil, fmt.Errorf("tokenize: %w", err)
+	}
+	return m, reg, nil
 }
 
 // tokenizeLines calls fn for every stdin line (1-based numbers); lines may
