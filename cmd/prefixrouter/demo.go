@@ -162,7 +162,7 @@ func demoRun(ctx context.Context, pol router.Policy, prof sim.Profile, pods, gro
 
 	podIndex := map[string]int{}
 	for i, p := range fleet.Pods {
-		podIndex[health.TargetName(kvindex.TargetID{Endpoint: p.URL()})] = i
+		podIndex[kvindex.TargetID{Endpoint: p.URL()}.String()] = i
 	}
 	url := "http://" + rt.Addr() + "/v1/chat/completions"
 	type job struct{ group, q int }
