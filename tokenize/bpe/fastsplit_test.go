@@ -48,10 +48,7 @@ func FuzzFastSplit(f *testing.F) {
 // regexp2: correct, but slow).
 func TestFastPathsUsed(t *testing.T) {
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
-		tk, err := Load(modelPath(t, model))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := parityModel(t, model)
 		var check func(p preTokenizer)
 		check = func(p preTokenizer) {
 			switch p := p.(type) {
