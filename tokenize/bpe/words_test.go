@@ -81,14 +81,8 @@ func FuzzWordSplitter(f *testing.F) {
 	for _, s := range []string{"Hello, world! It's 12345 o'clock.\n\n  \tdone  ", "中文字符123４５６ⅫⅫ and ＡＢＣ", " \r\n \r\n x", "don'T I'LL", "\xff\xfe"} {
 		f.Add(s)
 	}
-	// Parsed on the first input, so under -fuzz only the worker that runs
-	// inputs pays for the parse, not the coordinator too. Inputs run one
-	// at a time.
-	var models map[string][2]*Tokenizer
+	models := fusedModels(f)
 	f.Fuzz(func(t *testing.T, s string) {
-		if models == nil {
-			models = fusedModels(t)
-		}
 		s = strings.ToValidUTF8(s, "\uFFFD")
 		for name, pair := range models {
 			fused, err1 := pair[0].Encode(s, false)
