@@ -12,7 +12,7 @@ PKGS     := ./...
 # deadline exceeded" failure as the time runs out (golang/go#75804, fixed in
 # Go 1.27); a count has no deadline to race. FUZZ_SHORT is what `make test`
 # spends per target, FUZZTIME what `make fuzz` spends.
-FUZZ_SHORT ?= 1000x
+FUZZ_SHORT ?= 2000x
 FUZZTIME   ?= 20000x
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
@@ -51,7 +51,7 @@ vet:
 # staticcheck fails the build on any finding.
 staticcheck: $(STATICCHECK)
 	@echo "staticcheck $(STATICCHECK_VERSION) ..."
-	$(STATICCHECK) $(PKGS)
+	./scripts/progress.sh staticcheck $(STATICCHECK) $(PKGS)
 	$(STATICCHECK) -tags hftokenizers ./tokenize/...
 
 $(STATICCHECK):
@@ -61,16 +61,21 @@ $(STATICCHECK):
 	mv $(TOOLS)/staticcheck $@
 
 # unit runs every package's tests under the race detector; no package is
-# left out. The fuzz targets' seed corpora run here as ordinary tests.
+# left out. The fuzz targets' seed corpora run here as ordinary tests. go
+# test prints a package's line when the package ends, so progress.sh says
+# every 20 s that it is still going.
 unit:
 	@echo "unit tests (-race) ..."
-	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+	./scripts/progress.sh "unit tests (-race)" $(GO) test -race -count=1 -timeout 10m $(PKGS)
 
-# fuzz-short gives every fuzz target FUZZ_SHORT executions, to catch what a
-# change breaks; fuzz is the long budget, FUZZTIME executions per target.
-# Both build each package's fuzz binary once and run targets one per core.
+# fuzz-short gives every fuzz target FUZZ_SHORT executions from its seed
+# corpus (--fresh: its time does not grow with the corpus earlier runs
+# cached), to catch what a change breaks. fuzz is the long budget, FUZZTIME
+# executions per target, growing the corpus in GOCACHE as `go test -fuzz`
+# does. Both build each package's fuzz binary once, into bin/fuzz, and run
+# targets one per core; see scripts/fuzz-all.sh.
 fuzz-short:
-	@./scripts/fuzz-all.sh $(FUZZ_SHORT)
+	@./scripts/fuzz-all.sh --fresh $(FUZZ_SHORT)
 
 fuzz:
 	@./scripts/fuzz-all.sh $(FUZZTIME)
