@@ -47,6 +47,7 @@ func FuzzFastSplit(f *testing.F) {
 // fast matcher (a changed pattern string would silently fall back to
 // regexp2: correct, but slow).
 func TestFastPathsUsed(t *testing.T) {
+	t.Parallel()
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		tk := parityModel(t, model)
 		var check func(p preTokenizer)

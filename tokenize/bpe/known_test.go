@@ -14,6 +14,7 @@ import (
 // pre-tokenizers naming \p{S} or \p{P} (DeepSeek-V3) notice; Llama-3 and
 // Qwen patterns treat unassigned and symbol characters alike.
 func TestKnownEdgeCases(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		model, text string
 		hf          []uint32

@@ -28,12 +28,11 @@ func modelPath(tb testing.TB, model string) string {
 	return p
 }
 
-// parsed holds each parity model parsed once per test binary: parsing a
-// tokenizer.json dominates these tests' time (about tenfold under -race).
-var parsed struct {
-	sync.Mutex
-	byName map[string]*Tokenizer
-}
+// parsed holds each parity model parsed once per test binary (model name ->
+// func() (*Tokenizer, error)): parsing a tokenizer.json dominates these
+// tests' time, about tenfold under -race. Tests that load models run in
+// parallel, so two models parse at once on two cores.
+var parsed sync.Map
 
 // parityModel returns a parity model with a word cache of its own, so no
 // test's merges are answered from another test's warm cache. The rest of a
@@ -41,18 +40,10 @@ var parsed struct {
 func parityModel(tb testing.TB, name string) *Tokenizer {
 	tb.Helper()
 	path := modelPath(tb, name)
-	parsed.Lock()
-	defer parsed.Unlock()
-	tk := parsed.byName[name]
-	if tk == nil {
-		var err error
-		if tk, err = Load(path); err != nil {
-			tb.Fatal(err)
-		}
-		if parsed.byName == nil {
-			parsed.byName = map[string]*Tokenizer{}
-		}
-		parsed.byName[name] = tk
+	load, _ := parsed.LoadOrStore(name, sync.OnceValues(func() (*Tokenizer, error) { return Load(path) }))
+	tk, err := load.(func() (*Tokenizer, error))()
+	if err != nil {
+		tb.Fatal(err)
 	}
 	return withOwnWordCache(tk)
 }
@@ -108,9 +99,11 @@ func loadRef(tb testing.TB, name string) [][]uint32 {
 var knownDiffs = map[string][]int{}
 
 func TestParity(t *testing.T) {
+	t.Parallel()
 	corpus := loadCorpus(t)
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		t.Run(model, func(t *testing.T) {
+			t.Parallel()
 			tk := parityModel(t, model)
 			for _, add := range []bool{false, true} {
 				name := fmt.Sprintf("%s.add%d.jsonl", model, map[bool]int{false: 0, true: 1}[add])

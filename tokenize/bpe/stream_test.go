@@ -9,6 +9,7 @@ import (
 // step the ids are a prefix of Encode's, they grow, and at the end they are
 // all of it — with and without the post-processor's special tokens.
 func TestStreamPrefixes(t *testing.T) {
+	t.Parallel()
 	prompts := []string{chatShapedPrompt(t, 6000), "", "no added tokens at all", "<|im_start|>", "a<|im_end|><|im_end|>b"}
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		tk := parityModel(t, name)
@@ -79,6 +80,7 @@ func TestPostAffixes(t *testing.T) {
 // finishes later, and whether or not the goroutine is told to stop part
 // way (StopPrefetch).
 func TestStreamPrefetch(t *testing.T) {
+	t.Parallel()
 	tk := parityModel(t, "qwen3")
 	p := chatShapedPrompt(t, 6000)
 	want, err := tk.Encode(p, true)

@@ -33,6 +33,7 @@ func fusedModels(tb testing.TB) map[string][2]*Tokenizer {
 // TestWordSplitterMatchesPieces encodes the parity corpus through the fused
 // word splitter and through the general piece-by-piece path: the same ids.
 func TestWordSplitterMatchesPieces(t *testing.T) {
+	t.Parallel()
 	corpus := loadCorpus(t)
 	for name, pair := range fusedModels(t) {
 		for i, s := range corpus {
