@@ -47,7 +47,7 @@ if $fresh; then
 fi
 
 # targets: "dir target" a line, longest last time first (new ones first).
-{ git ls-files '*_test.go' 2>/dev/null || find . -name '*_test.go' | sed 's|^\./||'; } |
+{ git ls-files --cached --others --exclude-standard '*_test.go' 2>/dev/null || find . -name '*_test.go' | sed 's|^\./||'; } |
   xargs grep -oE '^func Fuzz[A-Za-z0-9_]+' |
   sed -E 's|^(.*)/[^/]*:func |\1 |' | sort -u >"$work/found"
 touch "$work/last"
