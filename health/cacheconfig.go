@@ -17,8 +17,8 @@ import (
 // no strict majority every pod of the model is in conflict. The GPU block
 // count legitimately differs between pods on different hardware and is
 // reported, not judged.
-func (m *Monitor) checkCacheConfigs(all []*target) map[string]ModelConfig {
-	byModel := map[string][]*target{}
+func (m *Monitor) checkCacheConfigs(all []*rankState) map[string]ModelConfig {
+	byModel := map[string][]*rankState{}
 	for _, t := range all {
 		t.conflict, t.conflictModels = "", nil
 		if t.draining {
@@ -28,7 +28,7 @@ func (m *Monitor) checkCacheConfigs(all []*target) map[string]ModelConfig {
 			byModel[mod] = append(byModel[mod], t)
 		}
 	}
-	conflicts := map[*target][]string{}
+	conflicts := map[*rankState][]string{}
 	out := make(map[string]ModelConfig, len(byModel))
 	for mod, ts := range byModel {
 		mc := ModelConfig{Model: mod, Targets: len(ts), Agreed: true}
@@ -85,7 +85,7 @@ func (m *Monitor) checkCacheConfigs(all []*target) map[string]ModelConfig {
 	return out
 }
 
-func addModel(t *target, mod string) {
+func addModel(t *rankState, mod string) {
 	if !slices.Contains(t.conflictModels, mod) {
 		t.conflictModels = append(t.conflictModels, mod)
 	}
@@ -94,7 +94,7 @@ func addModel(t *target, mod string) {
 // reference picks the value the pods of one model should have: the flag
 // when set, else the strict majority of the known values ("" when there is
 // none, or when nothing is known).
-func reference(ts []*target, flagSet bool, flag, flagName string, field func(CacheConfig) string) (string, string) {
+func reference(ts []*rankState, flagSet bool, flag, flagName string, field func(CacheConfig) string) (string, string) {
 	if flagSet {
 		return flag, "flag " + flagName
 	}

@@ -3,8 +3,6 @@ package health
 import (
 	"strings"
 	"testing"
-
-	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // TestCacheConfigDisagreement: pods of one model must agree on block size
@@ -107,8 +105,9 @@ func TestCacheConfigHeals(t *testing.T) {
 
 // TestPrefixCachingDisabled: a pod running without prefix caching publishes
 // no KV events and gives no hits. It stays routable but degraded with its
-// own reason, its event stream is not trusted, and both show in the debug
-// view and the metrics; it heals when the pod is restarted with caching on.
+// own reason, which shows in the debug view and the metrics; it heals when
+// the pod is restarted with caching on. (That its event stream is not
+// trusted meanwhile is the event plane's verdict, fed from Cache.)
 func TestPrefixCachingDisabled(t *testing.T) {
 	withFlag := func(value string) string {
 		exp := vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 16, "sha256")
@@ -132,21 +131,20 @@ func TestPrefixCachingDisabled(t *testing.T) {
 			pod := newFakePod(t, "m")
 			pod.setMetrics(withFlag(tt.value))
 			env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
-			env.events.set(pod.id(0), func(*kvindex.SubscriberStatus) {})
 			env.tick()
 			tg := env.target(t, pod.id(0))
-			wantState, wantReason, wantVerdict, wantGauge := StateRoutable, ReasonOK, VerdictFresh, 0.0
+			wantState, wantReason, wantGauge := StateRoutable, ReasonOK, 0.0
 			if tt.disabled {
-				wantState, wantReason, wantVerdict, wantGauge = StateDegraded, ReasonPrefixCachingOff, VerdictStale, 1
+				wantState, wantReason, wantGauge = StateDegraded, ReasonPrefixCachingOff, 1
 			}
 			if tg.State != wantState || tg.Reason != wantReason || !tg.CanRoute() {
 				t.Fatalf("state %s/%s (%s), can route %v; want %s/%s, routable", tg.State, tg.Reason, tg.Detail, tg.CanRoute(), wantState, wantReason)
 			}
-			if tg.Events.Verdict != wantVerdict {
-				t.Fatalf("event verdict %s (%s), want %s", tg.Events.Verdict, tg.Events.Detail, wantVerdict)
+			if tg.Cache.PrefixCachingDisabled() != tt.disabled {
+				t.Fatalf("cache config %+v: disabled %v, want %v", tg.Cache, tg.Cache.PrefixCachingDisabled(), tt.disabled)
 			}
-			if tt.disabled && (!strings.Contains(tg.Detail, "--enable-prefix-caching") || !strings.Contains(tg.Events.Detail, "prefix caching is disabled")) {
-				t.Fatalf("details do not say why: %q / %q", tg.Detail, tg.Events.Detail)
+			if tt.disabled && !strings.Contains(tg.Detail, "--enable-prefix-caching") {
+				t.Fatalf("detail does not say why: %q", tg.Detail)
 			}
 			if v, ok := env.gauge(t, "prefixrouter_health_prefix_caching_disabled", map[string]string{"target": pod.name(0)}); !ok || v != wantGauge {
 				t.Fatalf("prefix_caching_disabled gauge %v (present %v), want %v", v, ok, wantGauge)
@@ -162,8 +160,8 @@ func TestPrefixCachingDisabled(t *testing.T) {
 			}
 			pod.setMetrics(withFlag("True"))
 			env.tick()
-			if tg := env.target(t, pod.id(0)); tg.State != StateRoutable || tg.Events.Verdict != VerdictFresh {
-				t.Fatalf("after enabling: %s/%s, events %s", tg.State, tg.Reason, tg.Events.Verdict)
+			if tg := env.target(t, pod.id(0)); tg.State != StateRoutable || tg.Cache.PrefixCachingDisabled() {
+				t.Fatalf("after enabling: %s/%s, cache config %+v", tg.State, tg.Reason, tg.Cache)
 			}
 		})
 	}

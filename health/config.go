@@ -9,8 +9,9 @@ import (
 // Config holds everything the serve command's flags set for this package.
 // The flag name is given with each field; its environment variable is
 // PREFIXROUTER_ followed by the flag name in upper case with dashes turned
-// into underscores (--health-probe-interval: PREFIXROUTER_HEALTH_PROBE_INTERVAL).
-// Zero values take the defaults of DefaultConfig.
+// into underscores (--health-probe-interval: PREFIXROUTER_HEALTH_PROBE_INTERVAL);
+// the flag's default is the field's value in DefaultConfig. Every duration
+// and count must be positive; New takes a zero one as its default.
 type Config struct {
 	// Endpoints are endpoint specs (see Spec). Flag --endpoint, repeatable;
 	// PREFIXROUTER_ENDPOINT holds a comma-separated list.
@@ -60,24 +61,10 @@ type Config struct {
 	ScrapeTimeout  time.Duration
 	LoadStaleAfter time.Duration
 
-	// EventsStaleAfter: a target is stale when requests that filled new
-	// full KV blocks were answered (first byte seen), carried at least
-	// EventsMinUncachedTokens uncached prompt tokens between them, and no
-	// KV event has been received since the earliest of them was dispatched
-	// this long ago. Also how long batches lost for good (kvindex's
-	// Unrecovered) keep a target stale after the last loss.
-	// Flags --events-stale-after, --events-min-uncached-tokens.
-	EventsStaleAfter        time.Duration
-	EventsMinUncachedTokens int
-	// EventsMaxQueueDepth: a subscriber backlog deeper than this is stale.
-	// Flag --events-max-queue-depth.
-	EventsMaxQueueDepth int
-	// EvalInterval paces freshness evaluation and drain reaping.
+	// EvalInterval paces drain reaping and the rebuild of time-dependent
+	// states (load staleness, breaker cooldowns).
 	// Flag --health-eval-interval.
 	EvalInterval time.Duration
-	// RoutingWindow is the window over which recent routing volume is
-	// reported. Flag --health-routing-window.
-	RoutingWindow time.Duration
 
 	// DrainTimeout bounds how long a removed target with requests in flight
 	// stays in the snapshot (draining). Flag --drain-timeout.
@@ -93,96 +80,146 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		FilePollInterval:        5 * time.Second,
-		DNSInterval:             10 * time.Second,
-		ProbeInterval:           2 * time.Second,
-		ProbeTimeout:            1 * time.Second,
-		FailureThreshold:        3,
-		SuccessThreshold:        2,
-		ModelsInterval:          30 * time.Second,
-		BreakerFailures:         5,
-		BreakerCooldown:         5 * time.Second,
-		BreakerMaxCooldown:      2 * time.Minute,
-		ScrapeInterval:          500 * time.Millisecond,
-		ScrapeTimeout:           400 * time.Millisecond,
-		LoadStaleAfter:          3 * time.Second,
-		EventsStaleAfter:        10 * time.Second,
-		EventsMinUncachedTokens: 16,
-		EventsMaxQueueDepth:     1000,
-		EvalInterval:            500 * time.Millisecond,
-		RoutingWindow:           time.Minute,
-		DrainTimeout:            5 * time.Minute,
+		FilePollInterval:   5 * time.Second,
+		DNSInterval:        10 * time.Second,
+		ProbeInterval:      2 * time.Second,
+		ProbeTimeout:       1 * time.Second,
+		FailureThreshold:   3,
+		SuccessThreshold:   2,
+		ModelsInterval:     30 * time.Second,
+		BreakerFailures:    5,
+		BreakerCooldown:    5 * time.Second,
+		BreakerMaxCooldown: 2 * time.Minute,
+		ScrapeInterval:     500 * time.Millisecond,
+		ScrapeTimeout:      400 * time.Millisecond,
+		LoadStaleAfter:     3 * time.Second,
+		EvalInterval:       500 * time.Millisecond,
+		DrainTimeout:       5 * time.Minute,
 	}
 }
 
-// withDefaults fills zero fields from DefaultConfig and validates the rest.
-func (c Config) withDefaults() (Config, error) {
+// fill replaces the zero fields whose zero Validate refuses with the
+// defaults, so that a test or an embedder can set a few fields; no field
+// whose zero is meaningful is touched, and the serve command, which starts
+// from DefaultConfig, has no zero left to fill.
+func (c *Config) fill() {
 	d := DefaultConfig()
-	durs := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"endpoints-file-poll", &c.FilePollInterval, d.FilePollInterval},
-		{"discover-dns-interval", &c.DNSInterval, d.DNSInterval},
-		{"health-probe-interval", &c.ProbeInterval, d.ProbeInterval},
-		{"health-probe-timeout", &c.ProbeTimeout, d.ProbeTimeout},
-		{"health-models-interval", &c.ModelsInterval, d.ModelsInterval},
-		{"breaker-cooldown", &c.BreakerCooldown, d.BreakerCooldown},
-		{"breaker-max-cooldown", &c.BreakerMaxCooldown, d.BreakerMaxCooldown},
-		{"metrics-scrape-interval", &c.ScrapeInterval, d.ScrapeInterval},
-		{"metrics-scrape-timeout", &c.ScrapeTimeout, d.ScrapeTimeout},
-		{"metrics-stale-after", &c.LoadStaleAfter, d.LoadStaleAfter},
-		{"events-stale-after", &c.EventsStaleAfter, d.EventsStaleAfter},
-		{"health-eval-interval", &c.EvalInterval, d.EvalInterval},
-		{"health-routing-window", &c.RoutingWindow, d.RoutingWindow},
-		{"drain-timeout", &c.DrainTimeout, d.DrainTimeout},
-	}
-	var errs []error
-	for _, f := range durs {
-		switch {
-		case *f.v == 0:
-			*f.v = f.def
-		case *f.v < 0:
-			errs = append(errs, fmt.Errorf("--%s: negative duration %s", f.name, *f.v))
+	dd, di := d.bounds(), d.positiveInts()
+	for i, f := range c.bounds() {
+		if *f.v == 0 {
+			*f.v = *dd[i].v
 		}
 	}
-	ints := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"health-failure-threshold", &c.FailureThreshold, d.FailureThreshold},
-		{"health-success-threshold", &c.SuccessThreshold, d.SuccessThreshold},
-		{"breaker-failures", &c.BreakerFailures, d.BreakerFailures},
-		{"events-min-uncached-tokens", &c.EventsMinUncachedTokens, d.EventsMinUncachedTokens},
-		{"events-max-queue-depth", &c.EventsMaxQueueDepth, d.EventsMaxQueueDepth},
+	for i, f := range c.positiveInts() {
+		if *f.v == 0 {
+			*f.v = *di[i].v
+		}
 	}
-	for _, f := range ints {
-		switch {
-		case *f.v == 0:
-			*f.v = f.def
-		case *f.v < 0:
-			errs = append(errs, fmt.Errorf("--%s: negative value %d", f.name, *f.v))
+}
+
+type durationField struct {
+	flag string
+	v    *time.Duration
+}
+
+type intField struct {
+	flag string
+	v    *int
+}
+
+// bounds are the durations that must be positive.
+func (c *Config) bounds() []durationField {
+	return []durationField{
+		{"endpoints-file-poll", &c.FilePollInterval},
+		{"discover-dns-interval", &c.DNSInterval},
+		{"health-probe-interval", &c.ProbeInterval},
+		{"health-probe-timeout", &c.ProbeTimeout},
+		{"health-models-interval", &c.ModelsInterval},
+		{"breaker-cooldown", &c.BreakerCooldown},
+		{"breaker-max-cooldown", &c.BreakerMaxCooldown},
+		{"metrics-scrape-interval", &c.ScrapeInterval},
+		{"metrics-scrape-timeout", &c.ScrapeTimeout},
+		{"metrics-stale-after", &c.LoadStaleAfter},
+		{"health-eval-interval", &c.EvalInterval},
+		{"drain-timeout", &c.DrainTimeout},
+	}
+}
+
+// positiveInts are the counts that must be at least 1.
+func (c *Config) positiveInts() []intField {
+	return []intField{
+		{"health-failure-threshold", &c.FailureThreshold},
+		{"health-success-threshold", &c.SuccessThreshold},
+		{"breaker-failures", &c.BreakerFailures},
+	}
+}
+
+// Validate reports every problem in c at once (joined), each naming the
+// serve flag that sets the field. It changes nothing; it does not require a
+// target (a monitor may start empty and learn targets from a file or DNS).
+func (c Config) Validate() error {
+	_, _, err := c.check()
+	return err
+}
+
+// check is Validate, also returning the parsed static endpoints and DNS
+// names for New.
+func (c Config) check() (map[string]Spec, []DNSSpec, error) {
+	static, dns, err := c.targets()
+	errs := []error{err}
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for _, f := range c.bounds() {
+		if *f.v <= 0 {
+			bad("--%s must be positive, not %s", f.flag, *f.v)
+		}
+	}
+	for _, f := range c.positiveInts() {
+		if *f.v <= 0 {
+			bad("--%s must be at least 1, not %d", f.flag, *f.v)
 		}
 	}
 	if c.BlockSize < 0 {
-		errs = append(errs, fmt.Errorf("--block-size: negative value %d", c.BlockSize))
+		bad("--block-size: negative value %d", c.BlockSize)
 	}
 	if c.ProbeTimeout > c.ProbeInterval {
-		errs = append(errs, fmt.Errorf("--health-probe-timeout %s exceeds --health-probe-interval %s", c.ProbeTimeout, c.ProbeInterval))
+		bad("--health-probe-timeout %s exceeds --health-probe-interval %s", c.ProbeTimeout, c.ProbeInterval)
 	}
 	if c.ScrapeTimeout > c.ScrapeInterval {
-		errs = append(errs, fmt.Errorf("--metrics-scrape-timeout %s exceeds --metrics-scrape-interval %s", c.ScrapeTimeout, c.ScrapeInterval))
+		bad("--metrics-scrape-timeout %s exceeds --metrics-scrape-interval %s", c.ScrapeTimeout, c.ScrapeInterval)
 	}
 	if c.LoadStaleAfter < c.ScrapeInterval {
-		errs = append(errs, fmt.Errorf("--metrics-stale-after %s is shorter than --metrics-scrape-interval %s", c.LoadStaleAfter, c.ScrapeInterval))
+		bad("--metrics-stale-after %s is shorter than --metrics-scrape-interval %s", c.LoadStaleAfter, c.ScrapeInterval)
 	}
 	if c.BreakerMaxCooldown < c.BreakerCooldown {
-		c.BreakerMaxCooldown = c.BreakerCooldown
+		bad("--breaker-max-cooldown %s is shorter than --breaker-cooldown %s", c.BreakerMaxCooldown, c.BreakerCooldown)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return c, fmt.Errorf("health config: %w", err)
+	return static, dns, errors.Join(errs...)
+}
+
+// targets parses the static endpoints and the DNS names.
+func (c Config) targets() (map[string]Spec, []DNSSpec, error) {
+	var errs []error
+	static := make(map[string]Spec, len(c.Endpoints))
+	for _, s := range c.Endpoints {
+		spec, err := ParseSpec(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--endpoint %q: %w", s, err))
+			continue
+		}
+		if _, dup := static[spec.Endpoint]; dup {
+			errs = append(errs, fmt.Errorf("--endpoint: %s given twice", spec.Endpoint))
+			continue
+		}
+		static[spec.Endpoint] = spec
 	}
-	return c, nil
+	var dns []DNSSpec
+	for _, s := range c.DiscoverDNS {
+		d, err := ParseDNSSpec(s) // its errors name --discover-dns
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		dns = append(dns, d)
+	}
+	return static, dns, errors.Join(errs...)
 }

@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// DebugView is the JSON document the router's admin GET /debug/targets
-// serves: every target with its state, reason, load, event freshness and
-// cache config, plus discovery sources and per-model cache agreement.
+// DebugView is health's part of the router's admin GET /debug/targets:
+// every target with its state, reason, probes, breaker, load and cache
+// config, plus discovery sources and per-model cache agreement. The router
+// adds each target's event stream ("event_stream") from the event plane.
 type DebugView struct {
 	Generated       time.Time      `json:"generated"`
 	SnapshotVersion uint64         `json:"snapshot_version"`
@@ -38,12 +39,11 @@ type TargetView struct {
 	DiscoveredModels []string `json:"discovered_models,omitempty"`
 	ModelsError      string   `json:"models_error,omitempty"`
 
-	Probe       ProbeView       `json:"probe"`
-	Breaker     BreakerView     `json:"breaker"`
-	Load        LoadView        `json:"load"`
-	EventStream EventStreamView `json:"event_stream"`
-	Cache       CacheConfig     `json:"cache_config"`
-	Conflict    string          `json:"cache_config_conflict,omitempty"`
+	Probe    ProbeView   `json:"probe"`
+	Breaker  BreakerView `json:"breaker"`
+	Load     LoadView    `json:"load"`
+	Cache    CacheConfig `json:"cache_config"`
+	Conflict string      `json:"cache_config_conflict,omitempty"`
 	// PrefixCachingDisabled is shown on its own: the state's reason names
 	// only the most severe problem.
 	PrefixCachingDisabled bool `json:"prefix_caching_disabled,omitempty"`
@@ -83,27 +83,6 @@ type LoadView struct {
 	QueuedPromptTokens   int64     `json:"queued_prompt_tokens"`
 	QueuedUncachedTokens int64     `json:"queued_uncached_tokens"`
 	Dispatched           uint64    `json:"dispatched"`
-}
-
-// EventStreamView is the KV-event freshness verdict and its evidence.
-type EventStreamView struct {
-	Verdict            Verdict   `json:"verdict"`
-	Detail             string    `json:"detail,omitempty"`
-	Connected          bool      `json:"connected"`
-	Replaying          bool      `json:"replaying"`
-	LastEvent          time.Time `json:"last_event,omitzero"`
-	LastEventAgeS      *float64  `json:"last_event_age_s,omitempty"`
-	LastSeq            uint64    `json:"last_seq"`
-	HaveSeq            bool      `json:"have_seq"`
-	Gaps               uint64    `json:"gaps"`
-	Unrecovered        uint64    `json:"unrecovered_batches"`
-	UnrecoveredAt      time.Time `json:"unrecovered_at,omitzero"`
-	Restarts           uint64    `json:"restarts"`
-	QueueDepth         int       `json:"queue_depth"`
-	RoutedInWindow     uint64    `json:"routed_in_window"`
-	AwaitingSince      time.Time `json:"awaiting_event_since,omitzero"`
-	UncachedSinceEvent int64     `json:"uncached_tokens_since_event"`
-	ExpectedBlocks     int64     `json:"expected_blocks_since_event"`
 }
 
 // Debug returns the debug view. It takes the registry lock briefly; it is
@@ -162,25 +141,12 @@ func (m *Monitor) Debug() DebugView {
 				QueuedPromptTokens: l.queuedPrompt.Load(), QueuedUncachedTokens: l.queuedUncached.Load(),
 				Dispatched: l.dispatched.Load(),
 			},
-			EventStream: EventStreamView{
-				Verdict: t.Events.Verdict, Detail: t.Events.Detail, Connected: t.Events.Connected,
-				Replaying: t.Events.Replaying, LastEvent: t.Events.LastEvent, LastSeq: t.Events.LastSeq,
-				HaveSeq: t.Events.HaveSeq, Gaps: t.Events.Gaps, Restarts: t.Events.Restarts,
-				Unrecovered: t.Events.Unrecovered, UnrecoveredAt: t.Events.UnrecoveredAt,
-				ExpectedBlocks: t.Events.ExpectedBlocksSinceEvent,
-				QueueDepth:     t.Events.QueueDepth, RoutedInWindow: t.Events.RoutedInWindow,
-				AwaitingSince: t.Events.AwaitingSince, UncachedSinceEvent: t.Events.UncachedSinceEvent,
-			},
 			Cache:                 t.Cache,
 			Conflict:              t.ConfigConflict,
 			PrefixCachingDisabled: t.Cache.PrefixCachingDisabled(),
 		}
 		if tv.Breaker.State != "closed" {
 			tv.Breaker.OpenUntil = time.Unix(0, l.breakerUntil.Load()).UTC()
-		}
-		if !t.Events.LastEvent.IsZero() {
-			age := now.Sub(t.Events.LastEvent).Seconds()
-			tv.EventStream.LastEventAgeS = &age
 		}
 		v.Targets = append(v.Targets, tv)
 	}

@@ -69,7 +69,7 @@ func ParseEndpointsFile(data []byte) ([]Spec, error) {
 		}
 		spec, err := ParseSpec(s)
 		if err != nil {
-			return nil, fmt.Errorf("endpoints file: item %d: %w", i, err)
+			return nil, fmt.Errorf("endpoints file: item %d %q: %w", i, s, err)
 		}
 		if seen[spec.Endpoint] {
 			return nil, fmt.Errorf("endpoints file: item %d: %s listed twice", i, spec.Endpoint)

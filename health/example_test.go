@@ -9,33 +9,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // Example shows how the router wires the monitor: construction from flags,
-// registry changes driving the event subscribers, the lock-free request
-// path, and the admin view.
+// registry changes driving the event plane, the lock-free request path, and
+// the admin view.
 func Example() {
 	cfg := health.DefaultConfig()
 	cfg.Endpoints = []string{"http://127.0.0.1:8000?dp=2&model=llama"}
 
-	// The kvindex subscriber's status function (a stand-in here).
-	status := func(kvindex.TargetID) (kvindex.SubscriberStatus, bool) { return kvindex.SubscriberStatus{}, false }
 	m, err := health.New(cfg, health.Deps{
 		Registerer: prometheus.NewRegistry(),
 		Logger:     slog.Default(),
-		Events:     status,
 	})
 	if err != nil {
 		slog.Error("health", "err", err)
 		return
 	}
-	// Start or stop one subscriber per target; invalidate placements and
-	// predictions of removed targets.
+	// Tell the event plane where each target publishes; invalidate
+	// placements and predictions of removed targets.
 	cancel := m.Subscribe(func(c health.Change) {
 		switch c.Kind {
 		case health.Added, health.Updated:
-			_ = c.Target.Events // (re)connect SUB to this address, replay from c.Target.Replay
+			_ = c.Target.Events // (re)connect its subscriber here, replay from c.Target.Replay
 		case health.Removed:
 			_ = c.Target.ID // close the subscriber, drop its placements and predictions
 		}
@@ -53,13 +49,14 @@ func Example() {
 			continue
 		}
 		busy := t.Busy() // scraped gauges + this router's in-flight accounting
-		trust := t.Events.Trusted()
-		_, _ = busy, trust
+		_ = busy
 		best = t
 	}
 	if best != nil {
 		f := best.Dispatch(4096, 1024) // prompt tokens, uncached estimate
+		f.Revise(4096, 512)            // the router learned more before the first byte
 		f.FirstByte()                  // when the first response byte arrives
+		_, _ = f.Tokens()              // what the pod computed, for the event plane
 		f.Finish(health.OutcomeSuccess)
 	}
 

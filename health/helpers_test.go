@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // fakeClock is a manual clock.
@@ -113,11 +113,11 @@ func (p *fakePod) spec(opts string) string {
 	return p.srv.URL + "?" + opts
 }
 
-func (p *fakePod) id(rank int) kvindex.TargetID {
-	return kvindex.TargetID{Endpoint: p.srv.URL, Rank: rank}
+func (p *fakePod) id(rank int) target.ID {
+	return target.ID{Endpoint: p.srv.URL, Rank: rank}
 }
 
-// name is the target label of one rank: the same string kvindex uses.
+// name is the target label of one rank: the same string every package uses.
 func (p *fakePod) name(rank int) string { return p.id(rank).String() }
 
 // vllmExposition renders load gauges per engine and a cache_config_info
@@ -145,34 +145,6 @@ func vllmExposition(engines map[int][3]float64, blockSize int, algo string) stri
 	return b.String()
 }
 
-// fakeEvents is a settable EventStatusFunc.
-type fakeEvents struct {
-	mu sync.Mutex
-	st map[kvindex.TargetID]kvindex.SubscriberStatus
-}
-
-func newFakeEvents() *fakeEvents {
-	return &fakeEvents{st: map[kvindex.TargetID]kvindex.SubscriberStatus{}}
-}
-
-func (f *fakeEvents) status(id kvindex.TargetID) (kvindex.SubscriberStatus, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.st[id]
-	return s, ok
-}
-
-func (f *fakeEvents) set(id kvindex.TargetID, fn func(*kvindex.SubscriberStatus)) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.st[id]
-	if !ok {
-		s = kvindex.SubscriberStatus{Target: id, Connected: true}
-	}
-	fn(&s)
-	f.st[id] = s
-}
-
 // fakeResolver returns settable answers.
 type fakeResolver struct {
 	mu    sync.Mutex
@@ -197,23 +169,19 @@ func (r *fakeResolver) set(host string, addrs ...string) {
 }
 
 type testEnv struct {
-	m      *Monitor
-	clock  *fakeClock
-	events *fakeEvents
-	reg    *prometheus.Registry
-	ctx    context.Context
+	m     *Monitor
+	clock *fakeClock
+	reg   *prometheus.Registry
+	ctx   context.Context
 }
 
-// newTestMonitor builds a monitor with a fake clock and fake events; cfg
-// zero fields take defaults.
+// newTestMonitor builds a monitor with a fake clock; cfg zero fields take
+// defaults.
 func newTestMonitor(t testing.TB, cfg Config, deps Deps) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: newFakeClock(), events: newFakeEvents(), reg: prometheus.NewRegistry(), ctx: t.Context()}
+	env := &testEnv{clock: newFakeClock(), reg: prometheus.NewRegistry(), ctx: t.Context()}
 	if deps.Now == nil {
 		deps.Now = env.clock.Now
-	}
-	if deps.Events == nil {
-		deps.Events = env.events.status
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -234,7 +202,7 @@ func (e *testEnv) tick() {
 	e.m.evaluate()
 }
 
-func (e *testEnv) target(t *testing.T, id kvindex.TargetID) *Target {
+func (e *testEnv) target(t *testing.T, id target.ID) *Target {
 	t.Helper()
 	tg, ok := e.m.Snapshot().Target(id)
 	if !ok {

@@ -61,15 +61,6 @@ type live struct {
 	upstream   atomic.Uint64 // upstream failures
 	lastRoute  atomic.Int64  // unix nanos of the last dispatch
 
-	// expect receives one expectation per answered request that should
-	// have made the pod publish BlockStored; the monitor drains it when it
-	// judges freshness (see expect.go).
-	expect expectInbox
-	// blockSize is the pod's KV block size in tokens as the monitor last
-	// learned it (0: unknown, defaultBlockSize is assumed). Read at
-	// dispatch to count the full blocks a request will fill.
-	blockSize atomic.Int64
-
 	consecFail    atomic.Int64
 	breaker       atomic.Uint32
 	breakerUntil  atomic.Int64 // unix nanos when an open breaker may half-open
@@ -87,27 +78,18 @@ type live struct {
 // (optional) then Finish exactly once, from one goroutine at a time; repeated
 // calls are ignored. The zero Flight is a no-op.
 type Flight struct {
-	l          *live
-	prompt     int64
-	uncached   int64
-	blocks     int64 // full blocks the pod is expected to fill (and announce)
-	dispatched int64 // unix nanos
-	trial      bool
-	answered   bool
-	done       bool
+	l        *live
+	prompt   int64
+	uncached int64
+	trial    bool
+	answered bool
+	done     bool
 }
 
 func (l *live) dispatch(prompt, uncached int) Flight {
 	prompt = max(prompt, 0)
 	uncached = min(max(uncached, 0), prompt)
-	now := l.sh.now().UnixNano()
-	f := Flight{
-		l:          l,
-		prompt:     int64(prompt),
-		uncached:   int64(uncached),
-		blocks:     newFullBlocks(int64(prompt), int64(uncached), l.blockSize.Load()),
-		dispatched: now,
-	}
+	f := Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
 	if l.breaker.Load() == breakerHalfOpen && l.trialInFlight.CompareAndSwap(false, true) {
 		f.trial = true
 	}
@@ -116,34 +98,14 @@ func (l *live) dispatch(prompt, uncached int) Flight {
 	l.queuedPrompt.Add(f.prompt)
 	l.queuedUncached.Add(f.uncached)
 	l.dispatched.Add(1)
-	l.lastRoute.Store(now)
+	l.lastRoute.Store(l.sh.now().UnixNano())
 	return f
-}
-
-// defaultBlockSize is vLLM's block size on CUDA when --block-size is not
-// given; used until the pod's vllm:cache_config_info (or the router's flag)
-// says otherwise.
-const defaultBlockSize = 16
-
-// newFullBlocks is the number of full KV blocks a request with prompt
-// tokens, of which uncached are expected to be computed, will add to the
-// pod's prefix cache: vLLM hashes and announces (BlockStored) full blocks
-// only, so a request that merely extends a partial block publishes nothing
-// and must not be awaited. The cached tokens are a prefix, so the new full
-// blocks are those of the whole prompt minus those of the cached prefix.
-func newFullBlocks(prompt, uncached, blockSize int64) int64 {
-	if blockSize <= 0 {
-		blockSize = defaultBlockSize
-	}
-	cached := prompt - uncached
-	return prompt/blockSize - cached/blockSize
 }
 
 // Revise corrects the request's prompt and uncached tokens before its
 // first byte, for a router that learned more about the prompt after
-// dispatch: the pod's queue and the blocks its events are expected to
-// announce follow the corrected counts. uncached 0 expects no
-// announcement at all.
+// dispatch: the pod's queue follows the corrected counts, and so does what
+// Tokens reports.
 func (f *Flight) Revise(prompt, uncached int) {
 	if f.l == nil || f.answered || f.done {
 		return
@@ -154,15 +116,15 @@ func (f *Flight) Revise(prompt, uncached int) {
 	l.queuedPrompt.Add(int64(prompt) - f.prompt)
 	l.queuedUncached.Add(int64(uncached) - f.uncached)
 	f.prompt, f.uncached = int64(prompt), int64(uncached)
-	f.blocks = newFullBlocks(f.prompt, f.uncached, l.blockSize.Load())
 }
 
+// Tokens reports the request's prompt and uncached tokens as dispatched or
+// last revised: at the first byte, what the pod had to compute as far as
+// the router knows.
+func (f *Flight) Tokens() (prompt, uncached int) { return int(f.prompt), int(f.uncached) }
+
 // FirstByte records that the target's first response byte arrived: its
-// prefill is done, so its prompt tokens leave the queue, and the KV events
-// for the blocks it filled are now due. vLLM publishes a step's events
-// before it returns the step's outputs, so those events normally reach the
-// router before this first byte does: any event received since dispatch
-// counts for this request, not only one received after now.
+// prefill is done, so its prompt tokens leave the queue.
 func (f *Flight) FirstByte() {
 	if f.l == nil || f.answered || f.done {
 		return
@@ -173,15 +135,6 @@ func (f *Flight) FirstByte() {
 	l.queuedPrompt.Add(-f.prompt)
 	l.queuedUncached.Add(-f.uncached)
 	l.answered.Add(1)
-	if f.blocks > 0 {
-		l.expect.push(expectation{
-			dispatched: f.dispatched,
-			until:      f.dispatched,
-			answered:   l.sh.now().UnixNano(),
-			uncached:   f.uncached,
-			blocks:     f.blocks,
-		})
-	}
 }
 
 // Finish records the end of the request and its outcome.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestScrapedLoadGoesStale: load comes from /metrics; when scrapes fail the
@@ -203,7 +203,8 @@ func FuzzParseVLLMMetrics(f *testing.F) {
 
 // TestInFlightAccounting: dispatch, first byte and finish move the router's
 // own counters; a request that fails before its first byte releases its
-// queued tokens at Finish; double calls are ignored.
+// queued tokens at Finish; double calls are ignored; Tokens reports the
+// counts as last revised before the first byte.
 func TestInFlightAccounting(t *testing.T) {
 	pod := newFakePod(t, "m")
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
@@ -218,13 +219,23 @@ func TestInFlightAccounting(t *testing.T) {
 			t.Fatalf("%s: %+v", step, bz)
 		}
 	}
+	tokens := func(f *Flight, prompt, uncached int) {
+		t.Helper()
+		if p, u := f.Tokens(); p != prompt || u != uncached {
+			t.Fatalf("Tokens() = %d, %d; want %d, %d", p, u, prompt, uncached)
+		}
+	}
 	check("dispatched", 2, 2, 1200, 600)
+	tokens(&a, 1000, 400)
+	tokens(&b, 200, 200)
 	a.Revise(1100, 100) // the router learned more of the prompt after dispatch
 	check("revised", 2, 2, 1300, 300)
+	tokens(&a, 1100, 100)
 	a.FirstByte()
 	a.FirstByte()
 	a.Revise(5000, 5000) // too late: ignored
 	check("first byte", 2, 1, 200, 200)
+	tokens(&a, 1100, 100)
 	a.Finish(OutcomeSuccess)
 	a.Finish(OutcomeSuccess)
 	check("a finished", 1, 1, 200, 200)
@@ -233,6 +244,7 @@ func TestInFlightAccounting(t *testing.T) {
 	var zero Flight
 	zero.FirstByte()
 	zero.Finish(OutcomeUpstreamError)
+	tokens(&zero, 0, 0)
 	if f := env.m.Dispatch(pod.id(7), 1, 1); f.l != nil {
 		t.Fatal("unknown target gave a live flight")
 	}
@@ -281,7 +293,7 @@ func TestProcessRestartIsAChange(t *testing.T) {
 	base := vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 16, "sha256")
 	pod.setMetrics(base + "process_start_time_seconds 1000.5\n")
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, ScrapeInterval: time.Second}, Deps{})
-	var restarted []kvindex.TargetID
+	var restarted []target.ID
 	cancel := env.m.Subscribe(func(c Change) {
 		if c.Kind == Restarted {
 			restarted = append(restarted, c.Target.ID)

@@ -10,13 +10,16 @@ import (
 // metrics are the prefixrouter_health_* series. Per-target series are
 // produced at scrape time from the current snapshot (so removed targets
 // vanish without bookkeeping); labels are bounded: target, model, state,
-// reason, verdict, source.
+// reason, source. The event-stream series that share the prefix
+// (prefixrouter_health_events_*, prefixrouter_health_routed_in_window) are
+// the event plane's (package eventplane), registered there under the names
+// operators know.
 type metrics struct {
 	m               *Monitor
 	discoveryErrors *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 
-	state, verdict, eventAge, queueDepth, routed              *prometheus.Desc
+	state                                                     *prometheus.Desc
 	running, waiting, kvUsage, loadAge, loadStale             *prometheus.Desc
 	inflight, prefilling, queuedUncached                      *prometheus.Desc
 	dispatched, upstreamFailures, breakerOpens, probeFailures *prometheus.Desc
@@ -40,10 +43,6 @@ func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Discovery results applied (file changes, DNS resolutions).",
 		}, []string{"source"}),
 		state:            d("target_state", "1 for the target's current state and reason.", t, "state", "reason"),
-		verdict:          d("events_verdict", "1 for the current verdict on the target's KV-event stream.", t, "verdict"),
-		eventAge:         d("events_last_age_seconds", "Seconds since the target's last KV-event batch (absent: never).", t),
-		queueDepth:       d("events_queue_depth", "Received KV-event batches not yet applied.", t),
-		routed:           d("routed_in_window", "Requests dispatched to the target over the routing window.", t),
 		running:          d("load_requests_running", "Scraped vllm:num_requests_running.", t),
 		waiting:          d("load_requests_waiting", "Scraped vllm:num_requests_waiting.", t),
 		kvUsage:          d("load_kv_cache_usage_ratio", "Scraped vllm:kv_cache_usage_perc (a fraction).", t),
@@ -75,7 +74,7 @@ func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
 
 // Describe implements prometheus.Collector.
 func (mt *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mt.state, mt.verdict, mt.eventAge, mt.queueDepth, mt.routed,
+	for _, d := range []*prometheus.Desc{mt.state,
 		mt.running, mt.waiting, mt.kvUsage, mt.loadAge, mt.loadStale, mt.inflight, mt.prefilling,
 		mt.queuedUncached, mt.dispatched, mt.upstreamFailures, mt.breakerOpens, mt.probeFailures,
 		mt.scrapeFailures, mt.transitions, mt.conflict, mt.targets, mt.prefixCachingOff} {
@@ -103,16 +102,10 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	perState := map[State]int{StateRoutable: 0, StateDegraded: 0, StateDown: 0, StateDraining: 0}
 	for _, t := range snap.Targets {
-		n := t.Name // ID.String(): the label kvindex uses too
+		n := t.Name // ID.String(): the target label of every package
 		l := t.live
 		perState[t.State]++
 		g(mt.state, 1, n, string(t.State), string(t.Reason))
-		g(mt.verdict, 1, n, string(t.Events.Verdict))
-		if !t.Events.LastEvent.IsZero() {
-			g(mt.eventAge, now.Sub(t.Events.LastEvent).Seconds(), n)
-		}
-		g(mt.queueDepth, float64(t.Events.QueueDepth), n)
-		g(mt.routed, float64(t.Events.RoutedInWindow), n)
 		if !t.Scraped.At.IsZero() {
 			g(mt.running, float64(t.Scraped.Running), n)
 			g(mt.waiting, float64(t.Scraped.Waiting), n)

@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -16,12 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// EventStatusFunc reports the KV-event subscriber status of a target; ok is
-// false when no subscriber runs for it. kvindex's subscriber provides it.
-type EventStatusFunc func(kvindex.TargetID) (kvindex.SubscriberStatus, bool)
 
 // Resolver resolves discovery names to addresses; *net.Resolver is one.
 type Resolver interface {
@@ -41,8 +36,6 @@ type Deps struct {
 	Client *http.Client
 	// Resolver for --discover-dns; nil: net.DefaultResolver.
 	Resolver Resolver
-	// Events reports subscriber status; nil: every target is disconnected.
-	Events EventStatusFunc
 }
 
 // Sources of targets, in order of precedence when two name one endpoint.
@@ -82,7 +75,7 @@ type Change struct {
 type endpoint struct {
 	spec    Spec
 	source  string
-	targets []*target // sorted by rank; draining ranks may exceed spec.DP
+	targets []*rankState // sorted by rank; draining ranks may exceed spec.DP
 
 	probed       bool
 	up           bool
@@ -112,8 +105,8 @@ func (e *endpoint) active() bool {
 	return false
 }
 
-// target is the mutable state of one rank.
-type target struct {
+// rankState is the mutable state of one target (one rank of an endpoint).
+type rankState struct {
 	ts   TargetSpec
 	ep   *endpoint
 	live *live
@@ -124,37 +117,26 @@ type target struct {
 	load  Load
 	cache CacheConfig
 
-	fresh  Freshness
-	await  awaitLedger
-	routes []routeSample
-	// Unrecoverable loss: the subscriber's Unrecovered counter as last
-	// seen, when it last grew, and by how much since the window opened.
-	lastUnrecovered uint64
-	unrecoveredAt   time.Time
-	unrecoveredN    uint64
-
-	state          State
-	reason         Reason
-	detail         string
-	since          time.Time
+	state  State
+	reason Reason
+	detail string
+	since  time.Time
+	// judged is set once a state other than awaiting the first probe was
+	// found; logged is when the state was last logged.
+	judged         bool
+	logged         time.Time
 	conflict       string
 	conflictModels []string
 }
 
-type routeSample struct {
-	at time.Time
-	n  uint64
-}
-
-// Monitor is the registry, prober, scraper and freshness judge. Create it
-// with New, start it with Run, read it with Snapshot.
+// Monitor is the registry, prober, scraper, circuit breaker and load
+// ledger. Create it with New, start it with Run, read it with Snapshot.
 type Monitor struct {
 	cfg      Config
 	log      *slog.Logger
 	now      func() time.Time
 	client   *http.Client
 	resolver Resolver
-	events   EventStatusFunc
 	sh       *shared
 	met      *metrics
 
@@ -187,13 +169,15 @@ type SourceStatus struct {
 	haveHash  bool
 }
 
-// New validates cfg, parses the static endpoints and discovery specs, reads
+// New fills cfg's zero durations and counts from DefaultConfig, validates it
+// (Config.Validate), parses the static endpoints and discovery specs, reads
 // the endpoints file once, and returns a monitor whose snapshot already lists
 // those targets (down until probed). Run starts the background work.
 func New(cfg Config, deps Deps) (*Monitor, error) {
-	cfg, err := cfg.withDefaults()
+	cfg.fill()
+	static, dnsSpecs, err := cfg.check()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("health: %w", err)
 	}
 	m := &Monitor{
 		cfg:       cfg,
@@ -201,7 +185,6 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		now:       deps.Now,
 		client:    deps.Client,
 		resolver:  deps.Resolver,
-		events:    deps.Events,
 		subs:      map[int]func(Change){},
 		sources:   map[string]map[string]Spec{},
 		srcStatus: map[string]*SourceStatus{},
@@ -236,31 +219,7 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		kick:        make(chan struct{}, 1),
 	}
 
-	var errs []error
-	static := map[string]Spec{}
-	for _, s := range cfg.Endpoints {
-		spec, err := ParseSpec(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--endpoint: %w", err))
-			continue
-		}
-		if _, dup := static[spec.Endpoint]; dup {
-			errs = append(errs, fmt.Errorf("--endpoint: %s given twice", spec.Endpoint))
-			continue
-		}
-		static[spec.Endpoint] = spec
-	}
-	for _, s := range cfg.DiscoverDNS {
-		d, err := ParseDNSSpec(s)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.dnsSpecs = append(m.dnsSpecs, d)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("health: %w", err)
-	}
+	m.dnsSpecs = dnsSpecs
 	if m.met, err = newMetrics(m, deps.Registerer); err != nil {
 		return nil, fmt.Errorf("health: metrics: %w", err)
 	}
@@ -284,7 +243,7 @@ func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
 
 // Dispatch is Snapshot().Target(id) followed by Target.Dispatch; an unknown
 // target yields a no-op Flight.
-func (m *Monitor) Dispatch(id kvindex.TargetID, promptTokens, uncachedTokens int) Flight {
+func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) Flight {
 	t, ok := m.Snapshot().Target(id)
 	if !ok {
 		return Flight{}
@@ -384,7 +343,7 @@ func (m *Monitor) reconcileLocked() []Change {
 			t := ep.rank(ts.ID.Rank)
 			switch {
 			case t == nil:
-				t = &target{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
+				t = &rankState{ts: ts, ep: ep, live: &live{sh: m.sh}, state: StateDown, reason: ReasonAwaitingProbe, since: now}
 				ep.targets = append(ep.targets, t)
 				changes = append(changes, Change{Kind: Added, Target: ts})
 			case t.draining:
@@ -419,7 +378,7 @@ func (m *Monitor) reconcileLocked() []Change {
 	return changes
 }
 
-func (e *endpoint) rank(r int) *target {
+func (e *endpoint) rank(r int) *rankState {
 	for _, t := range e.targets {
 		if t.ts.ID.Rank == r {
 			return t
@@ -467,8 +426,8 @@ func (m *Monitor) reapLocked(now time.Time) bool {
 	return changed
 }
 
-// Run starts discovery, probes, scrapes and freshness evaluation, and blocks
-// until ctx is done.
+// Run starts discovery, probes, scrapes and evaluation, and blocks until
+// ctx is done.
 func (m *Monitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loop := func(interval time.Duration, first bool, extra <-chan struct{}, step func(context.Context)) {
@@ -503,18 +462,12 @@ func (m *Monitor) Run(ctx context.Context) error {
 	return nil
 }
 
-// evaluate judges event freshness, reaps drained targets and rebuilds the
-// snapshot (states depend on time: staleness, breaker cooldowns).
+// evaluate reaps drained targets and rebuilds the snapshot (states depend
+// on time: load staleness, breaker cooldowns).
 func (m *Monitor) evaluate() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	m.reapLocked(now)
-	for _, ep := range m.endpoints {
-		for _, t := range ep.targets {
-			m.judgeFreshness(t, now)
-		}
-	}
+	m.reapLocked(m.now())
 	m.rebuildLocked()
 }
 
@@ -526,33 +479,24 @@ func (m *Monitor) rebuildLocked() {
 	snap := &Snapshot{
 		Version: m.version,
 		Built:   now,
-		byID:    map[kvindex.TargetID]*Target{},
+		byID:    map[target.ID]*Target{},
 		byModel: map[string][]*Target{},
 	}
 	eps := m.sortedEndpointsLocked()
-	all := make([]*target, 0, len(eps))
+	all := make([]*rankState, 0, len(eps))
 	for _, ep := range eps {
 		all = append(all, ep.targets...)
 	}
 	snap.Models = m.checkCacheConfigs(all)
 	for _, t := range all {
-		t.live.blockSize.Store(int64(m.blockSizeOf(t, snap.Models)))
-		if t.fresh.Verdict == "" {
-			m.judgeFreshness(t, now)
-		}
 		t.load.Stale = t.load.At.IsZero() || now.Sub(t.load.At) > m.cfg.LoadStaleAfter
 		st, reason, detail := m.stateOf(t)
+		m.logState(t, st, reason, detail, now)
 		if st != t.state || reason != t.reason {
 			if st != t.state {
 				t.since = now
 				t.live.transitions.Add(1)
 			}
-			lvl := slog.LevelInfo
-			if st == StateDown || st == StateDegraded {
-				lvl = slog.LevelWarn
-			}
-			m.log.Log(context.Background(), lvl, "target state", "target", t.ts.ID.String(),
-				"state", st, "reason", reason, "detail", detail, "previous", t.state)
 			t.state, t.reason = st, reason
 		}
 		t.detail = detail
@@ -567,7 +511,6 @@ func (m *Monitor) rebuildLocked() {
 			Since:          t.since,
 			Models:         t.models(),
 			Scraped:        t.load,
-			Events:         t.fresh,
 			Cache:          t.cache,
 			ConfigConflict: t.conflict,
 			conflictModels: t.conflictModels,
@@ -585,27 +528,41 @@ func (m *Monitor) rebuildLocked() {
 	m.snap.Store(snap)
 }
 
-// blockSizeOf is the block size a target's requests are counted in: the
-// pod's own cache config, else the router's flag, else the size its model's
-// pods agree on; 0 when none is known (dispatch then assumes vLLM's
-// default).
-func (m *Monitor) blockSizeOf(t *target, models map[string]ModelConfig) int {
-	if t.cache.Known && t.cache.BlockSize > 0 {
-		return t.cache.BlockSize
+// stateLogEvery bounds how often a target that stays down or degraded is
+// logged again.
+const stateLogEvery = time.Minute
+
+// logState logs a target's state: at its first judgement (the state a
+// target is created in, awaiting its first probe, is no judgement and is
+// not shown as a previous state), at every change, and once every
+// stateLogEvery while it stays down or degraded, so that a lasting fault
+// (a cache-config conflict, prefix caching off, a pod that never answers)
+// stays in the log. Down and degraded are warnings.
+func (m *Monitor) logState(t *rankState, st State, reason Reason, detail string, now time.Time) {
+	args := []any{"target", t.ts.ID.String(), "state", st, "reason", reason, "detail", detail}
+	bad := st == StateDown || st == StateDegraded
+	switch {
+	case !t.judged && reason == ReasonAwaitingProbe:
+		return
+	case !t.judged:
+		t.judged = true
+	case st != t.state || reason != t.reason:
+		args = append(args, "previous", t.state, "previous_reason", t.reason)
+	case bad && now.Sub(t.logged) >= stateLogEvery:
+		args = append(args, "for", now.Sub(t.since).Round(time.Second), "repeats_every", stateLogEvery)
+	default:
+		return
 	}
-	if m.cfg.BlockSize > 0 {
-		return m.cfg.BlockSize
+	lvl := slog.LevelInfo
+	if bad {
+		lvl = slog.LevelWarn
 	}
-	for _, mod := range t.models() {
-		if bs := models[mod].BlockSize; bs > 0 {
-			return bs
-		}
-	}
-	return 0
+	m.log.Log(context.Background(), lvl, "target state", args...)
+	t.logged = now
 }
 
 // models returns the models the target serves.
-func (t *target) models() []string {
+func (t *rankState) models() []string {
 	if len(t.ts.Models) > 0 {
 		return t.ts.Models
 	}
@@ -613,7 +570,7 @@ func (t *target) models() []string {
 }
 
 // stateOf decides a target's state, in order of severity.
-func (m *Monitor) stateOf(t *target) (State, Reason, string) {
+func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 	ep := t.ep
 	switch {
 	case t.draining:

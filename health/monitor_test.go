@@ -1,12 +1,15 @@
 package health
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -18,10 +21,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{name: "bad endpoint", cfg: Config{Endpoints: []string{"10.0.0.1:8000"}}, wantErr: "missing scheme"},
 		{name: "duplicate endpoint", cfg: Config{Endpoints: []string{"http://a:1", "http://A:1/"}}, wantErr: "given twice"},
 		{name: "bad dns", cfg: Config{DiscoverDNS: []string{"vllm"}}, wantErr: "NAME:PORT"},
-		{name: "negative duration", cfg: Config{ProbeInterval: -time.Second}, wantErr: "negative"},
+		{name: "negative duration", cfg: Config{ProbeInterval: -time.Second}, wantErr: "--health-probe-interval must be positive"},
 		{name: "timeout above interval", cfg: Config{ProbeInterval: time.Second, ProbeTimeout: 2 * time.Second}, wantErr: "exceeds"},
 		{name: "stale bound below scrape interval", cfg: Config{ScrapeInterval: time.Second, ScrapeTimeout: time.Second, LoadStaleAfter: 500 * time.Millisecond}, wantErr: "shorter"},
-		{name: "negative threshold", cfg: Config{FailureThreshold: -1}, wantErr: "negative"},
+		{name: "negative threshold", cfg: Config{FailureThreshold: -1}, wantErr: "--health-failure-threshold must be at least 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,17 +161,17 @@ func mustSpec(t *testing.T, s string) Spec {
 	return spec
 }
 
-// TestTargetLabelIsKVIndexID: every per-target series, the snapshot name
-// and the debug view use kvindex.TargetID.String() ("endpoint#rank", rank 0
+// TestTargetLabelIsIDString: every per-target series, the snapshot name
+// and the debug view use target.ID.String() ("endpoint#rank", rank 0
 // included), the label kvindex's subscriber puts on prefixrouter_kv_*, so
 // the two families join on target.
-func TestTargetLabelIsKVIndexID(t *testing.T) {
+func TestTargetLabelIsIDString(t *testing.T) {
 	pod := newFakePod(t, "m")
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("dp=2")}}, Deps{})
 	env.tick()
 	want := map[string]bool{pod.id(0).String(): true, pod.id(1).String(): true}
 	if !want[pod.srv.URL+"#0"] {
-		t.Fatalf("kvindex renders rank 0 as %q", pod.id(0).String())
+		t.Fatalf("target.ID renders rank 0 as %q", pod.id(0).String())
 	}
 	for _, tg := range env.m.Snapshot().Targets {
 		if tg.Name != tg.ID.String() {
@@ -177,7 +180,7 @@ func TestTargetLabelIsKVIndexID(t *testing.T) {
 	}
 	for _, tv := range env.m.Debug().Targets {
 		if !want[tv.Target] {
-			t.Errorf("debug view target %q is not a kvindex label", tv.Target)
+			t.Errorf("debug view target %q is not a target.ID label", tv.Target)
 		}
 	}
 	fams, err := env.reg.Gather()
@@ -189,7 +192,7 @@ func TestTargetLabelIsKVIndexID(t *testing.T) {
 		for _, m := range f.GetMetric() {
 			if v := label(m, "target"); v != "" {
 				if !want[v] {
-					t.Errorf("%s{target=%q} is not a kvindex label", f.GetName(), v)
+					t.Errorf("%s{target=%q} is not a target.ID label", f.GetName(), v)
 				}
 				seen[v] = true
 			}
@@ -197,5 +200,54 @@ func TestTargetLabelIsKVIndexID(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("series for targets %v, want both ranks", seen)
+	}
+}
+
+// TestStateLogLines: a target's first judged state is logged without a
+// previous state (the one it is created in, awaiting its first probe, was
+// no judgement), every change names the previous one, and a target that
+// stays degraded (here a cache-config conflict: --block-size 32 against a
+// pod of 16) is logged again once a minute, not at every evaluation.
+func TestStateLogLines(t *testing.T) {
+	pod := newFakePod(t, "m")
+	pod.healthy.Store(false)
+	var logs logbuf.Buffer
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, BlockSize: 32},
+		Deps{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	env.m.evaluate()
+	if l := logs.Lines("target state"); len(l) != 0 {
+		t.Fatalf("logged before the first probe: %q", l)
+	}
+	for range 3 {
+		env.tick()
+	}
+	lines := logs.Lines("target state")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "state=down reason=probe_failed") ||
+		strings.Contains(lines[0], "previous") {
+		t.Fatalf("first state lines %q: want one warning, down for the failed probe, without a previous state", lines)
+	}
+
+	pod.healthy.Store(true)
+	for range 3 {
+		env.tick()
+	}
+	lines = logs.Lines("target state")
+	if len(lines) != 2 || !strings.Contains(lines[1], "state=degraded reason=cache_config_conflict") ||
+		!strings.Contains(lines[1], "previous=down previous_reason=probe_failed") {
+		t.Fatalf("state lines %q: want the change to the conflict, naming the previous state", lines)
+	}
+	for range 10 {
+		env.clock.Advance(5 * time.Second)
+		env.tick()
+	}
+	if n := len(logs.Lines("target state")); n != 2 {
+		t.Fatalf("%d state lines within a minute of the conflict, want 2", n)
+	}
+	env.clock.Advance(15 * time.Second)
+	env.tick()
+	lines = logs.Lines("target state")
+	if len(lines) != 3 || !strings.Contains(lines[2], "reason=cache_config_conflict") || !strings.Contains(lines[2], "for=1m") ||
+		strings.Contains(lines[2], "previous") {
+		t.Fatalf("state lines %q: want one repeat of the lasting conflict", lines)
 	}
 }

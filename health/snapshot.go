@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // State says whether a target can take new work.
@@ -13,7 +13,7 @@ type State string
 // States. Routable and Degraded targets can take work (a router should
 // prefer Routable ones); Down and Draining cannot. Event freshness is not
 // part of the state (a pod with a stale event stream serves requests fine):
-// read Target.Events for it.
+// the event plane (package eventplane) judges it.
 const (
 	StateRoutable State = "routable"
 	StateDegraded State = "degraded"
@@ -44,18 +44,6 @@ const (
 	ReasonPrefixCachingOff Reason = "prefix_caching_disabled"
 )
 
-// Verdict is the freshness of a target's KV-event stream. Only Fresh means
-// the index (and predictions confirmed by it) can be trusted for the target.
-type Verdict string
-
-// Verdicts.
-const (
-	VerdictFresh        Verdict = "fresh"
-	VerdictStale        Verdict = "stale"
-	VerdictDisconnected Verdict = "disconnected"
-	VerdictReplaying    Verdict = "replaying"
-)
-
 // Load is what the last scrape of a target's /metrics said.
 type Load struct {
 	Running int     // vllm:num_requests_running
@@ -74,42 +62,6 @@ type Load struct {
 	// did not reveal it.
 	ProcessStart float64
 }
-
-// Freshness is the verdict on a target's event stream with its evidence.
-type Freshness struct {
-	Verdict Verdict
-	// Detail explains the verdict in words (debug view only).
-	Detail string
-	// LastEvent is when the subscriber last received a batch (zero: never).
-	LastEvent  time.Time
-	LastSeq    uint64
-	HaveSeq    bool
-	Connected  bool
-	Replaying  bool
-	QueueDepth int
-	Gaps       uint64
-	// Unrecovered is the subscriber's count of batches known missing that
-	// replay could not bring back; UnrecoveredAt is when it last grew, set
-	// while that is within EventsStaleAfter (the target is stale meanwhile).
-	Unrecovered   uint64
-	UnrecoveredAt time.Time
-	Restarts      uint64
-	// RoutedInWindow is the number of requests the router dispatched to the
-	// target over the routing window.
-	RoutedInWindow uint64
-	// AwaitingSince is the earliest dispatch of an answered request that
-	// filled at least one new full block and for which no KV event has been
-	// received since; zero when nothing is awaited.
-	AwaitingSince time.Time
-	// UncachedSinceEvent and ExpectedBlocksSinceEvent are the uncached
-	// prompt tokens and new full blocks of the requests awaiting an event.
-	UncachedSinceEvent       int64
-	ExpectedBlocksSinceEvent int64
-}
-
-// Trusted reports whether predictions and confirmed placements on the
-// target can be trusted.
-func (f Freshness) Trusted() bool { return f.Verdict == VerdictFresh }
 
 // CacheConfig is what vllm:cache_config_info says about a target.
 type CacheConfig struct {
@@ -147,9 +99,9 @@ type ModelConfig struct {
 // Target is one target in a Snapshot. Its fields are immutable; Load and
 // the in-flight accounting read live atomics.
 type Target struct {
-	ID     kvindex.TargetID
+	ID     target.ID
 	Spec   TargetSpec
-	Name   string // ID.String(), the target label shared with kvindex
+	Name   string // ID.String(), the target label of every package
 	Source string // "flag", "file" or "dns"
 	State  State
 	Reason Reason
@@ -159,8 +111,6 @@ type Target struct {
 	Models []string
 	// Scraped is the last scraped load.
 	Scraped Load
-	// Events is the event-stream verdict.
-	Events Freshness
 	// Cache is the target's discovered cache configuration; ConfigConflict
 	// is non-empty when it disagrees with its peers or the flags.
 	Cache          CacheConfig
@@ -210,10 +160,8 @@ func (t *Target) Busy() Busy {
 
 // Dispatch records that the router sent a request to the target with
 // promptTokens tokens, uncachedTokens of which it expects the pod to compute
-// (pass promptTokens when unknown). The cached tokens are taken as a prefix:
-// once the first byte arrives, the full blocks beyond it are expected to be
-// announced by a KV event (see expect.go). The returned Flight must be
-// finished.
+// (pass promptTokens when unknown): they queue on the target until its
+// first byte. The returned Flight must be finished.
 func (t *Target) Dispatch(promptTokens, uncachedTokens int) Flight {
 	if t == nil {
 		return Flight{}
@@ -232,12 +180,12 @@ type Snapshot struct {
 	// Models maps each served model to its cache configuration.
 	Models map[string]ModelConfig
 
-	byID    map[kvindex.TargetID]*Target
+	byID    map[target.ID]*Target
 	byModel map[string][]*Target
 }
 
 // Target returns the target with the given id.
-func (s *Snapshot) Target(id kvindex.TargetID) (*Target, bool) {
+func (s *Snapshot) Target(id target.ID) (*Target, bool) {
 	if s == nil {
 		return nil, false
 	}

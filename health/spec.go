@@ -11,7 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Role says which phase of a disaggregated fleet a target serves.
@@ -50,7 +50,7 @@ const maxSpecLen = 4096
 //	role    prefill, decode or both (default both)
 type Spec struct {
 	// Endpoint is the normalized base URL without query (scheme and host in
-	// lower case, no trailing slash). It is the Endpoint of every TargetID
+	// lower case, no trailing slash). It is the Endpoint of every target.ID
 	// the spec yields.
 	Endpoint string
 	// Events is rank 0's KV-event publisher address.
@@ -67,7 +67,7 @@ type Spec struct {
 
 // TargetSpec is one event source and routing destination: one rank of a Spec.
 type TargetSpec struct {
-	ID     kvindex.TargetID
+	ID     target.ID
 	Events string // this rank's publisher address
 	Replay string // this rank's replay address, empty when none
 	DP     int    // ranks of the endpoint, for the X-data-parallel-rank header
@@ -75,7 +75,8 @@ type TargetSpec struct {
 	Role   Role
 }
 
-// ParseSpec parses one endpoint spec. Errors name the offending part.
+// ParseSpec parses one endpoint spec. Errors name the offending part; the
+// caller names the spec (--endpoint "…": or the endpoints file's item).
 func ParseSpec(s string) (Spec, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -85,43 +86,43 @@ func ParseSpec(s string) (Spec, error) {
 		return Spec{}, fmt.Errorf("endpoint spec longer than %d bytes", maxSpecLen)
 	}
 	if !strings.Contains(s, "://") {
-		return Spec{}, fmt.Errorf("endpoint %q: missing scheme (want http://HOST:PORT)", s)
+		return Spec{}, errors.New("missing scheme (want http://HOST:PORT)")
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
+		return Spec{}, err
 	}
 	scheme := strings.ToLower(u.Scheme)
 	if scheme != "http" && scheme != "https" {
-		return Spec{}, fmt.Errorf("endpoint %q: scheme %q not supported (want http or https)", s, u.Scheme)
+		return Spec{}, fmt.Errorf("scheme %q not supported (want http or https)", u.Scheme)
 	}
 	if u.Opaque != "" {
-		return Spec{}, fmt.Errorf("endpoint %q: malformed URL", s)
+		return Spec{}, errors.New("malformed URL")
 	}
 	if u.User != nil {
-		return Spec{}, fmt.Errorf("endpoint %q: credentials in the URL are not supported", s)
+		return Spec{}, errors.New("credentials in the URL are not supported")
 	}
 	if u.Fragment != "" || strings.Contains(s, "#") {
-		return Spec{}, fmt.Errorf("endpoint %q: fragments are not allowed", s)
+		return Spec{}, errors.New("fragments are not allowed")
 	}
 	host := u.Hostname()
 	if host == "" {
-		return Spec{}, fmt.Errorf("endpoint %q: missing host", s)
+		return Spec{}, errors.New("missing host")
 	}
 	if !validHost(host) {
-		return Spec{}, fmt.Errorf("endpoint %q: invalid host %q", s, host)
+		return Spec{}, fmt.Errorf("invalid host %q", host)
 	}
 	port := u.Port()
 	if port != "" {
 		if _, err := parsePort(port); err != nil {
-			return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
+			return Spec{}, err
 		}
 	} else if strings.HasSuffix(u.Host, ":") {
-		return Spec{}, fmt.Errorf("endpoint %q: empty port", s)
+		return Spec{}, errors.New("empty port")
 	}
 	path := strings.TrimRight(u.EscapedPath(), "/")
 	if strings.HasSuffix(path, "/v1") {
-		return Spec{}, fmt.Errorf("endpoint %q: give the server's root URL, not the OpenAI /v1 base", s)
+		return Spec{}, errors.New("give the server's root URL, not the OpenAI /v1 base")
 	}
 	hostport := strings.ToLower(host)
 	if port != "" {
@@ -137,7 +138,7 @@ func ParseSpec(s string) (Spec, error) {
 
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return Spec{}, fmt.Errorf("endpoint %q: query: %w", s, err)
+		return Spec{}, fmt.Errorf("query: %w", err)
 	}
 	err = eachOption(q, func(key string, vals []string) error {
 		if shared, err := parseSharedOption(key, vals, &spec.DP, &spec.Models, &spec.Role); shared {
@@ -159,7 +160,7 @@ func ParseSpec(s string) (Spec, error) {
 		return nil
 	})
 	if err != nil {
-		return Spec{}, fmt.Errorf("endpoint %q: %w", s, err)
+		return Spec{}, err
 	}
 	if spec.Events == "" {
 		spec.Events = "tcp://" + net.JoinHostPort(strings.ToLower(host), strconv.Itoa(DefaultEventsPort))
@@ -170,7 +171,7 @@ func ParseSpec(s string) (Spec, error) {
 				continue
 			}
 			if _, err := rankAddr(addr, spec.DP-1); err != nil {
-				return Spec{}, fmt.Errorf("endpoint %q: %s with dp=%d: %w", s, name, spec.DP, err)
+				return Spec{}, fmt.Errorf("%s with dp=%d: %w", name, spec.DP, err)
 			}
 		}
 	}
@@ -226,7 +227,7 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 			role = RoleBoth
 		}
 		out = append(out, TargetSpec{
-			ID:     kvindex.TargetID{Endpoint: s.Endpoint, Rank: r},
+			ID:     target.ID{Endpoint: s.Endpoint, Rank: r},
 			Events: ev,
 			Replay: rp,
 			DP:     dp,
@@ -236,14 +237,6 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 	}
 	return out, nil
 }
-
-// TargetName renders a TargetID as its label in metrics, logs and the debug
-// view. It is id.String() ("endpoint#rank", rank always present), the form
-// kvindex uses, so prefixrouter_kv_* and prefixrouter_health_* series join on
-// their target label.
-//
-// Deprecated: use id.String().
-func TargetName(id kvindex.TargetID) string { return id.String() }
 
 // eachOption calls fn for every option of a spec's query, in key order, after
 // rejecting repeated options (only model may repeat).

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Tier is where a placement lives. vLLM's offloading connectors publish the
@@ -67,7 +68,7 @@ const DefaultMaxPlacementsPerTarget = 1 << 20
 type Index struct {
 	mu      sync.RWMutex
 	cfg     IndexConfig
-	slots   map[TargetID]int
+	slots   map[target.ID]int
 	targets []*targetState // by slot; nil when free
 	// masks[tier][group] maps a key to the bitmask of the group's 64 slots
 	// that hold it in that tier.
@@ -80,7 +81,7 @@ type placementRef struct {
 }
 
 type targetState struct {
-	id   TargetID
+	id   target.ID
 	slot int
 	// count is the number of distinct (tier, key) placements.
 	count     int
@@ -117,18 +118,18 @@ func NewIndex(cfg IndexConfig) *Index {
 	if cfg.TierWeights == ([numTiers]float64{}) {
 		cfg.TierWeights = DefaultTierWeights
 	}
-	return &Index{cfg: cfg, slots: make(map[TargetID]int)}
+	return &Index{cfg: cfg, slots: make(map[target.ID]int)}
 }
 
 // AddTarget registers a target; placements for unknown targets are added
 // implicitly, so calling it is optional.
-func (ix *Index) AddTarget(id TargetID) {
+func (ix *Index) AddTarget(id target.ID) {
 	ix.mu.Lock()
 	ix.slotFor(id)
 	ix.mu.Unlock()
 }
 
-func (ix *Index) slotFor(id TargetID) *targetState {
+func (ix *Index) slotFor(id target.ID) *targetState {
 	if s, ok := ix.slots[id]; ok {
 		return ix.targets[s]
 	}
@@ -155,7 +156,7 @@ func (ix *Index) slotFor(id TargetID) *targetState {
 }
 
 // RemoveTarget drops a target and every placement it had.
-func (ix *Index) RemoveTarget(id TargetID) {
+func (ix *Index) RemoveTarget(id target.ID) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	s, ok := ix.slots[id]
@@ -168,21 +169,21 @@ func (ix *Index) RemoveTarget(id TargetID) {
 }
 
 // Store adds one reference per key in the given tier.
-func (ix *Index) Store(id TargetID, tier Tier, keys []Key) {
+func (ix *Index) Store(id target.ID, tier Tier, keys []Key) {
 	ix.mu.Lock()
 	ix.storeLocked(ix.slotFor(id), tier, keys)
 	ix.mu.Unlock()
 }
 
 // Remove drops one reference per key in the given tier.
-func (ix *Index) Remove(id TargetID, tier Tier, keys []Key) {
+func (ix *Index) Remove(id target.ID, tier Tier, keys []Key) {
 	ix.mu.Lock()
 	ix.removeLocked(ix.slotFor(id), tier, keys)
 	ix.mu.Unlock()
 }
 
 // Clear drops every placement of the target (AllBlocksCleared, restart).
-func (ix *Index) Clear(id TargetID) {
+func (ix *Index) Clear(id target.ID) {
 	ix.mu.Lock()
 	if s, ok := ix.slots[id]; ok {
 		ix.clearLocked(ix.targets[s])
@@ -192,7 +193,7 @@ func (ix *Index) Clear(id TargetID) {
 
 // Update applies several operations for one target under a single write
 // lock, in order. Ingestion uses it to apply a whole event batch at once.
-func (ix *Index) Update(id TargetID, fn func(w *IndexWriter)) {
+func (ix *Index) Update(id target.ID, fn func(w *IndexWriter)) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := IndexWriter{ix: ix, ts: ix.slotFor(id)}
@@ -263,7 +264,7 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 // reported cache size (num_gpu_blocks plus any offloading tiers), so that
 // missed removals cannot make the index claim far more than the pod holds.
 // n <= 0 restores the index-wide default.
-func (ix *Index) SetTargetCap(id TargetID, n int) {
+func (ix *Index) SetTargetCap(id target.ID, n int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ts := ix.slotFor(id)
@@ -373,7 +374,7 @@ func (ix *Index) compactLocked(ts *targetState) {
 
 // Match is one target's confirmed prefix for a lookup.
 type Match struct {
-	Target TargetID
+	Target target.ID
 	// Blocks is the length of the longest run of consecutive keys from
 	// block 0 that the target holds in any tier.
 	Blocks int
@@ -583,7 +584,7 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 
 // Holders appends the targets that hold every key r has been extended by:
 // the only ones whose run a later key can still lengthen.
-func (ix *Index) Holders(r *Reach, dst []TargetID) []TargetID {
+func (ix *Index) Holders(r *Reach, dst []target.ID) []target.ID {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for slot, ts := range ix.targets {
@@ -682,7 +683,7 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 
 // TargetStats is one target's index bookkeeping.
 type TargetStats struct {
-	Target          TargetID
+	Target          target.ID
 	Placements      int
 	ByTier          [numTiers]int
 	Evicted         uint64
@@ -704,7 +705,7 @@ func (ix *Index) Stats() []TargetStats {
 }
 
 // StatsFor reports one target's placement counts.
-func (ix *Index) StatsFor(id TargetID) (TargetStats, bool) {
+func (ix *Index) StatsFor(id target.ID) (TargetStats, bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	s, ok := ix.slots[id]
@@ -716,7 +717,7 @@ func (ix *Index) StatsFor(id TargetID) (TargetStats, bool) {
 }
 
 // Has reports whether the target holds key in any tier (tests and debugging).
-func (ix *Index) Has(id TargetID, key Key) bool {
+func (ix *Index) Has(id target.ID, key Key) bool {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	s, ok := ix.slots[id]

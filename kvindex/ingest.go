@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // KeyMode says how block keys relate to the hashes pods publish.
@@ -55,9 +56,9 @@ type IngestConfig struct {
 // the speculative layer uses it to confirm or invalidate predictions. Any
 // field may be nil.
 type Observer struct {
-	Stored  func(target TargetID, tier Tier, keys []Key)
-	Removed func(target TargetID, tier Tier, keys []Key)
-	Cleared func(target TargetID)
+	Stored  func(id target.ID, tier Tier, keys []Key)
+	Removed func(id target.ID, tier Tier, keys []Key)
+	Cleared func(id target.ID)
 }
 
 // Ingestor turns decoded event batches into index updates for each target,
@@ -69,7 +70,7 @@ type Ingestor struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	targets map[TargetID]*ingestState
+	targets map[target.ID]*ingestState
 }
 
 // ingestState is one target's translation state. Only that target's
@@ -84,13 +85,57 @@ type ingestState struct {
 	engine         *engineKeyMap // token-derived mode
 	digests        map[uint64]Digest
 	storedSeen     int
-	mismatches     uint64
-	checks         uint64
-	unchained      uint64
+	keys           KeyHealth
 	evictedSeen    uint64
 	rankMismatches uint64
 	metrics        *targetMetrics
 }
+
+// KeyHealth is what a target's events say about the router's block keys,
+// for the event plane to judge wiring faults from.
+type KeyHealth struct {
+	// Checks counts verifications of the router's keys against the pod's
+	// events: blocks recomputed from their token_ids (exact mode), blocks
+	// whose block size was checked before deriving their keys
+	// (token-derived mode), and each failed verification. Mismatches
+	// counts the failed ones, so it never exceeds Checks.
+	Checks, Mismatches uint64
+	// MismatchReason ("hash", "block_size", "extra_keys") and
+	// MismatchDetail describe the last failed verification;
+	// PassedSinceMismatch counts the verifications passed since.
+	MismatchReason, MismatchDetail string
+	PassedSinceMismatch            uint64
+	// Unchained counts stored blocks whose parent the router never saw
+	// (token-derived mode): they cannot be keyed. RecentChained and
+	// RecentUnchained count the most recent stored blocks (between
+	// unchainedWindow and twice as many) by that outcome.
+	Unchained                      uint64
+	RecentChained, RecentUnchained uint64
+}
+
+// Mismatch reasons (KeyHealth.MismatchReason, the reason label of
+// prefixrouter_kv_hash_mismatches_total).
+const (
+	// MismatchHash: a block recomputed from its tokens has another hash:
+	// the seed (PYTHONHASHSEED) or the hash algorithm differ.
+	MismatchHash = "hash"
+	// MismatchBlockSize: the pod's blocks have another size.
+	MismatchBlockSize = "block_size"
+	// MismatchExtraKeys: the event's extra keys cannot be hashed.
+	MismatchExtraKeys = "extra_keys"
+)
+
+// Reasons for events not indexed (prefixrouter_kv_skipped_events_total).
+const (
+	skipOtherGroup  = "other_group"
+	skipUnknownType = "unknown_type"
+	skipInvalid     = "invalid"
+)
+
+// unchainedWindow is the span of recent stored blocks KeyHealth's
+// RecentChained and RecentUnchained cover: both halve when their sum
+// reaches twice this, so old blocks fade out.
+const unchainedWindow = 64
 
 // targetMetrics caches one target's metric children so the per-event path
 // does not hash label values.
@@ -139,10 +184,10 @@ func NewIngestor(ix *Index, cfg IngestConfig, obs Observer) (*Ingestor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[TargetID]*ingestState)}, nil
+	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[target.ID]*ingestState)}, nil
 }
 
-func (in *Ingestor) state(t TargetID) *ingestState {
+func (in *Ingestor) state(t target.ID) *ingestState {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	st, ok := in.targets[t]
@@ -156,7 +201,7 @@ func (in *Ingestor) state(t TargetID) *ingestState {
 
 // Reset forgets everything about a target's placements: the pod restarted
 // (its new process holds nothing the old one announced) or it was removed.
-func (in *Ingestor) Reset(t TargetID) {
+func (in *Ingestor) Reset(t target.ID) {
 	st := in.state(t)
 	st.mu.Lock()
 	st.engine.reset()
@@ -171,7 +216,7 @@ func (in *Ingestor) Reset(t TargetID) {
 }
 
 // Forget drops a removed target entirely, including its metric series.
-func (in *Ingestor) Forget(t TargetID) {
+func (in *Ingestor) Forget(t target.ID) {
 	in.Reset(t)
 	in.ix.RemoveTarget(t)
 	in.mu.Lock()
@@ -180,16 +225,24 @@ func (in *Ingestor) Forget(t TargetID) {
 	in.cfg.Metrics.forgetTarget(t.String())
 }
 
-// HashHealth reports exact-mode verification counts for a target.
-func (in *Ingestor) HashHealth(t TargetID) (checks, mismatches uint64) {
+// HashHealth reports how many verifications of a target's block keys were
+// made and how many failed (see KeyHealth).
+func (in *Ingestor) HashHealth(t target.ID) (checks, mismatches uint64) {
+	kh := in.KeyHealth(t)
+	return kh.Checks, kh.Mismatches
+}
+
+// KeyHealth reports what a target's events said about the router's block
+// keys so far.
+func (in *Ingestor) KeyHealth(t target.ID) KeyHealth {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.checks, st.mismatches
+	return st.keys
 }
 
 // Apply applies one batch to the index, in event order.
-func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
+func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -197,10 +250,10 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 	if tm != nil {
 		tm.batches.Inc()
 		if b.Unknown > 0 {
-			in.cfg.Metrics.skipped.WithLabelValues(st.label, "unknown_type").Add(float64(b.Unknown))
+			in.cfg.Metrics.skipped.WithLabelValues(st.label, skipUnknownType).Add(float64(b.Unknown))
 		}
 		if b.Invalid > 0 {
-			in.cfg.Metrics.skipped.WithLabelValues(st.label, "invalid").Add(float64(b.Invalid))
+			in.cfg.Metrics.skipped.WithLabelValues(st.label, skipInvalid).Add(float64(b.Invalid))
 		}
 	}
 	if b.Invalid > 0 {
@@ -272,7 +325,7 @@ func (in *Ingestor) Apply(t TargetID, b *events.Batch) {
 	}
 }
 
-func (in *Ingestor) updateIndexGauges(t TargetID, st *ingestState) {
+func (in *Ingestor) updateIndexGauges(t target.ID, st *ingestState) {
 	if st.metrics == nil {
 		return
 	}
@@ -307,7 +360,7 @@ const (
 // only group 0 counts.
 func (in *Ingestor) acceptStored(st *ingestState, ev *events.Event) bool {
 	if !ev.IsFullPrefix() {
-		in.skip(st, "other_group")
+		in.skip(st, skipOtherGroup)
 		return false
 	}
 	if !ev.HasGroupIdx {
@@ -335,7 +388,7 @@ func (in *Ingestor) acceptGroup(st *ingestState, group int) bool {
 		want = st.fullGroup
 	}
 	if group != want {
-		in.skip(st, "other_group")
+		in.skip(st, skipOtherGroup)
 		return false
 	}
 	return true
@@ -379,13 +432,25 @@ func (in *Ingestor) resolveKeys(st *ingestState, ev *events.Event) []Key {
 			unresolved++
 		}
 	}
-	if unresolved > 0 {
-		st.unchained += uint64(unresolved)
+	in.chained(st, len(keys), unresolved)
+	return keys
+}
+
+// chained counts stored blocks by whether their keys could be derived.
+func (in *Ingestor) chained(st *ingestState, chained, unchained int) {
+	k := &st.keys
+	k.RecentChained += uint64(chained)
+	k.RecentUnchained += uint64(unchained)
+	for k.RecentChained+k.RecentUnchained >= 2*unchainedWindow {
+		k.RecentChained /= 2
+		k.RecentUnchained /= 2
+	}
+	if unchained > 0 {
+		k.Unchained += uint64(unchained)
 		if in.cfg.Metrics != nil {
-			in.cfg.Metrics.unchained.WithLabelValues(st.label).Add(float64(unresolved))
+			in.cfg.Metrics.unchained.WithLabelValues(st.label).Add(float64(unchained))
 		}
 	}
-	return keys
 }
 
 // deriveKeys rebuilds token-derived keys from the event's token_ids, chained
@@ -396,7 +461,7 @@ func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 	tk := in.cfg.TokenKeyer
 	bs := ev.BlockSize
 	if bs != tk.BlockSize() || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
-		in.mismatch(st, "block_size", fmt.Sprintf("event block_size %d with %d tokens for %d blocks, router block size %d",
+		in.verified(st, false, MismatchBlockSize, fmt.Sprintf("the pod publishes block_size %d (%d tokens for %d blocks), the router keys blocks of %d tokens",
 			bs, len(ev.TokenIDs), len(ev.BlockHashes), tk.BlockSize()))
 		return nil
 	}
@@ -409,10 +474,7 @@ func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 		for _, h := range ev.BlockHashes {
 			st.engine.put(h, engineKey{})
 		}
-		st.unchained += uint64(len(ev.BlockHashes))
-		if in.cfg.Metrics != nil {
-			in.cfg.Metrics.unchained.WithLabelValues(st.label).Add(float64(len(ev.BlockHashes)))
-		}
+		in.chained(st, 0, len(ev.BlockHashes))
 		return nil
 	}
 	keys := make([]Key, 0, len(ev.BlockHashes))
@@ -421,13 +483,15 @@ func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 		extra := blockExtraFromEvent(ev, i, loraTuple[:0])
 		k, err := tk.KeyBlock(parent, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 		if err != nil {
-			in.mismatch(st, "extra_keys", err.Error())
-			return keys
+			in.verified(st, false, MismatchExtraKeys, err.Error())
+			break
 		}
+		in.verified(st, true, "", "")
 		st.engine.put(h, engineKey{key: k, chained: true})
 		keys = append(keys, k)
 		parent = k
 	}
+	in.chained(st, len(keys), 0)
 	return keys
 }
 
@@ -476,7 +540,7 @@ func (in *Ingestor) maybeVerify(st *ingestState, ev *events.Event) {
 	}
 	bs := ev.BlockSize
 	if bs != h.BlockSize() {
-		in.mismatch(st, "block_size", fmt.Sprintf("pod publishes block_size %d, router configured %d", bs, h.BlockSize()))
+		in.verified(st, false, MismatchBlockSize, fmt.Sprintf("the pod publishes block_size %d, the router hashes blocks of %d tokens", bs, h.BlockSize()))
 		return
 	}
 	if len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
@@ -494,17 +558,14 @@ func (in *Ingestor) maybeVerify(st *ingestState, ev *events.Event) {
 	for i, want := range ev.BlockHashes {
 		d, err := h.HashBlock(parent, ev.TokenIDs[i*bs:(i+1)*bs], blockExtraFromEvent(ev, i, loraTuple[:0]))
 		if err != nil {
-			in.mismatch(st, "extra_keys", err.Error())
+			in.verified(st, false, MismatchExtraKeys, err.Error())
 			return
-		}
-		st.checks++
-		if in.cfg.Metrics != nil {
-			in.cfg.Metrics.hashChecks.WithLabelValues(st.label).Inc()
 		}
 		if d.Wire() != want {
-			in.mismatch(st, "hash", fmt.Sprintf("recomputed %d, pod published %d: seed, algorithm or block size disagree with the pod", d.Wire(), want))
+			in.verified(st, false, MismatchHash, fmt.Sprintf("recomputed block hash %d from the event's tokens, the pod published %d", d.Wire(), want))
 			return
 		}
+		in.verified(st, true, "", "")
 		if len(st.digests) >= in.cfg.MaxVerifiedDigests {
 			clear(st.digests) // cheap bound; the sample refills it
 		}
@@ -527,15 +588,28 @@ func (in *Ingestor) rankMismatch(st *ingestState, got, want int) {
 	}
 }
 
-// mismatch makes a configuration disagreement loud: a metric always, an error
-// log line for the first occurrence and then every 1000th.
-func (in *Ingestor) mismatch(st *ingestState, reason, detail string) {
-	st.mismatches++
-	if in.cfg.Metrics != nil {
-		in.cfg.Metrics.hashMismatches.WithLabelValues(st.label, reason).Inc()
+// verified counts one verification of the router's keys against the pod's
+// event; a failed one (reason and detail say how) is also a mismatch. The
+// event plane judges the counts and makes a disagreement loud (log,
+// debug view, trust); the first one is logged here at debug level with its
+// detail.
+func (in *Ingestor) verified(st *ingestState, ok bool, reason, detail string) {
+	k := &st.keys
+	k.Checks++
+	m := in.cfg.Metrics
+	if m != nil {
+		m.hashChecks.WithLabelValues(st.label).Inc()
 	}
-	if st.mismatches == 1 || st.mismatches%1000 == 0 {
-		in.log.Error("block keys disagree with the pod: routing on this target's cache will not work",
-			"target", st.label, "mode", in.cfg.Mode.String(), "reason", reason, "detail", detail, "count", st.mismatches)
+	if ok {
+		k.PassedSinceMismatch++
+		return
+	}
+	k.Mismatches++
+	k.MismatchReason, k.MismatchDetail, k.PassedSinceMismatch = reason, detail, 0
+	if m != nil {
+		m.hashMismatches.WithLabelValues(st.label, reason).Inc()
+	}
+	if k.Mismatches == 1 {
+		in.log.Debug("block keys disagree with the pod", "target", st.label, "mode", in.cfg.Mode.String(), "reason", reason, "detail", detail)
 	}
 }

@@ -8,8 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // storedEvent builds the BlockStored event a vLLM pod publishes for blocks
@@ -112,8 +114,106 @@ func TestIngestExactModeDetectsWrongSeed(t *testing.T) {
 	if v := testutil.ToFloat64(m.hashMismatches.WithLabelValues(tid(1).String(), "hash")); v != 1 {
 		t.Fatalf("metric %v", v)
 	}
-	if !strings.Contains(log.String(), "block keys disagree") {
-		t.Fatalf("no loud log line: %q", log.String())
+	// The event plane makes it loud from KeyHealth; the detail is kept.
+	if kh := in.KeyHealth(tid(1)); kh.MismatchReason != MismatchHash || !strings.Contains(kh.MismatchDetail, "the pod published") || kh.PassedSinceMismatch != 0 {
+		t.Fatalf("key health %+v", kh)
+	}
+}
+
+// TestIngestChecksCountEveryVerification: every mismatch is a failed check,
+// so the debug view never shows more mismatches than checks, in either
+// mode, whatever the reason.
+func TestIngestChecksCountEveryVerification(t *testing.T) {
+	pod32, _ := NewHasher(AlgoSHA256, "0", 32)
+	pod42, _ := NewHasher(AlgoSHA256, "42", 16)
+	router, _ := NewHasher(AlgoSHA256, "0", 16)
+	tokens := seqTokens(128)
+	for _, tc := range []struct {
+		name   string
+		mode   KeyMode
+		ev     events.Event
+		reason string
+	}{
+		{"exact, other block size", ModeExact, storedEvent(t, pod32, tokens, RequestExtras{}, 0, 2), MismatchBlockSize},
+		{"exact, other seed", ModeExact, storedEvent(t, pod42, tokens, RequestExtras{}, 0, 2), MismatchHash},
+		{"token-derived, other block size", ModeTokenDerived, storedEvent(t, pod32, tokens, RequestExtras{}, 0, 2), MismatchBlockSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, in, m, _ := newTestIngestor(t, tc.mode, router, nil)
+			for range 11 {
+				in.Apply(tid(1), &events.Batch{Events: []events.Event{tc.ev}})
+			}
+			checks, mismatches := in.HashHealth(tid(1))
+			if mismatches != 11 || checks < mismatches {
+				t.Fatalf("%d checks, %d mismatches: want 11 mismatches, each a check", checks, mismatches)
+			}
+			if v := testutil.ToFloat64(m.hashChecks.WithLabelValues(tid(1).String())); v != float64(checks) {
+				t.Fatalf("hash_checks metric %v, debug view %d", v, checks)
+			}
+			if kh := in.KeyHealth(tid(1)); kh.MismatchReason != tc.reason {
+				t.Fatalf("reason %q, want %q", kh.MismatchReason, tc.reason)
+			}
+		})
+	}
+}
+
+// TestIngestLegacyRootParentZero: a publisher of the legacy array form
+// that sends a chain's first block with parent 0 is indexed in
+// token-derived mode: the block starts a chain, it is not an orphan.
+func TestIngestLegacyRootParentZero(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 4)
+	ix, in, _, _ := newTestIngestor(t, ModeTokenDerived, h, nil)
+	tokens := seqTokens(8)
+	toks := make([]any, len(tokens))
+	for i, v := range tokens {
+		toks[i] = v
+	}
+	payload, err := msgpack.Marshal([]any{1.0, []any{
+		[]any{"BlockStored", []any{uint64(101), uint64(102)}, 0, toks, 4, nil, "GPU"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := events.Decode(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Apply(tid(1), &b)
+	tk, _ := NewTokenKeyer(4)
+	keys, _ := tk.Keys(nil, tokens, RequestExtras{})
+	if got := ix.Lookup(nil, keys); len(got) != 1 || got[0].Blocks != 2 {
+		t.Fatalf("lookup %+v: want both blocks of the chain indexed", got)
+	}
+	if kh := in.KeyHealth(tid(1)); kh.Unchained != 0 || kh.RecentChained != 2 {
+		t.Fatalf("key health %+v", kh)
+	}
+}
+
+// TestIngestRecentUnchained: KeyHealth's window follows the latest stored
+// blocks, so a stream that starts with orphans (a late join) and then
+// chains is told apart from one whose blocks never chain.
+func TestIngestRecentUnchained(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 4)
+	_, in, _, _ := newTestIngestor(t, ModeTokenDerived, h, nil)
+	tokens := seqTokens(4 * 400)
+	orphan := func(i int) events.Event {
+		ev := storedEvent(t, h, tokens, RequestExtras{}, i, i+1)
+		ev.ParentHash, ev.HasParentHash = 1<<40+uint64(i), true // never seen
+		return ev
+	}
+	for i := range 100 {
+		in.Apply(tid(1), &events.Batch{Events: []events.Event{orphan(i)}})
+	}
+	if kh := in.KeyHealth(tid(1)); kh.RecentChained != 0 || kh.RecentUnchained < unchainedWindow || kh.Unchained != 100 {
+		t.Fatalf("orphans only: %+v", kh)
+	}
+	// Chains from the root now arrive: the window turns over.
+	for i := range 200 {
+		in.Apply(tid(1), &events.Batch{Events: []events.Event{storedEvent(t, h, tokens, RequestExtras{}, 0, 1+i%4)}})
+	}
+	kh := in.KeyHealth(tid(1))
+	if kh.RecentUnchained*8 > kh.RecentChained || kh.RecentChained+kh.RecentUnchained >= 2*unchainedWindow || kh.Unchained != 100 {
+		t.Fatalf("after chained blocks: %+v", kh)
 	}
 }
 
@@ -200,9 +300,9 @@ func TestIngestObserverAndTiers(t *testing.T) {
 	var stored, removed []Key
 	cleared := 0
 	in, err := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{
-		Stored:  func(_ TargetID, tier Tier, k []Key) { stored = append(stored, k...) },
-		Removed: func(_ TargetID, tier Tier, k []Key) { removed = append(removed, k...) },
-		Cleared: func(TargetID) { cleared++ },
+		Stored:  func(_ target.ID, tier Tier, k []Key) { stored = append(stored, k...) },
+		Removed: func(_ target.ID, tier Tier, k []Key) { removed = append(removed, k...) },
+		Cleared: func(target.ID) { cleared++ },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -244,17 +344,17 @@ func BenchmarkIngestApply(b *testing.B) {
 			}
 		}
 	}
-	target := tid(1)
+	id := tid(1)
 	blockEvents := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		bt := &batches[i%len(batches)]
 		if i%len(batches) == 0 && i > 0 {
 			b.StopTimer()
-			ix.Clear(target)
+			ix.Clear(id)
 			b.StartTimer()
 		}
-		in.Apply(target, bt)
+		in.Apply(id, bt)
 		for _, e := range bt.Events {
 			blockEvents += len(e.BlockHashes)
 		}
@@ -341,7 +441,7 @@ func TestIngestOffloadedCopies(t *testing.T) {
 func TestIngestRankMismatchIsLoud(t *testing.T) {
 	var log bytes.Buffer
 	_, in, m, _ := newTestIngestor(t, ModeExact, nil, &log)
-	in.Apply(TargetID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
+	in.Apply(target.ID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
 	if v := testutil.ToFloat64(m.rankMismatches.WithLabelValues("pod#1")); v != 1 || !strings.Contains(log.String(), "wrong data-parallel rank") {
 		t.Fatalf("metric %v log %q", v, log.String())
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestExtendMatchesKeys keys prompts piece by piece, at random cut points,
@@ -77,8 +79,8 @@ func TestReachAgreesWithLookup(t *testing.T) {
 		}
 		return best
 	}
-	covering := func(keys []Key) []TargetID {
-		var ids []TargetID
+	covering := func(keys []Key) []target.ID {
+		var ids []target.ID
 		for _, m := range ix.Lookup(nil, keys) {
 			if m.Blocks == len(keys) {
 				ids = append(ids, m.Target)
@@ -86,8 +88,8 @@ func TestReachAgreesWithLookup(t *testing.T) {
 		}
 		return ids
 	}
-	sorted := func(ids []TargetID) []TargetID {
-		return slices.SortedFunc(slices.Values(ids), func(a, b TargetID) int { return strings.Compare(a.String(), b.String()) })
+	sorted := func(ids []target.ID) []target.ID {
+		return slices.SortedFunc(slices.Values(ids), func(a, b target.ID) int { return strings.Compare(a.String(), b.String()) })
 	}
 	for trial := range 20 {
 		var r Reach

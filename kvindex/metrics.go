@@ -2,6 +2,9 @@ package kvindex
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Metrics are the event-ingestion and index numbers kvindex owns. Labels are
@@ -43,8 +46,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		rankMismatches:  counter("rank_mismatches_total", "Batches whose data_parallel_rank differs from the rank of the subscription they arrived on.", "target"),
 		unrecovered:     counter("unrecovered_batches_total", "Batches known missing that replay could not bring back; the index may be wrong until it turns over.", "target"),
 		reconnects:      counter("reconnects_total", "Event-stream reconnections.", "target"),
-		hashChecks:      counter("hash_checks_total", "BlockStored blocks recomputed from their token_ids to verify the router's hashing.", "target"),
-		hashMismatches:  counter("hash_mismatches_total", "Recomputed blocks whose hash differs from the pod's: seed, algorithm or block size disagree.", "target", "reason"),
+		hashChecks:      counter("hash_checks_total", "Verifications of the router's block keys against the pod's BlockStored events (blocks recomputed from their token_ids, or block sizes compared), passed or failed.", "target"),
+		hashMismatches:  counter("hash_mismatches_total", "Failed verifications of the router's block keys, by reason (hash: seed or algorithm disagree; block_size; extra_keys).", "target", "reason"),
 		unchained:       counter("unchained_blocks_total", "Token-derived mode: stored blocks whose parent was unknown, kept only so removals resolve.", "target"),
 		skipped:         counter("skipped_events_total", "Events not indexed, by reason (other KV-cache group, unknown type).", "target", "reason"),
 		evictions:       counter("index_evictions_total", "Placements evicted by the per-target cap.", "target"),
@@ -61,6 +64,43 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// Label values the per-target series are initialised with.
+var (
+	mismatchReasons = []string{MismatchHash, MismatchBlockSize, MismatchExtraKeys}
+	skipReasons     = []string{skipOtherGroup, skipUnknownType, skipInvalid}
+	eventKinds      = []events.Kind{events.KindBlockStored, events.KindBlockRemoved, events.KindAllBlocksCleared}
+)
+
+// AddTarget creates a new target's counters at zero, so that an alert on
+// their rate (hash mismatches, batches lost for good, gaps) sees the series
+// before the first occurrence. ForgetTarget deletes them.
+func (m *Metrics) AddTarget(id target.ID) {
+	if m == nil {
+		return
+	}
+	label := id.String()
+	for _, c := range []*prometheus.CounterVec{m.batches, m.decodeErrors, m.gaps, m.replays, m.replayedBatches, m.restarts,
+		m.unrecovered, m.rankMismatches, m.reconnects, m.hashChecks, m.unchained, m.evictions} {
+		c.WithLabelValues(label)
+	}
+	for _, k := range eventKinds {
+		m.events.WithLabelValues(label, k.String())
+	}
+	for _, r := range mismatchReasons {
+		m.hashMismatches.WithLabelValues(label, r)
+	}
+	for _, r := range skipReasons {
+		m.skipped.WithLabelValues(label, r)
+	}
+	for t := range numTiers {
+		m.placements.WithLabelValues(label, Tier(t).String())
+	}
+}
+
+// ForgetTarget drops a removed target's series so the label set stays
+// bounded by the live fleet.
+func (m *Metrics) ForgetTarget(id target.ID) { m.forgetTarget(id.String()) }
 
 // forgetTarget drops a removed target's series so the label set stays bounded
 // by the live fleet.

@@ -14,11 +14,12 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // SubscriberConfig describes one target's event stream.
 type SubscriberConfig struct {
-	Target TargetID
+	Target target.ID
 	// Endpoint is the pod's PUB socket, e.g. tcp://10.0.0.7:5557.
 	Endpoint string
 	// Replay is the pod's ROUTER replay socket; empty disables replay (gaps
@@ -131,6 +132,12 @@ func (s *Subscriber) update(fn func(*SubscriberStatus)) {
 // cancellation and an error only when the socket cannot be set up at all
 // (for example a malformed endpoint).
 func (s *Subscriber) Run(ctx context.Context) error {
+	started := time.Now()
+	s.update(func(st *SubscriberStatus) {
+		if st.ConnectionChanged.IsZero() {
+			st.ConnectionChanged = started
+		}
+	})
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recvErr := make(chan error, 1)
@@ -241,6 +248,7 @@ func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zm
 			}
 			switch ev {
 			case zmq.EVENT_CONNECTED:
+				now := time.Now()
 				if connectedOnce {
 					s.update(func(st *SubscriberStatus) { st.Reconnects++ })
 					if s.cfg.Metrics != nil {
@@ -249,14 +257,15 @@ func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zm
 					s.log.Info("event stream reconnected")
 				}
 				connectedOnce = true
-				s.update(func(st *SubscriberStatus) { st.Connected = true })
+				s.update(func(st *SubscriberStatus) { st.Connected, st.EverConnected, st.ConnectionChanged = true, true, now })
 				select {
 				case s.queue <- rawMessage{connected: true}:
 				case <-ctx.Done():
 					return
 				}
 			case zmq.EVENT_DISCONNECTED:
-				s.update(func(st *SubscriberStatus) { st.Connected = false })
+				now := time.Now()
+				s.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = false, now })
 				s.log.Warn("event stream disconnected")
 			}
 		}
@@ -462,7 +471,7 @@ func (s *Subscriber) replay(ctx context.Context, start, stop uint64) uint64 {
 		if seq < next {
 			return true
 		}
-		if seq > next {
+		if seq > next && !publisherStart(next, seq) {
 			s.log.Warn("replay buffer no longer holds the requested batches", "from", next, "oldest_available", seq)
 			s.unrecovered(seq - next)
 		}
@@ -473,12 +482,19 @@ func (s *Subscriber) replay(ctx context.Context, start, stop uint64) uint64 {
 	if err != nil {
 		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
 	}
-	if stop != events.EndOfReplay && next < stop {
+	if stop != events.EndOfReplay && next < stop && !publisherStart(next, stop) {
 		s.log.Warn("replay did not reach the live stream", "from", start, "next", next, "live", stop)
 		s.unrecovered(stop - next)
 	}
 	return next
 }
+
+// publisherStart reports whether batch got, expected after want, is where
+// a publisher's numbering starts rather than a loss: vLLM numbers a
+// process's batches from 0, other publishers seen in the field from 1, so
+// from the origin (nothing applied since the subscriber joined or the pod
+// restarted) a missing batch 0 alone is no loss.
+func publisherStart(want, got uint64) bool { return want == 0 && got == 1 }
 
 // ReplayRange requests every batch from start from a vLLM replay socket and
 // calls fn for each, in order, until the end marker, fn returning false, the

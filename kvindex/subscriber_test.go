@@ -13,6 +13,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // goldenPayloads returns the msgpack payloads of testdata/vllm/kv_events.json
@@ -104,18 +105,18 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{})
-	target := TargetID{Endpoint: "http://10.0.0.7:8000"}
+	id := target.ID{Endpoint: "http://10.0.0.7:8000"}
 	var mu sync.Mutex
 	var seen []uint64
 	sub, err := NewSubscriber(SubscriberConfig{
-		Target: target, Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Topic: "kv@",
+		Target: id, Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(), Topic: "kv@",
 		Handle: func(seq uint64, b *events.Batch, replayed bool) {
-			in.Apply(target, b)
+			in.Apply(id, b)
 			mu.Lock()
 			seen = append(seen, seq)
 			mu.Unlock()
 		},
-		Restarted: func() { in.Reset(target) },
+		Restarted: func() { in.Reset(id) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +191,7 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	if m := ix.Lookup(nil, loraKeys); len(m) != 1 || m[0].Blocks != 1 {
 		t.Fatalf("new process's block missing: %+v", m)
 	}
-	if checks, mm := in.HashHealth(target); mm != 0 || checks == 0 {
+	if checks, mm := in.HashHealth(id); mm != 0 || checks == 0 {
 		t.Fatalf("golden events failed verification: checks %d mismatches %d", checks, mm)
 	}
 	if st := sub.Status(); !st.Connected || st.DecodeErrors != 0 {
@@ -319,11 +320,11 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 	endpoint, replayEndpoint := first.Endpoint(), first.ReplayEndpoint()
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact}, Observer{})
-	target := TargetID{Endpoint: "pod"}
-	sub, _ := NewSubscriber(SubscriberConfig{Target: target, Endpoint: endpoint, Replay: replayEndpoint,
+	id := target.ID{Endpoint: "pod"}
+	sub, _ := NewSubscriber(SubscriberConfig{Target: id, Endpoint: endpoint, Replay: replayEndpoint,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
-		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(target, b) },
-		Restarted: func() { in.Reset(target) },
+		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
+		Restarted: func() { in.Reset(id) },
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -337,7 +338,7 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 		}
 	}
 	store(first, 42, true)
-	waitFor(t, "block 42 indexed", func() bool { return ix.Has(target, 42) })
+	waitFor(t, "block 42 indexed", func() bool { return ix.Has(id, 42) })
 	// The same process keeps its sockets; model the blip by swapping in a
 	// publisher that shares the sequence: close and rebind, then publish
 	// the batches the pod sent while the link was down.
@@ -350,8 +351,8 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 		_, _ = second.PublishRaw(emptyBatch(t), false)
 	}
 	store(second, 43, false) // published while disconnected
-	waitFor(t, "missed batch replayed after reconnect", func() bool { return ix.Has(target, 43) })
-	if !ix.Has(target, 42) {
+	waitFor(t, "missed batch replayed after reconnect", func() bool { return ix.Has(id, 43) })
+	if !ix.Has(id, 42) {
 		t.Fatal("a network blip wiped the index")
 	}
 	if st := sub.Status(); st.Restarts != 0 || st.Reconnects < 1 {
@@ -411,5 +412,78 @@ func TestSubscriberStopsWhilePodLeaves(t *testing.T) {
 		cancel()
 		pub.Close()
 		<-done
+	}
+}
+
+// TestSubscriberFirstSequenceOneIsAStart: vLLM numbers a process's batches
+// from 0; publishers seen in the field start at 1. Their first batch, live
+// or waiting in the replay buffer at connect, and their first batch after a
+// restart, are a start: no gap, nothing lost for good (which would make the
+// target stale for --events-stale-after).
+func TestSubscriberFirstSequenceOneIsAStart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		buffered bool // the batches wait in the replay buffer before the subscriber joins
+	}{
+		{name: "first batch live"},
+		{name: "first batch in the replay buffer", buffered: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*", FirstSeq: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			if tc.buffered {
+				for range 3 {
+					_, _ = pub.PublishRaw(emptyBatch(t), false)
+				}
+			}
+			restarted := make(chan struct{}, 1)
+			sub, _ := NewSubscriber(SubscriberConfig{Endpoint: pub.Endpoint(), Replay: pub.ReplayEndpoint(),
+				Handle:    func(uint64, *events.Batch, bool) {},
+				Restarted: func() { restarted <- struct{}{} },
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = sub.Run(ctx) }()
+			waitFor(t, "batches 1 to 3 applied", func() bool {
+				if !tc.buffered && sub.Status().Connected && pub.NextSeq() < 4 {
+					_, _ = pub.PublishRaw(emptyBatch(t), true)
+				}
+				time.Sleep(10 * time.Millisecond)
+				st := sub.Status()
+				return st.HaveSeq && st.LastSeq == 3
+			})
+			if st := sub.Status(); st.Unrecovered != 0 || st.Gaps != 0 {
+				t.Fatalf("a stream starting at 1: %d batches lost for good, %d gaps (want none): %+v", st.Unrecovered, st.Gaps, st)
+			}
+
+			// A live batch ends the window in which replayed batches'
+			// live copies are dropped; then a new process numbers from 1
+			// again: a restart, still no loss.
+			waitFor(t, "a live batch", func() bool {
+				if pub.NextSeq() < 5 {
+					_, _ = pub.PublishRaw(emptyBatch(t), true)
+				}
+				time.Sleep(10 * time.Millisecond)
+				return sub.Status().LastSeq == 4
+			})
+			pub.Restart()
+			waitFor(t, "the new process's first batch", func() bool {
+				_, _ = pub.PublishRaw(emptyBatch(t), true)
+				time.Sleep(10 * time.Millisecond)
+				select {
+				case <-restarted:
+					return true
+				default:
+					return false
+				}
+			})
+			waitFor(t, "the new process's batches applied", func() bool { return sub.Status().LastSeq >= 1 && sub.Status().LastSeq < 3 })
+			if st := sub.Status(); st.Unrecovered != 0 || st.Restarts != 1 {
+				t.Fatalf("after the restart: %d lost for good, %d restarts (want 0 and 1): %+v", st.Unrecovered, st.Restarts, st)
+			}
+		})
 	}
 }

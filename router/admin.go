@@ -8,8 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // The admin listener serves operators, not clients: /metrics, the target
@@ -38,7 +39,7 @@ type DryRun struct {
 	Blocks       int    `json:"blocks"`
 	// LookedUpBlocks is how many of the prompt's blocks the decision looked
 	// up: the router stops at the first block no target holds, or once no
-	// other target can catch up with the cheapest (keyUntilDecided).
+	// other target can catch up with the cheapest (readUntilDecided).
 	LookedUpBlocks int            `json:"looked_up_blocks"`
 	Decision       DryRunDecision `json:"decision"`
 	Candidates     []DryCandidate `json:"candidates"`
@@ -101,81 +102,87 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		writeAPIError(w, &apiError{Status: 500, Message: err.Error(), Type: typeServer})
 		return
 	}
-	pl, aerr := r.plan(q.Context(), req, true)
+	d, aerr := r.route(q.Context(), req, true)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	pl.startFinishing(r.pl.index, &r.tails)
-	writeJSON(w, http.StatusOK, dryRunOf(pl))
+	tail := startTail(d, r.ev.Index(), &r.tails)
+	tail.wait()
+	writeJSON(w, http.StatusOK, dryRunOf(d, tail))
 }
 
-func dryRunOf(pl *routePlan) DryRun {
-	pt := pl.promptForOutcome()
-	chosen := pl.cands[pl.dec.idx].Target.ID
+func dryRunOf(d *decision, tail *promptTail) DryRun {
+	chosen := d.target().Target.ID
+	v := d.view(tail, d.chosen)
 	out := DryRun{
-		Model: pl.model, PromptTokens: pt.count, BlockSize: pl.blockSize, Blocks: pl.promptBlocks(pt),
-		LookedUpBlocks: len(pl.chain.Keys),
-		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: pl.dec.reason},
-		Candidates:     make([]DryCandidate, 0, len(pl.cands)),
+		Model: d.model, PromptTokens: v.prompt.count, BlockSize: d.blockSize, Blocks: d.promptBlocks(v.prompt),
+		LookedUpBlocks: len(d.chain.Keys),
+		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: d.reason},
+		Candidates:     make([]DryCandidate, 0, len(d.cands)),
 	}
-	for i, c := range pl.cands {
+	for i, c := range d.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{
 			Target: c.Target.ID.Endpoint, Rank: c.Target.ID.Rank, Routable: c.Routable,
-			ConfirmedBlocks: pl.confirmedNow(i), SpeculativeBlocks: c.SpeculativeBlocks,
+			ConfirmedBlocks: d.view(tail, i).confirmed, SpeculativeBlocks: c.SpeculativeBlocks,
 			Cost: c.Cost, Load: c.Load,
 		})
 	}
 	return out
 }
 
-// targetsView is GET /debug/targets: health's view of every target plus the
-// router's index and key configuration.
+// targetsView is GET /debug/targets: health's view of every target with
+// each target's event stream from the event plane, plus the plane's block
+// keys and index.
 type targetsView struct {
-	Policy string           `json:"policy"`
-	Keys   keysView         `json:"block_keys"`
-	Health health.DebugView `json:"health"`
-	Index  []indexView      `json:"index"`
+	Policy string                 `json:"policy"`
+	Keys   eventplane.KeysView    `json:"block_keys"`
+	Health debugHealth            `json:"health"`
+	Index  []eventplane.IndexView `json:"index"`
 }
 
-type keysView struct {
-	Configured bool   `json:"configured"`
-	Mode       string `json:"mode,omitempty"`
-	BlockSize  int    `json:"block_size,omitempty"`
-	Algo       string `json:"algo,omitempty"`
+// debugHealth is health's debug view with every target's "event_stream"
+// added: the JSON shape it had when health judged freshness (field order
+// aside).
+type debugHealth struct {
+	health.DebugView
+	Targets []debugTarget `json:"targets"`
 }
 
-type indexView struct {
-	Target          string `json:"target"`
-	Placements      int    `json:"placements"`
-	GPU             int    `json:"gpu"`
-	CPU             int    `json:"cpu"`
-	Storage         int    `json:"storage"`
-	Evicted         uint64 `json:"evicted"`
-	UnknownRemovals uint64 `json:"unknown_removals"`
-	HashChecks      uint64 `json:"hash_checks"`
-	HashMismatches  uint64 `json:"hash_mismatches"`
+// debugTarget is one target: health's view, whose state and reason the
+// router composes with the target's wiring faults (wiring.go), health's
+// own kept beside them, and the event stream.
+type debugTarget struct {
+	health.TargetView
+	State        health.State          `json:"state"`
+	Reason       string                `json:"reason"`
+	Detail       string                `json:"detail,omitempty"`
+	HealthState  health.State          `json:"health_state"`
+	HealthReason health.Reason         `json:"health_reason"`
+	WiringFaults []wiringFault         `json:"wiring_faults,omitempty"`
+	EventStream  eventplane.StreamView `json:"event_stream"`
 }
 
 func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
-	v := targetsView{Policy: r.cfg.Policy.String(), Health: r.mon.Debug()}
-	if ks := r.pl.keyer.Load(); ks != nil {
-		v.Keys = keysView{Configured: true, Mode: ks.mode.String(), BlockSize: ks.blockSize, Algo: ks.algo}
+	hv := r.mon.Debug()
+	snap := r.mon.Snapshot()
+	v := targetsView{
+		Policy: r.cfg.Policy.String(),
+		Keys:   r.ev.KeysView(),
+		Health: debugHealth{DebugView: hv},
+		Index:  r.ev.IndexView(),
 	}
-	r.pl.mu.Lock()
-	in := r.pl.ingestor
-	r.pl.mu.Unlock()
-	for _, s := range r.pl.index.Stats() {
-		iv := indexView{
-			Target: health.TargetName(s.Target), Placements: s.Placements,
-			GPU: s.ByTier[kvindex.TierGPU], CPU: s.ByTier[kvindex.TierCPU], Storage: s.ByTier[kvindex.TierStorage],
-			Evicted: s.Evicted, UnknownRemovals: s.UnknownRemovals,
+	for _, tv := range hv.Targets {
+		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
+		dt := debugTarget{TargetView: tv, State: tv.State, Reason: string(tv.Reason), Detail: tv.Detail,
+			HealthState: tv.State, HealthReason: tv.Reason, EventStream: r.ev.StreamView(id)}
+		if t, ok := snap.Target(id); ok {
+			f := r.ev.Freshness(id)
+			dt.WiringFaults = wiringFaults(t, &f)
+			dt.State, dt.Reason, dt.Detail = composedState(t, dt.WiringFaults)
 		}
-		if in != nil {
-			iv.HashChecks, iv.HashMismatches = in.HashHealth(s.Target)
-		}
-		v.Index = append(v.Index, iv)
+		v.Health.Targets = append(v.Health.Targets, dt)
 	}
 	writeJSON(w, http.StatusOK, v)
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // The approximate policy is how Kubernetes inference gateways do prefix
@@ -26,13 +26,13 @@ const (
 type approxTable struct {
 	mu    sync.Mutex
 	cap   int
-	m     map[uint64][]kvindex.TargetID
+	m     map[uint64][]target.ID
 	order []uint64 // ring of inserted hashes, oldest at head
 	head  int
 }
 
 func newApproxTable(capacity int) *approxTable {
-	return &approxTable{cap: capacity, m: make(map[uint64][]kvindex.TargetID)}
+	return &approxTable{cap: capacity, m: make(map[uint64][]target.ID)}
 }
 
 // approxChunks appends the chained chunk hashes of text (full chunks only).
@@ -69,10 +69,9 @@ func (a *approxTable) match(cands []Candidate, chunks []uint64) {
 	for i := range cands {
 		cands[i].ApproxChunks = 0
 	}
-	alive := len(cands)
 	for depth, h := range chunks {
 		ts := a.m[h]
-		alive = 0
+		alive := 0
 		for i := range cands {
 			if cands[i].ApproxChunks != depth {
 				continue
@@ -91,15 +90,15 @@ func (a *approxTable) match(cands []Candidate, chunks []uint64) {
 	}
 }
 
-// record remembers that the chunks were routed to target.
-func (a *approxTable) record(target kvindex.TargetID, chunks []uint64) {
+// record remembers that the chunks were routed to id.
+func (a *approxTable) record(id target.ID, chunks []uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, h := range chunks {
 		ts, ok := a.m[h]
 		found := false
 		for _, t := range ts {
-			if t == target {
+			if t == id {
 				found = true
 				break
 			}
@@ -110,7 +109,7 @@ func (a *approxTable) record(target kvindex.TargetID, chunks []uint64) {
 		if len(ts) >= approxMaxTargets {
 			ts = ts[1:]
 		}
-		a.m[h] = append(ts, target)
+		a.m[h] = append(ts, id)
 		if ok {
 			continue
 		}
@@ -125,13 +124,13 @@ func (a *approxTable) record(target kvindex.TargetID, chunks []uint64) {
 }
 
 // forget drops a removed target.
-func (a *approxTable) forget(target kvindex.TargetID) {
+func (a *approxTable) forget(id target.ID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for h, ts := range a.m {
 		out := ts[:0]
 		for _, t := range ts {
-			if t != target {
+			if t != id {
 				out = append(out, t)
 			}
 		}

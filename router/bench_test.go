@@ -14,8 +14,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // benchTokenizer is the real qwen3 tokenizer when `make testdata` fetched it
@@ -125,20 +126,20 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	pod := pods[0]
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
-	cfg.BlockSize = 16
+	cfg.Events.BlockSize = 16
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(endpoints...)
 	// These pods compute nothing and announce nothing; the benchmark puts
 	// their holdings in the index itself. Silence after new text would
 	// make them stale (their confirmed runs would count half) ten seconds
 	// in, so that judgment is put beyond the run.
-	cfg.Health.EventsStaleAfter = time.Hour
+	cfg.Events.StaleAfter = time.Hour
 	spec := benchTokenizer(b)
 	r := startRouter(b, cfg, spec)
 	waitFor(b, "pods fresh", func() bool { return freshCount(r, "m") == len(pods) })
-	waitFor(b, "block keys", func() bool { return r.pl.keyer.Load() != nil })
-	var holder kvindex.TargetID
-	var others []kvindex.TargetID
+	waitFor(b, "block keys", func() bool { return r.ev.Keys() != nil })
+	var holder target.ID
+	var others []target.ID
 	for _, t := range r.mon.Snapshot().Targets {
 		if t.ID.Endpoint == pod.srv.URL {
 			holder = t.ID
@@ -157,7 +158,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		shared++
 	}
 	for _, id := range append(others, holder) {
-		r.pl.index.Store(id, kvindex.TierGPU, k1[:shared])
+		r.ev.Index().Store(id, kvindex.TierGPU, k1[:shared])
 	}
 
 	ids := func(i int) []byte {
@@ -217,7 +218,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 				var held, stored [][]kvindex.Key
 				forget := func() {
 					for _, keys := range stored {
-						r.pl.index.Remove(holder, kvindex.TierGPU, keys)
+						r.ev.Index().Remove(holder, kvindex.TierGPU, keys)
 					}
 					stored = stored[:0]
 				}
@@ -244,7 +245,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 						forget()
 						stored = append(stored, held[i%round:i%round+batch]...)
 						for _, keys := range stored {
-							r.pl.index.Store(holder, kvindex.TierGPU, keys)
+							r.ev.Index().Store(holder, kvindex.TierGPU, keys)
 						}
 					}
 					body := bodies[i%round]
@@ -271,7 +272,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 				}
 				forget()
 				for _, t := range r.mon.Snapshot().Targets {
-					if v := t.Events; v.Verdict != health.VerdictFresh {
+					if v := r.ev.Freshness(t.ID); v.Verdict != eventplane.VerdictFresh {
 						b.Fatalf("%s: event stream %s (%s): the case did not run against the index it claims", t.ID.Endpoint, v.Verdict, v.Detail)
 					}
 				}
@@ -307,23 +308,23 @@ func BenchmarkRouterThroughput(b *testing.B) {
 	pod := newFakePod(b, "A", 16, false)
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
-	cfg.BlockSize = 16
+	cfg.Events.BlockSize = 16
 	cfg.Health = fastHealth(pod.endpoint())
 	r := startRouter(b, cfg, "m=bytes")
 	waitFor(b, "pod routable", func() bool { return routableCount(r, "m") == 1 })
 	body := []byte(`{"model":"m","prompt":"Say hello to the fleet operator in one short sentence.","max_tokens":8}`)
-	for _, target := range []struct{ name, url string }{
+	for _, tc := range []struct{ name, url string }{
 		{"direct", pod.srv.URL + "/v1/completions"},
 		{"routed", "http://" + r.Addr() + "/v1/completions"},
 	} {
-		b.Run(target.name, func(b *testing.B) {
+		b.Run(tc.name, func(b *testing.B) {
 			client := &fasthttp.Client{MaxConnsPerHost: 256}
 			var failed atomic.Int64
 			b.SetParallelism(8)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if err := doPost(client, target.url, body); err != nil {
+					if err := doPost(client, tc.url, body); err != nil {
 						failed.Add(1)
 					}
 				}

@@ -7,8 +7,10 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Policy is how the router picks a target among the routable candidates.
@@ -51,7 +53,7 @@ func PolicyNames() []string {
 }
 
 // CostConfig weights the terms of the precise cost, all in prefill-token
-// units (DESIGN.md section 4):
+// units (docs/architecture.md, "Decision rules"):
 //
 //	cost(t) = queued_uncached(t) + prompt_tokens − cached_estimate(t)
 //	        + DecodeWeight × running(t)
@@ -104,8 +106,9 @@ type Candidate struct {
 	// SpeculativeBlocks extends the run with predicted placements (the seam
 	// for the speculative policy; zero for now).
 	SpeculativeBlocks int
-	// Trust weights the confirmed run by the health of the target's event
-	// stream (see confirmedTrust); Trusted says predictions may count.
+	// Trust weights the confirmed run by the verdict on the target's event
+	// stream (eventplane.Verdict.ConfirmedWeight); Trusted says predictions
+	// may count (Verdict.Trusted).
 	Trust   float64
 	Trusted bool
 	// ApproxChunks is the approximate policy's matched prefix chunks.
@@ -115,8 +118,8 @@ type Candidate struct {
 	excluded     bool
 }
 
-// decision is the outcome of a choice.
-type decision struct {
+// choice is the chooser's answer: a candidate and why.
+type choice struct {
 	idx    int // into candidates; -1: none
 	reason string
 }
@@ -146,12 +149,14 @@ func (c *chooser) observeUncached(n int) {
 	c.meanUncached.Store(math.Float64bits(old*0.95 + float64(n)*0.05))
 }
 
-func loadOf(t *health.Target) LoadView {
+// loadOf is t's load as health knows it, with its event stream's verdict
+// as the event plane judges it.
+func loadOf(t *health.Target, v eventplane.Verdict) LoadView {
 	b := t.Busy()
 	return LoadView{
 		InFlight: b.InFlight, Prefilling: b.Prefilling, QueuedUncachedTokens: b.QueuedUncachedTokens,
 		Running: b.Running, Waiting: b.Waiting, KVUsage: b.KVUsage, Stale: b.Stale,
-		Events: string(t.Events.Verdict),
+		Events: string(v),
 	}
 }
 
@@ -179,22 +184,6 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 	return cost
 }
 
-// confirmedTrust weights a target's confirmed run by its event stream's
-// verdict. A fresh or replaying stream (replay only adds what was missed)
-// counts fully; a stale one may have missed stores and removals alike, so its
-// run counts half; a disconnected one counts nothing: the pod may have
-// restarted and lost everything without the router hearing of it.
-// Predictions (speculative) are stricter: only a fresh stream confirms them.
-func confirmedTrust(v health.Verdict) float64 {
-	switch v {
-	case health.VerdictFresh, health.VerdictReplaying:
-		return 1
-	case health.VerdictStale:
-		return 0.5
-	}
-	return 0
-}
-
 // leastLoadCost counts requests: the router's own in flight, or the pod's
 // running + waiting when a fresh scrape says it is busier.
 func leastLoadCost(l LoadView) float64 {
@@ -207,7 +196,7 @@ func leastLoadCost(l LoadView) float64 {
 
 // choose scores the candidates and picks one among the routable, not
 // excluded ones. peek leaves round-robin state untouched (dry run).
-func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bool) decision {
+func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bool) choice {
 	var usable []int
 	for i := range cands {
 		if cands[i].Routable && !cands[i].excluded {
@@ -215,7 +204,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 	}
 	if len(usable) == 0 {
-		return decision{idx: -1, reason: "no routable target"}
+		return choice{idx: -1, reason: "no routable target"}
 	}
 	switch c.policy {
 	case PolicyRoundRobin:
@@ -228,12 +217,12 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		for _, i := range usable {
 			cands[i].Cost = 0
 		}
-		return decision{idx: usable[n%uint64(len(usable))], reason: "round-robin"}
+		return choice{idx: usable[n%uint64(len(usable))], reason: "round-robin"}
 	case PolicyLeastLoad:
 		for _, i := range usable {
 			cands[i].Cost = leastLoadCost(cands[i].Load)
 		}
-		return decision{idx: minCost(cands, usable), reason: "least load"}
+		return choice{idx: minCost(cands, usable), reason: "least load"}
 	case PolicyApproximate:
 		// Gateways' prefix-aware scoring: matched characters stand in for
 		// cached tokens (about four characters a token), minus load.
@@ -244,9 +233,9 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 		i := minCost(cands, usable)
 		if cands[i].ApproxChunks > 0 {
-			return decision{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
+			return choice{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
 		}
-		return decision{idx: i, reason: "no approximate prefix match; least load"}
+		return choice{idx: i, reason: "no approximate prefix match; least load"}
 	}
 	for _, i := range usable {
 		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize)
@@ -255,11 +244,11 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	cd := &cands[i]
 	switch {
 	case cd.ConfirmedBlocks > 0 && cd.Trust > 0:
-		return decision{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
+		return choice{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
 	case blockSize == 0:
-		return decision{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}
+		return choice{idx: i, reason: "lowest cost; block keys not configured yet (load only)"}
 	}
-	return decision{idx: i, reason: "lowest cost; no cached prefix"}
+	return choice{idx: i, reason: "lowest cost; no cached prefix"}
 }
 
 // minCost returns the usable candidate with the lowest cost, breaking ties
@@ -291,6 +280,6 @@ func matchInto(cands []Candidate, matches []kvindex.Match) {
 }
 
 // candidateOf is the index of the candidate for target id, or -1.
-func candidateOf(cands []Candidate, id kvindex.TargetID) int {
+func candidateOf(cands []Candidate, id target.ID) int {
 	return slices.IndexFunc(cands, func(c Candidate) bool { return c.Target.ID == id })
 }

@@ -7,21 +7,34 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
-func cand(name string, confirmed int, verdict health.Verdict, l LoadView) Candidate {
+func cand(name string, confirmed int, verdict eventplane.Verdict, l LoadView) Candidate {
 	return Candidate{
-		Target:          &health.Target{ID: kvindex.TargetID{Endpoint: name}},
+		Target:          &health.Target{ID: target.ID{Endpoint: name}},
 		Routable:        true,
 		ConfirmedBlocks: confirmed, Weighted: float64(confirmed),
-		Trust: confirmedTrust(verdict), Trusted: verdict == health.VerdictFresh,
+		Trust: verdict.ConfirmedWeight(), Trusted: verdict.Trusted(),
 		Load: l,
 	}
 }
 
-// TestPreciseCost pins the cost model of DESIGN.md section 4 on small
+// planeWithIndex is an event plane that is not run, for tests that fill
+// its index by hand.
+func planeWithIndex(t testing.TB) (*eventplane.Plane, *kvindex.Index) {
+	t.Helper()
+	ev, err := eventplane.New(eventplane.Config{}, eventplane.Deps{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev, ev.Index()
+}
+
+// TestPreciseCost pins the cost model of docs/architecture.md on small
 // fleets where the right answer is clear.
 func TestPreciseCost(t *testing.T) {
 	idle := LoadView{}
@@ -32,33 +45,33 @@ func TestPreciseCost(t *testing.T) {
 		want   string
 	}{
 		{"longest confirmed run wins when idle", []Candidate{
-			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictFresh, idle), cand("c", 0, health.VerdictFresh, idle)},
+			cand("a", 2, eventplane.VerdictFresh, idle), cand("b", 10, eventplane.VerdictFresh, idle), cand("c", 0, eventplane.VerdictFresh, idle)},
 			1000, "b"},
 		{"a replaying stream still counts", []Candidate{
-			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictReplaying, idle)},
+			cand("a", 2, eventplane.VerdictFresh, idle), cand("b", 10, eventplane.VerdictReplaying, idle)},
 			1000, "b"},
 		{"a disconnected stream does not count", []Candidate{
-			cand("a", 2, health.VerdictFresh, idle), cand("b", 10, health.VerdictDisconnected, idle)},
+			cand("a", 2, eventplane.VerdictFresh, idle), cand("b", 10, eventplane.VerdictDisconnected, idle)},
 			1000, "a"},
 		{"the holder's queue outweighs its hit", []Candidate{
-			cand("a", 0, health.VerdictFresh, idle),
-			cand("b", 40, health.VerdictFresh, LoadView{InFlight: 3, Prefilling: 3, QueuedUncachedTokens: 5000})},
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			cand("b", 40, eventplane.VerdictFresh, LoadView{InFlight: 3, Prefilling: 3, QueuedUncachedTokens: 5000})},
 			1000, "a"},
 		{"a small queue does not", []Candidate{
-			cand("a", 0, health.VerdictFresh, idle),
-			cand("b", 40, health.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100})},
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			cand("b", 40, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100})},
 			1000, "b"},
 		{"scraped waiting requests count when fresh", []Candidate{
-			cand("a", 0, health.VerdictFresh, LoadView{Waiting: 10}),
-			cand("b", 0, health.VerdictFresh, idle)},
+			cand("a", 0, eventplane.VerdictFresh, LoadView{Waiting: 10}),
+			cand("b", 0, eventplane.VerdictFresh, idle)},
 			100, "b"},
 		{"stale scrapes are ignored", []Candidate{
-			cand("a", 0, health.VerdictFresh, LoadView{Waiting: 10, Running: 50, Stale: true}),
-			cand("b", 0, health.VerdictFresh, LoadView{InFlight: 1})},
+			cand("a", 0, eventplane.VerdictFresh, LoadView{Waiting: 10, Running: 50, Stale: true}),
+			cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1})},
 			100, "a"},
 		{"a nearly full KV cache costs", []Candidate{
-			cand("a", 4, health.VerdictFresh, LoadView{KVUsage: 0.99}),
-			cand("b", 0, health.VerdictFresh, LoadView{KVUsage: 0.2})},
+			cand("a", 4, eventplane.VerdictFresh, LoadView{KVUsage: 0.99}),
+			cand("b", 0, eventplane.VerdictFresh, LoadView{KVUsage: 0.2})},
 			1000, "b"},
 	}
 	for _, c := range cases {
@@ -77,7 +90,7 @@ func TestPreciseCost(t *testing.T) {
 
 func TestPoliciesAndTies(t *testing.T) {
 	mk := func() []Candidate {
-		return []Candidate{cand("a", 0, health.VerdictFresh, LoadView{}), cand("b", 0, health.VerdictFresh, LoadView{}), cand("c", 0, health.VerdictFresh, LoadView{})}
+		return []Candidate{cand("a", 0, eventplane.VerdictFresh, LoadView{}), cand("b", 0, eventplane.VerdictFresh, LoadView{}), cand("c", 0, eventplane.VerdictFresh, LoadView{})}
 	}
 	// Round-robin cycles; a dry run (peek) does not advance it.
 	rr := newChooser(PolicyRoundRobin, DefaultCostConfig())
@@ -132,7 +145,7 @@ func TestApproximatePolicy(t *testing.T) {
 	if len(chunks) != 20 {
 		t.Fatalf("%d chunks", len(chunks))
 	}
-	cs := []Candidate{cand("a", 0, health.VerdictFresh, LoadView{}), cand("b", 0, health.VerdictFresh, LoadView{})}
+	cs := []Candidate{cand("a", 0, eventplane.VerdictFresh, LoadView{}), cand("b", 0, eventplane.VerdictFresh, LoadView{})}
 	ch.approx.record(cs[1].Target.ID, chunks[:12])
 	ch.approx.match(cs, chunks)
 	if cs[0].ApproxChunks != 0 || cs[1].ApproxChunks != 12 {
@@ -180,25 +193,25 @@ func TestSettled(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ix := kvindex.NewIndex(kvindex.IndexConfig{})
-			pl := &routePlan{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
+			ev, ix := planeWithIndex(t)
+			d := &decision{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
 			for _, name := range []string{"a", "b", "c"} {
-				verdict := health.VerdictFresh
+				verdict := eventplane.VerdictFresh
 				if name == c.dead {
-					verdict = health.VerdictDisconnected
+					verdict = eventplane.VerdictDisconnected
 				}
 				cd := cand(name, 0, verdict, c.load[name])
 				cd.Weighted = 0
 				cd.Routable = name != c.down
-				pl.cands = append(pl.cands, cd)
+				d.cands = append(d.cands, cd)
 				ix.AddTarget(cd.Target.ID)
 				ix.Store(cd.Target.ID, kvindex.TierGPU, keys[:c.held[name]])
 			}
 			var reach kvindex.Reach
 			ix.Extend(&reach, keys)
-			r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
-			if got, _ := r.settled(pl, &reach, 1000); got != c.want {
-				for _, cd := range pl.cands {
+			dc := &decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+			if got, _ := dc.settles(d, &reach, 1000); got != c.want {
+				for _, cd := range d.cands {
 					t.Logf("%s run %d cost %.1f", cd.Target.ID.Endpoint, cd.ConfirmedBlocks, cd.Cost)
 				}
 				t.Fatalf("settled %v, want %v", got, c.want)
@@ -210,7 +223,7 @@ func TestSettled(t *testing.T) {
 // TestSettlingKeepsTheDecision: over random fleets — runs of random length
 // in random tiers, random loads, stale and disconnected event streams,
 // targets that cannot take requests — reading a prompt a random chunk at a
-// time and stopping where keyUntilDecided would stop chooses the target
+// time and stopping where readUntilDecided would stop chooses the target
 // that looking up the whole prompt chooses.
 func TestSettlingKeepsTheDecision(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -219,10 +232,10 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 	for i := range keys {
 		keys[i] = kvindex.Key(5000 + i)
 	}
-	verdicts := []health.Verdict{health.VerdictFresh, health.VerdictFresh, health.VerdictStale, health.VerdictDisconnected}
+	verdicts := []eventplane.Verdict{eventplane.VerdictFresh, eventplane.VerdictFresh, eventplane.VerdictStale, eventplane.VerdictDisconnected}
 	settledEarly := 0
 	for trial := range 2000 {
-		ix := kvindex.NewIndex(kvindex.IndexConfig{})
+		ev, ix := planeWithIndex(t)
 		var cands []Candidate
 		for i := range 2 + rng.IntN(4) {
 			cd := cand(fmt.Sprintf("t%d", i), 0, verdicts[rng.IntN(len(verdicts))], LoadView{
@@ -239,38 +252,38 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 				b += n
 			}
 		}
-		r := &Router{pl: &placements{index: ix}, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+		dc := &decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
 
 		// The whole prompt looked up.
 		whole := slices.Clone(cands)
 		matchInto(whole, ix.Lookup(nil, keys))
-		want := r.ch.choose(whole, count, 16, true)
+		want := dc.ch.choose(whole, count, 16, true)
 		if ties(whole, want.idx) {
 			continue // a random tie-break: either answer is right
 		}
 
-		// Read a chunk at a time, as keyUntilDecided does.
-		pl := &routePlan{blockSize: 16, cands: slices.Clone(cands)}
+		// Read a chunk at a time, as readUntilDecided does.
+		d := &decision{blockSize: 16, cands: slices.Clone(cands)}
 		var reach kvindex.Reach
 		for n := 0; n < blocks; {
 			next := min(blocks, n+1+rng.IntN(12))
-			pl.chain.Keys = keys[:next]
+			d.chain.Keys = keys[:next]
 			alive := ix.Extend(&reach, keys[n:next])
 			n = next
 			if !alive {
 				break
 			}
-			if done, _ := r.settled(pl, &reach, count); n < blocks && done {
+			if done, _ := dc.settles(d, &reach, count); n < blocks && done {
 				settledEarly++
 				break
 			}
 		}
-		matchInto(pl.cands, ix.Lookup(nil, pl.chain.Keys))
-		got := r.ch.choose(pl.cands, count, 16, true)
+		matchInto(d.cands, ix.Lookup(nil, d.chain.Keys))
+		got := dc.ch.choose(d.cands, count, 16, true)
 		if got.idx != want.idx {
 			for i := range whole {
 				t.Logf("%s: routable %v trust %.1f, whole run %d cost %.0f; read %d blocks, run %d cost %.0f", whole[i].Target.ID.Endpoint,
-					whole[i].Routable, whole[i].Trust, whole[i].ConfirmedBlocks, whole[i].Cost, len(pl.chain.Keys), pl.cands[i].ConfirmedBlocks, pl.cands[i].Cost)
+					whole[i].Routable, whole[i].Trust, whole[i].ConfirmedBlocks, whole[i].Cost, len(d.chain.Keys), d.cands[i].ConfirmedBlocks, d.cands[i].Cost)
 			}
 			t.Fatalf("trial %d: reading until settled chose %d, the whole prompt %d", trial, got.idx, want.idx)
 		}

@@ -11,13 +11,24 @@
 //
 // It composes the leaves and nothing imports it: health says which targets
 // exist, can take work and how busy they are; tokenize turns prompts into the
-// pod's token ids; kvindex turns ids into block keys and follows every
-// target's KV events into the placement index. Data flows one way: request
-// in, parse, tokenize, key, look up, score, dispatch, proxy, record. The
-// precise policy tokenizes and keys a prompt only until the rest cannot
-// change the choice — its first block no target holds, or the point past
-// which only the cheapest target can still hold it — and the rest is
-// encoded after dispatch.
+// pod's token ids; kvindex turns ids into block keys; the event plane
+// (eventplane) follows every target's KV events into the placement index and
+// says how far each stream can be trusted. The router feeds the event plane
+// from health (eventplane.go) and tells it of each dispatch and first byte,
+// and composes the wiring faults each leaf finds into the target's state in
+// /debug/targets, the prefixrouter_target_wiring_fault gauge and the body
+// of /ready (wiring.go).
+// Data flows one way: request in, parse, tokenize, key, look up, score,
+// dispatch, proxy, record.
+//
+// A request's lifecycle has three owners (docs/architecture.md walks it):
+// the decision (decide.go), immutable once made and computed without HTTP
+// by the decider that the API handler and the dry run share; the prompt
+// tail (tail.go), which owns the goroutine that encodes what the decision
+// did not need to read; and the attempt (attempt.go), which sends,
+// awaits the first byte and relays the answer, ending everything it holds
+// once. Every context on the request path derives from the client's life
+// (life.go), which a disconnect ends.
 //
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
 // it is answered with an OpenAI-shaped error ({"error": {"message", "type",

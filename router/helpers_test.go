@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -49,15 +51,23 @@ func fastHealth(endpoints ...string) health.Config {
 // it when the test ends.
 func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
 	t.Helper()
+	return startRouterLogging(t, cfg, quietLogger(), tokenizers...)
+}
+
+// startRouterLogging is startRouter with the router's logs going to log.
+func startRouterLogging(t testing.TB, cfg Config, log *slog.Logger, tokenizers ...string) *Router {
+	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "127.0.0.1:0"
-	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger()})
+	// No client timeout of its own: only the router's contexts (the
+	// request's life, --tokenize-timeout) end a remote tokenization.
+	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger(), HTTPClient: &http.Client{}})
 	for _, spec := range tokenizers {
 		if _, err := reg.AddSpec(spec); err != nil {
 			t.Fatalf("tokenizer %s: %v", spec, err)
 		}
 	}
-	r, err := New(cfg, Deps{Tokenizers: reg, Logger: quietLogger()})
+	r, err := New(cfg, Deps{Tokenizers: reg, Logger: log})
 	if err != nil {
 		t.Fatalf("router: %v", err)
 	}
@@ -105,7 +115,7 @@ func routableCount(r *Router, model string) int {
 func freshCount(r *Router, model string) int {
 	n := 0
 	for _, t := range r.mon.Snapshot().ForModel(model) {
-		if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+		if t.CanRoute() && r.ev.Verdict(t.ID) == eventplane.VerdictFresh {
 			n++
 		}
 	}
@@ -124,6 +134,9 @@ type fakePod struct {
 	blockSize    int
 	models       []string
 	handle       atomic.Pointer[http.HandlerFunc]
+	// render answers /v1/completions/render when set; without it the
+	// pod answers 404 there, as vLLM before the render endpoints did.
+	render atomic.Pointer[http.HandlerFunc]
 }
 
 func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, models ...string) *fakePod {
@@ -162,6 +175,13 @@ func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, model
 	}
 	mux.HandleFunc("/v1/completions", api)
 	mux.HandleFunc("/v1/chat/completions", api)
+	mux.HandleFunc("/v1/completions/render", func(w http.ResponseWriter, r *http.Request) {
+		if h := p.render.Load(); h != nil {
+			(*h)(w, r)
+			return
+		}
+		http.NotFound(w, r)
+	})
 	mux.HandleFunc("/tokenize", func(w http.ResponseWriter, r *http.Request) {
 		// vLLM's answer shape; the router's remote tokenization and the
 		// /tokenize forward both land here.
@@ -236,17 +256,17 @@ func candidate(d DryRun, endpoint string) DryCandidate {
 // targetName is the name the router gives rank 0 of an endpoint (debug
 // headers, metric labels).
 func targetName(endpoint string) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: endpoint})
+	return target.ID{Endpoint: endpoint}.String()
 }
 
 // decisionName is the dry run's chosen target by name.
 func decisionName(d DryRun) string {
-	return health.TargetName(kvindex.TargetID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank})
+	return target.ID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank}.String()
 }
 
 func candidateByName(d DryRun, name string) DryCandidate {
 	for _, c := range d.Candidates {
-		if health.TargetName(kvindex.TargetID{Endpoint: c.Target, Rank: c.Rank}) == name {
+		if (target.ID{Endpoint: c.Target, Rank: c.Rank}).String() == name {
 			return c
 		}
 	}
@@ -274,7 +294,7 @@ func chatKeysAsPodsSee(t testing.TB, r *Router, spec string) func(body []byte) [
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys, err := r.pl.keyer.Load().keyer.Keys(nil, ids, kvindex.RequestExtras{})
+		keys, err := r.ev.Keys().Keyer.Keys(nil, ids, kvindex.RequestExtras{})
 		if err != nil {
 			t.Fatal(err)
 		}

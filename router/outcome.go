@@ -93,6 +93,35 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// Reasons of prefixrouter_upstream_errors_total.
+const (
+	upstreamStatus5xx        = "status_5xx"
+	upstreamStreamErrorEvent = "stream_error_event"
+	upstreamFirstByteTimeout = "first_byte_timeout"
+	upstreamBeforeFirstByte  = "before_first_byte"
+	upstreamStreamBroken     = "stream_broken"
+)
+
+var upstreamErrorReasons = []string{upstreamStatus5xx, upstreamStreamErrorEvent, upstreamFirstByteTimeout, upstreamBeforeFirstByte, upstreamStreamBroken}
+
+// addTarget creates a new target's failure counters at zero, so that an
+// alert on their rate sees the series before the first failure.
+func (m *metrics) addTarget(name string) {
+	m.retries.WithLabelValues(name)
+	for _, reason := range upstreamErrorReasons {
+		m.upstreamErrors.WithLabelValues(name, reason)
+	}
+}
+
+// forgetTarget deletes a removed target's series, so that the label sets
+// stay bounded by the live fleet.
+func (m *metrics) forgetTarget(name string) {
+	for _, v := range []*prometheus.MetricVec{m.routed.MetricVec, m.retries.MetricVec, m.upstreamErrors.MetricVec,
+		m.promptTokens.MetricVec, m.predicted.MetricVec, m.reported.MetricVec, m.prediction.MetricVec} {
+		v.DeletePartialMatch(prometheus.Labels{"target": name})
+	}
+}
+
 // usage is what a response says about its prompt.
 type usage struct {
 	known        bool
@@ -194,52 +223,60 @@ func (s *usageScanner) handleLine(l []byte) {
 
 func (s *usageScanner) usage() usage { return s.last }
 
-// outcomeRec records one answered request's numbers.
-type outcomeRec struct {
-	r         *Router
-	model     string
-	target    string
-	predicted int
-	plan      *routePlan
-	cand      int // the chosen candidate, in plan.cands
-	status    int
-	start     time.Time
-	ttft      time.Duration
-}
-
-func (o *outcomeRec) finish(label string, u usage) {
-	m, pol := o.r.met, o.r.cfg.Policy.String()
-	m.requests.WithLabelValues(o.model, pol, label).Inc()
-	m.ttft.WithLabelValues(o.model, pol).Observe(o.ttft.Seconds())
-	m.duration.WithLabelValues(o.model, pol).Observe(time.Since(o.start).Seconds())
-	if o.status >= 300 {
+// recordOutcome records how an attempt's request ended and, for an
+// answered one, its times and what it says about the prompt and the
+// router's prediction of its cached tokens. The prompt may still be being
+// encoded: the response does not wait for it.
+func (r *Router) recordOutcome(a *attempt) {
+	m, pol, model := r.met, r.cfg.Policy.String(), a.x.model
+	m.requests.WithLabelValues(model, pol, a.label).Inc()
+	if !a.answered {
 		return
 	}
-	// The prompt's count may still be being encoded; the response does not
-	// wait for it.
-	o.plan.whenFinished(func(pt promptTokens) { o.recordPrompt(pt, u) })
+	m.ttft.WithLabelValues(model, pol).Observe(a.ttft.Seconds())
+	m.duration.WithLabelValues(model, pol).Observe(time.Since(a.x.start).Seconds())
+	if a.status >= 300 {
+		return
+	}
+	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: a.x.tail, usage: a.usage}
+	if a.x.tail.finished() {
+		rec.record()
+		return
+	}
+	go func() {
+		rec.tail.wait()
+		rec.record()
+	}()
 }
 
-// recordPrompt records what the outcome says about the prompt and the
-// router's prediction of its cached tokens.
-func (o *outcomeRec) recordPrompt(pt promptTokens, u usage) {
-	m, pol := o.r.met, o.r.cfg.Policy.String()
-	prompt := int64(pt.count)
-	if _, cached, ok := o.plan.wholePrompt(o.cand); ok {
-		// The plan settled early; predict from the whole prompt's run.
-		o.predicted = cached
-	}
-	if pt.ids == nil && u.known {
+// promptOutcome is what an answered request says about its prompt; it
+// holds nothing of the request, which is recycled when its handler ends.
+type promptOutcome struct {
+	m             *metrics
+	policy, model string
+	target        string
+	d             *decision
+	tail          *promptTail
+	usage         usage
+}
+
+// record compares the cached tokens the pod reported with the router's
+// prediction over the whole prompt.
+func (o *promptOutcome) record() {
+	m, pol, u := o.m, o.policy, o.usage
+	v := o.d.view(o.tail, o.d.chosen)
+	prompt := int64(v.prompt.count)
+	if v.prompt.ids == nil && u.known {
 		prompt = u.promptTokens
 	}
 	m.promptTokens.WithLabelValues(o.target, o.model, pol).Add(float64(prompt))
-	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(o.predicted))
+	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(v.predicted))
 	if !u.cachedKnown {
 		m.prediction.WithLabelValues(o.target, o.model, pol, "unreported").Inc()
 		return
 	}
 	m.reported.WithLabelValues(o.target, o.model, pol).Add(float64(u.cachedTokens))
-	diff := u.cachedTokens - int64(o.predicted)
+	diff := u.cachedTokens - int64(v.predicted)
 	outcome := "exact"
 	switch {
 	case diff > 0:

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fastjson/fastfloat"
 
 	"github.com/prefixrouter/prefixrouter/tokenize"
+	"github.com/prefixrouter/prefixrouter/tokenize/jsonspan"
 )
 
 // Endpoint is the OpenAI API a routed request was sent to.
@@ -969,55 +970,12 @@ func (p *bodyParser) afterElement(i int, close byte) (int, bool, error) {
 	return i, false, p.fail(i, "expected ',' or '"+string(close)+"'")
 }
 
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
+func skipWS(b []byte, i int) int { return jsonspan.SkipWS(b, i) }
 
-// skipValue returns the index just past the JSON value starting at i.
+// skipValue returns the index just past the checked JSON value at b[i].
 func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return i
-	}
-	switch b[i] {
-	case '"':
-		i++
-		for i < len(b) {
-			switch b[i] {
-			case '\\':
-				i += 2
-				continue
-			case '"':
-				return i + 1
-			}
-			i++
-		}
-		return i
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipValue(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t' {
-		i++
-	}
-	return i
+	end, _ := jsonspan.End(b, i)
+	return end
 }
 
 // scanNumber checks the JSON number grammar from body[i] on:

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestSettledTailCountsOnlyBlocksHeldBeforeDispatch: a plan that settled
@@ -21,18 +22,18 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// report stores the request's own blocks as the pod's events do.
-		report func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int)
+		report func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int)
 		// want is the final run given the holder's run before dispatch
 		// and the blocks the plan read.
 		want func(held, read int) int
 	}{
 		{"the pod reports the rest",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Store(holder, kvindex.TierGPU, keys[held:])
 			},
 			func(held, read int) int { return held }},
 		{"the pod restarted and reports the whole prompt",
-			func(ix *kvindex.Index, holder kvindex.TargetID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
 				ix.Clear(holder)
 				ix.Store(holder, kvindex.TierGPU, keys)
 			},
@@ -42,12 +43,12 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			a, b := newFakePod(t, "A", 16, true), newFakePod(t, "B", 16, true)
 			cfg := DefaultConfig()
 			cfg.Policy = PolicyPrecise
-			cfg.BlockSize = 16
+			cfg.Events.BlockSize = 16
 			cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 			r := startRouter(t, cfg, "m=bytes")
 			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
-			waitFor(t, "block keys", func() bool { return r.pl.keyer.Load() != nil })
-			var holder, other kvindex.TargetID
+			waitFor(t, "block keys", func() bool { return r.ev.Keys() != nil })
+			var holder, other target.ID
 			for _, tg := range r.mon.Snapshot().Targets {
 				if tg.ID.Endpoint == a.srv.URL {
 					holder = tg.ID
@@ -64,40 +65,41 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			keys := chatKeysAsPodsSee(t, r, "m=bytes")(body)
 			// Both pods hold the opening; A holds half the prompt.
 			held := len(keys) / 2
-			r.pl.index.Store(other, kvindex.TierGPU, keys[:8])
-			r.pl.index.Store(holder, kvindex.TierGPU, keys[:held])
+			r.ev.Index().Store(other, kvindex.TierGPU, keys[:8])
+			r.ev.Index().Store(holder, kvindex.TierGPU, keys[:held])
 
-			pl, aerr := r.plan(context.Background(), req, false)
+			d, aerr := r.route(context.Background(), req, false)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
-			winner := &pl.cands[pl.dec.idx]
+			winner := d.target()
 			read := winner.ConfirmedBlocks
-			if !pl.settled || winner.Target.ID != holder || read >= held {
+			if !d.settled || winner.Target.ID != holder || read >= held {
 				t.Fatalf("settled %v on %v after a run of %d blocks; the test needs A chosen before reading its whole run of %d",
-					pl.settled, winner.Target.ID, read, held)
+					d.settled, winner.Target.ID, read, held)
 			}
 
-			tc.report(r.pl.index, holder, keys, held)
+			tc.report(r.ev.Index(), holder, keys, held)
 			var mbuf [4]kvindex.Match
-			for _, m := range r.pl.index.Lookup(mbuf[:0], keys) {
+			for _, m := range r.ev.Index().Lookup(mbuf[:0], keys) {
 				if m.Target == holder && m.Blocks != len(keys) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
 			}
+			tail := newTail(d)
+			atDispatch := d.view(tail, d.chosen)
 			// An attempt answered before the tail is done: its flight
 			// expects nothing of the pod's events.
 			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
 			dispatch := func() *health.Flight {
-				f := winner.Target.Dispatch(pl.tokens.count, pl.tokens.count-pl.predictedCached(winner))
-				pl.track(&f)
+				f := winner.Target.Dispatch(atDispatch.prompt.count, atDispatch.prompt.count-atDispatch.predicted)
+				tail.hold(&f, d.chosen)
 				return &f
 			}
 			early := dispatch()
-			if got := r.answeredSettled(pl, early, pl.predictedCached(winner)); got != pl.predictedCached(winner) || queued() != 0 {
-				t.Fatalf("tail not done: predicted %d, queued uncached %d; want %d and 0", got, queued(), pl.predictedCached(winner))
+			if v := r.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {
+				t.Fatalf("tail not done: final %v, predicted %d, queued uncached %d; want false, %d and 0", v.final, v.predicted, queued(), atDispatch.predicted)
 			}
-			early.FirstByte()
 			early.Finish(health.OutcomeSuccess)
 
 			// An attempt still waiting when the tail ends is corrected
@@ -105,22 +107,22 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			// compute.
 			waiting := dispatch()
 			var tails sync.WaitGroup
-			pl.startFinishing(r.pl.index, &tails)
+			tail.start(r.ev.Index(), &tails)
 			tails.Wait()
 			want := tc.want(held, read)
-			if got := pl.confirmedNow(pl.dec.idx); got != want {
-				t.Fatalf("final run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
-					got, want, held, read, len(keys))
+			v := d.view(tail, d.chosen)
+			if !v.final || v.confirmed != want {
+				t.Fatalf("final %v, run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
+					v.final, v.confirmed, want, held, read, len(keys))
 			}
-			count := pl.finished.count
-			cached := pl.predictedFor(winner, want, count)
-			if queued() != int64(count-cached) {
-				t.Fatalf("tail done: queued uncached %d, want %d", queued(), count-cached)
+			count := v.prompt.count
+			cached := d.predictedFor(winner, want, count)
+			if v.predicted != cached || queued() != int64(count-cached) {
+				t.Fatalf("tail done: predicted %d, queued uncached %d, want %d and %d", v.predicted, queued(), cached, count-cached)
 			}
-			if got := r.answeredSettled(pl, waiting, pl.predictedCached(winner)); got != cached || queued() != int64(count-cached) {
-				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and %d", got, queued(), cached, count-cached)
+			if v := r.atFirstByte(d, tail, waiting); v.predicted != cached || queued() != 0 {
+				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and 0", v.predicted, queued(), cached)
 			}
-			waiting.FirstByte()
 			waiting.Finish(health.OutcomeSuccess)
 			if queued() != 0 {
 				t.Fatalf("after both attempts: queued uncached %d", queued())

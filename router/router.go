@@ -13,121 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
-// Config is everything `prefixrouter serve` sets for the router. Zero values
-// take the defaults of DefaultConfig.
-type Config struct {
-	// Listen is the OpenAI API address (flag --listen); AdminListen serves
-	// /metrics and /debug (flag --admin-listen; empty disables it).
-	Listen      string
-	AdminListen string
-
-	Policy Policy
-	Cost   CostConfig
-
-	// HashAlgo, HashSeed/HasHashSeed and BlockSize describe the pods' prefix
-	// cache (--hash-algo, --hash-seed, --block-size). Without a seed the
-	// router keys blocks by their tokens (token-derived mode); block size and
-	// algorithm are learned from the pods when not given.
-	HashAlgo    string
-	HashSeed    string
-	HasHashSeed bool
-	BlockSize   int
-
-	// Tokenization is the mode for models that have no --tokenizer entry
-	// (and for entries that name no mode): local models without files are
-	// routed on load alone; remote and auto ask the pod.
-	Tokenization tokenize.Mode
-	// TokenizeTimeout bounds a remote tokenization before routing; past it
-	// the request is routed on load alone (flag --tokenize-timeout).
-	TokenizeTimeout time.Duration
-
-	// MaxBodyBytes bounds request bodies (413 beyond).
-	MaxBodyBytes int
-	// DebugHeaders adds X-Prefixrouter-* headers naming the chosen target.
-	DebugHeaders bool
-
-	// ConnectTimeout bounds dialing a target; FirstByteTimeout the wait for
-	// the first response byte (a non-streaming request's whole generation);
-	// IdleTimeout the silence between two chunks of a streamed response.
-	ConnectTimeout   time.Duration
-	FirstByteTimeout time.Duration
-	IdleTimeout      time.Duration
-	// MaxRetries is how many other targets a request may be retried on when
-	// its target failed before sending any byte.
-	MaxRetries int
-	// RetryAfter is the Retry-After sent with 503 when no target can take
-	// a request.
-	RetryAfter time.Duration
-	// MaxResponseBytes bounds a buffered (non-streaming) response.
-	MaxResponseBytes int64
-
-	// Health configures targets, probes, scraping and freshness.
-	Health health.Config
-}
-
-// DefaultConfig returns the defaults.
-func DefaultConfig() Config {
-	return Config{
-		Listen:           "127.0.0.1:8080",
-		AdminListen:      "127.0.0.1:9090",
-		Policy:           PolicyPrecise,
-		Cost:             DefaultCostConfig(),
-		Tokenization:     tokenize.ModeAuto,
-		TokenizeTimeout:  2 * time.Second,
-		MaxBodyBytes:     32 << 20,
-		ConnectTimeout:   3 * time.Second,
-		FirstByteTimeout: 10 * time.Minute,
-		IdleTimeout:      2 * time.Minute,
-		MaxRetries:       2,
-		RetryAfter:       time.Second,
-		MaxResponseBytes: 256 << 20,
-		Health:           health.DefaultConfig(),
-	}
-}
-
-func (c *Config) fill() {
-	d := DefaultConfig()
-	if c.Policy == 0 {
-		c.Policy = d.Policy
-	}
-	if c.Cost == (CostConfig{}) {
-		c.Cost = d.Cost
-	}
-	if c.TokenizeTimeout <= 0 {
-		c.TokenizeTimeout = d.TokenizeTimeout
-	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = d.MaxBodyBytes
-	}
-	if c.ConnectTimeout <= 0 {
-		c.ConnectTimeout = d.ConnectTimeout
-	}
-	if c.FirstByteTimeout <= 0 {
-		c.FirstByteTimeout = d.FirstByteTimeout
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = d.IdleTimeout
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0
-	}
-	if c.RetryAfter <= 0 {
-		c.RetryAfter = d.RetryAfter
-	}
-	if c.MaxResponseBytes <= 0 {
-		c.MaxResponseBytes = d.MaxResponseBytes
-	}
-}
-
 // Deps are the router's collaborators.
 type Deps struct {
-	// Registry receives every metric (router, kvindex, health, tokenize
-	// register on it) and is served on /metrics. Nil: a new registry.
+	// Registry receives every metric (router, event plane with kvindex,
+	// health, tokenize register on it) and is served on /metrics. Nil: a
+	// new registry.
 	Registry *prometheus.Registry
 	// Tokenizers holds the --tokenizer models; nil: an empty registry that
 	// the router fills with remote models as needed.
@@ -143,8 +38,9 @@ type Router struct {
 	reg  *prometheus.Registry
 	mon  *health.Monitor
 	tok  *tokenizers
-	pl   *placements
+	ev   *eventplane.Plane
 	ch   *chooser
+	dec  *decider
 	up   *upstream
 	met  *metrics
 	cat  *catalog
@@ -154,20 +50,20 @@ type Router struct {
 	aln  net.Listener
 	stop context.CancelFunc
 	bg   sync.WaitGroup
-	// tails counts prompts still being encoded after their responses
-	// (routePlan.finishPrompt); a clean shutdown waits for them.
+	// tails counts prompts still being encoded after dispatch
+	// (promptTail); a clean shutdown waits for them.
 	tails sync.WaitGroup
-	// reqCtx parents upstream requests: it outlives the servers' shutdown
-	// so that draining requests finish.
+	// reqCtx parents every request's life: it outlives the servers'
+	// shutdown so that draining requests finish, and then ends with
+	// errShutdown.
 	reqCtx    context.Context
-	reqCancel context.CancelFunc
+	reqCancel context.CancelCauseFunc
 }
 
 // New builds a router; nothing runs and nothing is bound until Start.
 func New(cfg Config, deps Deps) (*Router, error) {
-	cfg.fill()
-	if _, ok := policyNames[cfg.Policy]; !ok {
-		return nil, fmt.Errorf("router: unknown policy %d", cfg.Policy)
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	log := deps.Logger
 	if log == nil {
@@ -179,13 +75,13 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: log, reg: reg}
 	var err error
-	if r.pl, err = newPlacements(&cfg, kvindex.NewMetrics(reg), log); err != nil {
+	if r.ev, err = eventplane.New(cfg.Events, eventplane.Deps{Registerer: reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	hcfg := cfg.Health
-	hcfg.BlockSize = cfg.BlockSize
-	hcfg.HashAlgo = cfg.HashAlgo
-	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log, Events: r.pl.status}); err != nil {
+	hcfg.BlockSize = cfg.Events.BlockSize
+	hcfg.HashAlgo = cfg.Events.HashAlgo
+	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log}); err != nil {
 		return nil, err
 	}
 	treg := deps.Tokenizers
@@ -194,15 +90,14 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization)
 	r.ch = newChooser(cfg.Policy, cfg.Cost)
+	r.dec = &decider{policy: cfg.Policy, ch: r.ch, plane: r.ev}
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
-	r.cat = newCatalog(r.up, r.mon)
-	r.reqCtx, r.reqCancel = context.WithCancel(context.Background())
-	if cfg.BlockSize > 0 {
-		if _, err := r.pl.configure(cfg.BlockSize, cfg.HashAlgo); err != nil {
-			return nil, err
-		}
+	if err := reg.Register(wiringCollector{r}); err != nil {
+		return nil, fmt.Errorf("router: metrics: %w", err)
 	}
+	r.cat = newCatalog(r.up, r.mon)
+	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	r.srv = &fasthttp.Server{
 		Handler:               r.handle,
 		ErrorHandler:          r.handleServerError,
@@ -220,7 +115,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 // Monitor exposes the health monitor (the serve command logs from it).
 func (r *Router) Monitor() *health.Monitor { return r.mon }
 
-// Start binds the listeners and starts health, event subscribers and the
+// EventPlane exposes the event plane (verdicts on the targets' KV-event
+// streams, the placement index).
+func (r *Router) EventPlane() *eventplane.Plane { return r.ev }
+
+// Start binds the listeners and starts health, the event plane and the
 // servers. The servers run until Shutdown; ctx bounds the background work.
 func (r *Router) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", r.cfg.Listen)
@@ -237,7 +136,12 @@ func (r *Router) Start(ctx context.Context) error {
 	r.ln, r.aln = ln, aln
 	bctx, stop := context.WithCancel(ctx)
 	r.stop = stop
-	r.pl.start(bctx)
+	// The plane's Run owns its subscribers: they stop when it returns.
+	r.goBG(func() {
+		if err := r.ev.Run(bctx); err != nil && !errors.Is(err, context.Canceled) {
+			r.log.Error("event plane stopped", "err", err)
+		}
+	})
 	cancelSub := r.mon.Subscribe(r.onChange)
 	r.goBG(func() { <-bctx.Done(); cancelSub() })
 	r.goBG(func() {
@@ -245,8 +149,7 @@ func (r *Router) Start(ctx context.Context) error {
 			r.log.Error("health monitor stopped", "err", err)
 		}
 	})
-	r.goBG(func() { r.pl.learn(bctx, r.mon) })
-	r.goBG(func() { r.pl.watchCaps(bctx, r.mon) })
+	r.goBG(func() { r.feedCaches(bctx) })
 	r.goBG(func() { r.cat.run(bctx) })
 	r.goBG(func() {
 		if err := r.srv.Serve(ln); err != nil {
@@ -271,7 +174,13 @@ func (r *Router) goBG(fn func()) {
 }
 
 func (r *Router) onChange(c health.Change) {
-	r.pl.onChange(c)
+	r.followTarget(c)
+	switch c.Kind {
+	case health.Added:
+		r.met.addTarget(c.Target.ID.String())
+	case health.Removed:
+		r.met.forgetTarget(c.Target.ID.String())
+	}
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)
 	}
@@ -302,7 +211,7 @@ func (r *Router) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("router: drain: %w", err))
 		drained = false
 	}
-	r.reqCancel()
+	r.reqCancel(errShutdown)
 	if r.adm != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if r.adm.Shutdown(actx) != nil {
@@ -318,7 +227,6 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	if drained {
 		r.tails.Wait()
 	}
-	r.pl.stop()
 	r.bg.Wait()
 	r.up.close()
 	return errors.Join(errs...)
@@ -334,4 +242,4 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 // KeysReady reports whether block keys are configured (block size and
 // algorithm known, given or learned), i.e. whether the precise policy can
 // see cache hits yet.
-func (r *Router) KeysReady() bool { return r.pl.keyer.Load() != nil }
+func (r *Router) KeysReady() bool { return r.ev.Keys() != nil }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
 // storeBlocks publishes BlockStored for every full block of tokens on the
@@ -59,7 +60,7 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 	b := newFakePod(t, "B", bs, true)
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
-	cfg.HashSeed, cfg.HasHashSeed, cfg.HashAlgo, cfg.BlockSize = "0", true, "sha256", bs
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed, cfg.Events.HashAlgo, cfg.Events.BlockSize = "0", true, "sha256", bs
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)
@@ -349,6 +350,55 @@ func TestClientCancelCancelsUpstream(t *testing.T) {
 	}
 }
 
+// TestClientCancelCancelsTokenization: a client that gives up while the
+// router is still asking a pod to tokenize its prompt ends that call at
+// once, long before the tokenization timeout, and nothing is proxied.
+func TestClientCancelCancelsTokenization(t *testing.T) {
+	p := newFakePod(t, "A", 16, false)
+	arrived := make(chan struct{}, 1)
+	canceled := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The server notices a closed connection only once the body is read.
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		<-r.Context().Done()
+		close(canceled)
+	})
+	p.render.Store(&h)
+	cfg := DefaultConfig()
+	cfg.Health = fastHealth(p.endpoint())
+	cfg.Tokenization = tokenize.ModeRemote
+	cfg.TokenizeTimeout = 10 * time.Minute
+	r := startRouter(t, cfg)
+	waitFor(t, "pod routable", func() bool { return routableCount(r, "m") == 1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.Addr()+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"hi"}`))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-arrived
+	cancel()
+	select {
+	case <-canceled:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the pod's tokenization call was never cancelled")
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled request got an answer")
+	}
+	if n := p.hits.Load(); n != 0 {
+		t.Fatalf("a request whose client left during tokenization was proxied %d times", n)
+	}
+}
+
 // TestRetryBeforeFirstByte: a pod that drops the connection or answers 5xx
 // before any byte is retried on another one; the client only sees success.
 func TestRetryBeforeFirstByte(t *testing.T) {
@@ -365,7 +415,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 						c.Close()
 					}
 				case "status 503":
-					http.Error(w, `{"error":{"message":"engine dead"}}`, 503)
+					http.Error(w, `{"error":{"message":"engine dead"}}`, http.StatusServiceUnavailable)
 				default:
 					w.Header().Set("Content-Type", "text/event-stream")
 					w.(http.Flusher).Flush()

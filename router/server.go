@@ -39,9 +39,9 @@ func (r *Router) handle(ctx *fasthttp.RequestCtx) {
 		// Process liveness: answering at all is the signal.
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	case "/ready":
-		if r.mon.Snapshot().Routable() {
+		if snap := r.mon.Snapshot(); snap.Routable() {
 			ctx.SetStatusCode(fasthttp.StatusOK)
-			ctx.SetBodyString("ready\n")
+			ctx.SetBodyString(r.readyBody(snap))
 		} else {
 			errNoTarget("no routable target", r.retryAfter()).write(ctx)
 		}
@@ -93,26 +93,6 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// handleRouted serves /v1/completions and /v1/chat/completions.
-func (r *Router) handleRouted(ctx *fasthttp.RequestCtx, ep Endpoint) {
-	start := time.Now()
-	id := requestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", id)
-	req := acquireRequest()
-	defer releaseRequest(req)
-	if err := ParseRequest(ep, ctx.PostBody(), req); err != nil {
-		r.reject(ctx, err)
-		return
-	}
-	pl, aerr := r.plan(ctx, req, false)
-	if aerr != nil {
-		r.met.rejected.WithLabelValues(rejectReason(aerr)).Inc()
-		aerr.write(ctx)
-		return
-	}
-	r.dispatch(ctx, req, pl, id, start)
 }
 
 func (r *Router) reject(ctx *fasthttp.RequestCtx, err error) {
@@ -185,12 +165,16 @@ func (r *Router) handleForward(ctx *fasthttp.RequestCtx, path string) {
 		aerr.write(ctx)
 		return
 	}
-	r.forwardSimple(ctx, t, path, id)
+	life := r.beginLife(ctx)
+	defer life.release()
+	r.forwardSimple(ctx, life, t, path, id)
 }
 
 // handleModels answers the union of the targets' /v1/models.
 func (r *Router) handleModels(ctx *fasthttp.RequestCtx) {
-	cctx, cancel := context.WithTimeout(r.reqCtx, 3*time.Second)
+	life := r.beginLife(ctx)
+	defer life.release()
+	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
 	defer cancel()
 	body := r.cat.union(cctx)
 	ctx.SetContentType("application/json")

@@ -16,11 +16,19 @@ import (
 // startFleet starts simulated vLLM pods (real HTTP and ZMQ on loopback).
 func startFleet(t *testing.T, pods int, faults sim.Faults, loras ...string) *sim.Fleet {
 	t.Helper()
+	return startFleetWith(t, sim.Config{Pods: pods, Faults: faults, LoRAs: loras})
+}
+
+// startFleetWith starts simulated pods of the tiny profile configured by
+// cfg, logging nowhere.
+func startFleetWith(t *testing.T, cfg sim.Config) *sim.Fleet {
+	t.Helper()
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: pods, Profile: prof, Faults: faults, LoRAs: loras, Logger: quietLogger()})
+	cfg.Profile, cfg.Logger = prof, quietLogger()
+	f, err := sim.StartFleet(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("fleet: %v", err)
 	}
@@ -64,7 +72,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			cfg.Policy = PolicyPrecise
 			cfg.DebugHeaders = true
 			if mode.seed {
-				cfg.HashSeed, cfg.HasHashSeed = "0", true // the simulator's PYTHONHASHSEED
+				cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true // the simulator's PYTHONHASHSEED
 			}
 			var eps []string
 			for _, ep := range f.Endpoints() {
@@ -75,7 +83,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			cfg.Health = fastHealth(eps...)
 			r := startRouter(t, cfg, mode.tok)
 			waitFor(t, "3 fresh pods", func() bool { return freshCount(r, mode.model) == 3 })
-			waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+			waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })
 
 			prefix := strings.Repeat("You are a meticulous assistant for a fleet operator. ", 30) // 1,590 bytes
@@ -187,15 +195,7 @@ func TestSimDeadAndFailingPods(t *testing.T) {
 // computed on one rank is found there again (without the header the pod
 // would place requests itself and the hits would scatter).
 func TestSimDataParallelRanks(t *testing.T) {
-	prof, err := sim.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: 1, DP: 2, Profile: prof, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
+	f := startFleetWith(t, sim.Config{Pods: 1, DP: 2})
 	cfg := DefaultConfig()
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(f.Endpoints()...)
@@ -232,11 +232,11 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 	f := startFleet(t, 1, sim.Faults{})
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
-	cfg.HashSeed, cfg.HasHashSeed = "0", true
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)
 	r := startRouter(t, cfg, "sim-tiny=bytes")
 	waitFor(t, "a fresh pod", func() bool { return freshCount(r, "sim-tiny") == 1 })
-	waitFor(t, "block keys learned from the pod", func() bool { return r.pl.keyer.Load() != nil })
+	waitFor(t, "block keys learned from the pod", func() bool { return r.ev.Keys() != nil })
 	body := `{"model":"sim-tiny","max_tokens":1,"prompt":"` + strings.Repeat("a restart loses the whole cache. ", 20) + `"}`
 	if code, _, b := post(t, "http://"+r.Addr()+"/v1/completions", body); code != 200 {
 		t.Fatalf("warm-up: %d %s", code, b)
@@ -262,11 +262,11 @@ func TestSimReadsUntilDecided(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
 	cfg.DebugHeaders = true
-	cfg.HashSeed, cfg.HasHashSeed = "0", true
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)
 	r := startRouter(t, cfg, "sim-tiny=bytes")
 	waitFor(t, "2 fresh pods", func() bool { return freshCount(r, "sim-tiny") == 2 })
-	waitFor(t, "block keys learned from the pods", func() bool { return r.pl.keyer.Load() != nil })
+	waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 
 	chat := func(system string, turns int) string {
 		msgs := []string{fmt.Sprintf(`{"role":"system","content":%q}`, system)}
@@ -277,8 +277,8 @@ func TestSimReadsUntilDecided(t *testing.T) {
 	}
 	system := strings.Repeat("Answer as a careful operator would. ", 20) // 700 bytes
 	base := "http://" + r.Addr()
-	promptTokens := func(target string) float64 {
-		return metricValue(t, r, `prefixrouter_prompt_tokens_total{model="sim-tiny",policy="precise",target="`+target+`"}`)
+	promptTokens := func(name string) float64 {
+		return metricValue(t, r, `prefixrouter_prompt_tokens_total{model="sim-tiny",policy="precise",target="`+name+`"}`)
 	}
 
 	fresh := chat(system, 8)
@@ -353,6 +353,14 @@ func TestSimReadsUntilDecided(t *testing.T) {
 
 func metricValue(t *testing.T, r *Router, series string) float64 {
 	t.Helper()
+	v, _ := metricSeries(t, r, series)
+	return v
+}
+
+// metricSeries reads one series from the admin /metrics; ok is false when
+// it is not exported.
+func metricSeries(t *testing.T, r *Router, series string) (v float64, ok bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + r.AdminAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -365,8 +373,8 @@ func metricValue(t *testing.T, r *Router, series string) float64 {
 			if err != nil {
 				t.Fatalf("%s: %v", line, err)
 			}
-			return f
+			return f, true
 		}
 	}
-	return 0
+	return 0, false
 }

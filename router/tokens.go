@@ -20,7 +20,7 @@ type promptTokens struct {
 	source string // ids, local, remote, estimate
 	// stream is the local encoding when the router tokenizes in process: the
 	// plan reads it only as far as the decision needs, and the rest is
-	// encoded after dispatch (routePlan.finishPrompt).
+	// encoded after dispatch (promptTail).
 	stream *tokenize.Stream
 }
 

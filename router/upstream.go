@@ -240,6 +240,11 @@ func (u *upstream) do(ctx context.Context, rq *upRequest) (*upResponse, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// A kept connection would take the request before the
+		// cancellation could reach it.
+		return nil, fmt.Errorf("%s %s: %w", rq.method, ep.addr, err)
+	}
 	for try := 0; ; try++ {
 		c, reused, err := u.get(ctx, ep)
 		if err != nil {
@@ -313,20 +318,20 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 	forwardedFor := ""
 	if rq.in != nil {
 		conn := string(rq.in.Peek("Connection"))
-		rq.in.VisitAll(func(k, v []byte) {
+		for k, v := range rq.in.All() {
 			key := string(k)
 			switch {
 			case notForwarded(key, conn):
-				return
+				continue
 			case key == "X-Forwarded-For":
 				forwardedFor = string(v)
-				return
+				continue
 			}
 			w.WriteString("\r\n")
 			w.Write(k)
 			w.WriteString(": ")
 			w.Write(v)
-		})
+		}
 	}
 	if rq.id != "" {
 		header("X-Request-Id", rq.id)

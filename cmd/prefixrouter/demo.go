@@ -18,9 +18,9 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
-	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -162,7 +162,7 @@ func demoRun(ctx context.Context, pol router.Policy, prof sim.Profile, pods, gro
 
 	podIndex := map[string]int{}
 	for i, p := range fleet.Pods {
-		podIndex[kvindex.TargetID{Endpoint: p.URL()}.String()] = i
+		podIndex[target.ID{Endpoint: p.URL()}.String()] = i
 	}
 	url := "http://" + rt.Addr() + "/v1/chat/completions"
 	type job struct{ group, q int }
@@ -211,7 +211,7 @@ func waitDemoReady(ctx context.Context, rt *router.Router, model string, pods in
 	for {
 		n := 0
 		for _, t := range rt.Monitor().Snapshot().ForModel(model) {
-			if t.CanRoute() && t.Events.Verdict == health.VerdictFresh {
+			if t.CanRoute() && rt.EventPlane().Verdict(t.ID) == eventplane.VerdictFresh {
 				n++
 			}
 		}

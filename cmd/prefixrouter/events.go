@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 func eventsCommand() *cli.Command {
@@ -99,7 +100,7 @@ func runEvents(ctx context.Context, cmd *cli.Command) error {
 		printed uint64
 	)
 	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
-		Target:   kvindex.TargetID{Endpoint: endpoint},
+		Target:   target.ID{Endpoint: endpoint},
 		Endpoint: endpoint,
 		Replay:   replay,
 		Topic:    cmd.String("topic"),

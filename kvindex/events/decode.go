@@ -283,8 +283,11 @@ func decodeField(d *decoder, ev *Event, key string) error {
 		if isNil(d) {
 			return d.DecodeNil()
 		}
+		// vLLM sends nil for a chain's first block; publishers of the
+		// legacy array form seen in the field send 0. No block hashes to
+		// 0 but by a 2^-64 chance, so 0 is "no parent" in either form.
 		ev.ParentHash, err = decodeHash(d)
-		ev.HasParentHash = err == nil
+		ev.HasParentHash = err == nil && ev.ParentHash != 0
 	case "token_ids":
 		ev.TokenIDs, err = decodeTokenList(d)
 	case "block_size":

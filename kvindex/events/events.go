@@ -67,6 +67,9 @@ type Event struct {
 	// its last 8 bytes, big-endian).
 	BlockHashes []uint64
 
+	// ParentHash is the hash of the block before the first one; without
+	// HasParentHash the first block starts a chain (sent as nil, or as 0
+	// by some publishers of the legacy array form).
 	ParentHash    uint64
 	HasParentHash bool
 

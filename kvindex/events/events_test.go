@@ -247,6 +247,24 @@ func TestDecodeTolerance(t *testing.T) {
 				t.Errorf("%+v", b)
 			}
 		}},
+		// vLLM sends nil for a chain's first block; the legacy array form
+		// seen in the field sends 0: the block still starts a chain.
+		{"legacy array: parent 0 is no parent", []any{1.0, []any{[]any{"BlockStored", []any{uint64(7)}, 0, []any{1, 2}, 2, nil, "GPU"}}}, func(t *testing.T, b Batch) {
+			if ev := b.Events[0]; ev.HasParentHash || ev.BlockHashes[0] != 7 {
+				t.Errorf("%+v: want a root block", ev)
+			}
+		}},
+		{"map: parent 0 is no parent", []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{uint64(7)}, "parent_block_hash": 0,
+			"token_ids": []any{1, 2}, "block_size": 2, "lora_id": nil, "medium": "GPU"}}}, func(t *testing.T, b Batch) {
+			if ev := b.Events[0]; ev.HasParentHash {
+				t.Errorf("%+v: want a root block", ev)
+			}
+		}},
+		{"legacy array: a parent is a parent", []any{1.0, []any{[]any{"BlockStored", []any{uint64(7)}, uint64(6), []any{1, 2}, 2, nil, "GPU"}}}, func(t *testing.T, b Batch) {
+			if ev := b.Events[0]; !ev.HasParentHash || ev.ParentHash != 6 {
+				t.Errorf("%+v: want parent 6", ev)
+			}
+		}},
 		{"trailing array fields ignored", []any{1.0, []any{[]any{"BlockRemoved", []any{1}, "CPU", 0, "extra"}}}, func(t *testing.T, b Batch) {
 			if b.Events[0].Medium != MediumCPU {
 				t.Errorf("%+v", b)

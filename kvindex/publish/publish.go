@@ -1,7 +1,7 @@
 // Package publish is the sending side of vLLM's KV-event transport, modelled
 // on vLLM's ZmqEventPublisher: a ZMQ PUB socket emitting three-frame messages
 // (topic, 8-byte big-endian sequence, msgpack payload) with sequence numbers
-// from 0 per process, and a ROUTER replay socket answering from a bounded
+// from 0 per process (or Config.FirstSeq), and a ROUTER replay socket answering from a bounded
 // buffer of recent batches, in the current or the legacy reply layout.
 //
 // Two ways to send:
@@ -51,6 +51,9 @@ type Config struct {
 	// LegacyReplay answers replays as ["", seq, payload] (vLLM before the
 	// topic frame was added) instead of ["", topic, seq, payload].
 	LegacyReplay bool
+	// FirstSeq is the sequence number of each process's first batch: 0 as
+	// vLLM numbers them (default), 1 as some other publishers do.
+	FirstSeq uint64
 	// Faults apply to batches queued with Submit (see SetFaults).
 	Faults Faults
 	// Seed makes the jitter and drop decisions reproducible.
@@ -92,7 +95,8 @@ type Stats struct {
 	Sent, Dropped, Replays uint64
 }
 
-// Publisher sends batches with consecutive sequence numbers starting at 0.
+// Publisher sends batches with consecutive sequence numbers starting at
+// Config.FirstSeq (0, as vLLM).
 // Every method is safe for concurrent use.
 type Publisher struct {
 	cfg Config
@@ -152,6 +156,7 @@ func New(cfg Config) (*Publisher, error) {
 		rng:  rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
 		wake: make(chan struct{}, 1), space: make(chan struct{}, 1),
 		stop: make(chan struct{}),
+		seq:  cfg.FirstSeq,
 	}
 	pub, err := zmq.NewSocket(zmq.PUB)
 	if err != nil {
@@ -386,14 +391,14 @@ func (p *Publisher) sendQueued(q queued) {
 }
 
 // Restart models a pod process restart: batches not yet sent are lost, the
-// sequence starts again at 0 and the replay buffer is empty.
+// sequence starts again at FirstSeq and the replay buffer is empty.
 func (p *Publisher) Restart() {
 	p.mu.Lock()
 	p.gen++
 	clear(p.queue)
 	p.queue = p.queue[:0]
 	p.last = time.Time{}
-	p.seq = 0
+	p.seq = p.cfg.FirstSeq
 	clear(p.buffer)
 	p.buffer = p.buffer[:0]
 	p.head = 0

@@ -51,3 +51,26 @@ func BenchmarkRender(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkArrayElems splits a ~17 KB messages array (the shape of
+// BenchmarkRender's chat, with escapes and a tool call) into elements.
+func BenchmarkArrayElems(b *testing.B) {
+	para := strings.Repeat("Some prose, with \"quotes\", code <b>x</b>\n and numbers 1.5e3. ", 12)
+	var msgs []any
+	for i := range 40 {
+		msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprint(i, " ", para)})
+	}
+	msgs = append(msgs, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{
+		map[string]any{"function": map[string]any{"name": "f", "arguments": map[string]any{"a": []any{1, 2.5, "x"}}}}}})
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := ArrayElems(raw); !ok {
+			b.Fatal("did not split")
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,13 +36,7 @@ func pyStrip(s string, args []Value, left, right bool) (string, error) {
 		return "", argErr("strip", 1, len(args))
 	}
 	if len(args) == 0 || args[0] == nil {
-		if left {
-			s = strings.TrimLeftFunc(s, unicode.IsSpace)
-		}
-		if right {
-			s = strings.TrimRightFunc(s, unicode.IsSpace)
-		}
-		return s, nil
+		return pyStripSpace(s, left, right), nil
 	}
 	cut, err := strArg("strip", args[0])
 	if err != nil {
@@ -56,26 +51,47 @@ func pyStrip(s string, args []Value, left, right bool) (string, error) {
 	return s, nil
 }
 
+// method makes a builtin function that spends the work of what it builds.
 func method(f func(args []Value, kw *Dict) (Value, error)) callable {
-	return func(_ *evaluator, args []Value, kw *Dict) (Value, error) { return f(args, kw) }
+	return func(e *evaluator, args []Value, kw *Dict) (Value, error) {
+		v, err := f(args, kw)
+		if err != nil {
+			return nil, err
+		}
+		return v, e.spendOn(v)
+	}
 }
 
+// strMethod is a method of str s. Each scans s (or may), so a call
+// spends s's work first and then that of what it builds.
 func strMethod(s string, name string) Value {
+	m := func(f func(e *evaluator, args []Value, kw *Dict) (Value, error)) callable {
+		return func(e *evaluator, args []Value, kw *Dict) (Value, error) {
+			if err := e.spendOn(s); err != nil {
+				return nil, err
+			}
+			v, err := f(e, args, kw)
+			if err != nil {
+				return nil, err
+			}
+			return v, e.spendOn(v)
+		}
+	}
 	switch name {
 	case "strip", "lstrip", "rstrip":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			return pyStrip(s, args, name != "rstrip", name != "lstrip")
 		})
 	case "upper":
-		return method(func([]Value, *Dict) (Value, error) { return strings.ToUpper(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strings.ToUpper(s), nil })
 	case "lower":
-		return method(func([]Value, *Dict) (Value, error) { return strings.ToLower(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strings.ToLower(s), nil })
 	case "title":
-		return method(func([]Value, *Dict) (Value, error) { return pyTitle(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return pyTitle(s), nil })
 	case "capitalize":
-		return method(func([]Value, *Dict) (Value, error) { return pyCapitalize(s), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return pyCapitalize(s), nil })
 	case "startswith", "endswith":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr(name, 1, len(args))
 			}
@@ -97,7 +113,7 @@ func strMethod(s string, name string) Value {
 			return false, nil
 		})
 	case "split", "rsplit":
-		return method(func(args []Value, kw *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) {
 			var sep Value
 			maxsplit := int64(-1)
 			if len(args) > 0 {
@@ -111,13 +127,12 @@ func strMethod(s string, name string) Value {
 				maxsplit, _ = asInt(v)
 			}
 			var parts []string
-			if sep == nil {
-				parts = strings.Fields(s)
-				if maxsplit >= 0 && int64(len(parts)) > maxsplit+1 {
-					// Rare in templates; approximate by re-joining the tail.
-					parts = append(parts[:maxsplit], strings.Join(parts[maxsplit:], " "))
-				}
-			} else {
+			switch {
+			case sep == nil && name == "split":
+				parts = pySplitSpace(s, maxsplit)
+			case sep == nil:
+				parts = pyRSplitSpace(s, maxsplit)
+			default:
 				sp, err := strArg(name, sep)
 				if err != nil {
 					return nil, err
@@ -141,19 +156,16 @@ func strMethod(s string, name string) Value {
 			return out, nil
 		})
 	case "splitlines":
-		return method(func([]Value, *Dict) (Value, error) {
-			lines := strings.Split(strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\r", "\n"), "\n")
-			if len(lines) > 0 && lines[len(lines)-1] == "" {
-				lines = lines[:len(lines)-1]
-			}
-			out := &List{}
-			for _, l := range lines {
-				out.Items = append(out.Items, l)
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) {
+			lines := pySplitLines(s, truthy(kwOr(kw, args, 0, "keepends", false)))
+			out := &List{Items: make([]Value, len(lines))}
+			for i, l := range lines {
+				out.Items[i] = l
 			}
 			return out, nil
 		})
 	case "replace":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) < 2 || len(args) > 3 {
 				return nil, argErr("replace", 2, len(args))
 			}
@@ -169,10 +181,10 @@ func strMethod(s string, name string) Value {
 			if len(args) == 3 {
 				count, _ = asInt(args[2])
 			}
-			return strings.Replace(s, o, n, int(count)), nil
+			return replaceChecked(s, o, n, int(count))
 		})
 	case "find", "rfind", "index", "rindex", "count":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr(name, 1, len(args))
 			}
@@ -198,11 +210,11 @@ func strMethod(s string, name string) Value {
 			return int64(i), nil
 		})
 	case "join":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return m(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("join", 1, len(args))
 			}
-			items, err := iterate(args[0])
+			items, err := e.iterate(args[0])
 			if err != nil {
 				return nil, err
 			}
@@ -214,12 +226,12 @@ func strMethod(s string, name string) Value {
 				}
 				parts[i] = p
 			}
-			return strings.Join(parts, s), nil
+			return joinChecked(parts, s)
 		})
 	case "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower":
-		return method(func([]Value, *Dict) (Value, error) { return strPredicate(s, name), nil })
+		return m(func(*evaluator, []Value, *Dict) (Value, error) { return strPredicate(s, name), nil })
 	case "format":
-		return method(func(args []Value, kw *Dict) (Value, error) { return pyFormat(s, args, kw) })
+		return m(func(_ *evaluator, args []Value, kw *Dict) (Value, error) { return pyFormat(s, args, kw) })
 	}
 	return nil
 }
@@ -260,7 +272,7 @@ func strPredicate(s, name string) bool {
 				return false
 			}
 		case "isspace":
-			if !unicode.IsSpace(r) {
+			if !isPySpace(r) {
 				return false
 			}
 		case "isupper":
@@ -281,20 +293,6 @@ func strPredicate(s, name string) bool {
 	return true
 }
 
-func pyTitle(s string) string {
-	var b strings.Builder
-	prevCased := false
-	for _, r := range s {
-		if prevCased {
-			b.WriteRune(unicode.ToLower(r))
-		} else {
-			b.WriteRune(unicode.ToTitle(r))
-		}
-		prevCased = unicode.IsLetter(r)
-	}
-	return b.String()
-}
-
 func pyCapitalize(s string) string {
 	rs := []rune(strings.ToLower(s))
 	if len(rs) > 0 {
@@ -308,6 +306,9 @@ func pyFormat(s string, args []Value, kw *Dict) (Value, error) {
 	var b strings.Builder
 	auto := 0
 	for i := 0; i < len(s); i++ {
+		if b.Len() > maxOutput {
+			return nil, errValueTooLarge()
+		}
 		c := s[i]
 		if c == '{' && i+1 < len(s) && s[i+1] == '{' {
 			b.WriteByte('{')
@@ -380,7 +381,8 @@ func dictMethod(d *Dict, name string) Value {
 			return out, nil
 		})
 	case "get":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		// A lookup: it builds nothing, so it spends nothing.
+		return callable(func(_ *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) < 1 || len(args) > 2 {
 				return nil, argErr("get", 1, len(args))
 			}
@@ -401,29 +403,32 @@ func dictMethod(d *Dict, name string) Value {
 func listMethod(l *List, name string) Value {
 	switch name {
 	case "index":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return callable(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("index", 1, len(args))
 			}
 			for i, it := range l.Items {
-				if equal(it, args[0]) {
-					return int64(i), nil
+				if e.equal(it, args[0]) {
+					return int64(i), e.spent()
 				}
+			}
+			if err := e.spent(); err != nil {
+				return nil, err
 			}
 			return nil, fmt.Errorf("ValueError: %s is not in list", repr(args[0]))
 		})
 	case "count":
-		return method(func(args []Value, _ *Dict) (Value, error) {
+		return callable(func(e *evaluator, args []Value, _ *Dict) (Value, error) {
 			if len(args) != 1 {
 				return nil, argErr("count", 1, len(args))
 			}
 			n := int64(0)
 			for _, it := range l.Items {
-				if equal(it, args[0]) {
+				if e.equal(it, args[0]) {
 					n++
 				}
 			}
-			return n, nil
+			return n, e.spent()
 		})
 	case "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse":
 		return method(func([]Value, *Dict) (Value, error) {
@@ -436,33 +441,20 @@ func listMethod(l *List, name string) Value {
 // globals are the functions every template sees.
 var globals = map[string]Value{
 	"range": method(func(args []Value, _ *Dict) (Value, error) {
-		var a [3]int64
-		a[2] = 1
-		switch len(args) {
-		case 1:
-			a[1], _ = asInt(args[0])
-		case 2, 3:
-			for i := range args {
-				v, ok := asInt(args[i])
-				if !ok {
-					return nil, fmt.Errorf("TypeError: range() integer argument expected, got %s", typeName(args[i]))
-				}
-				a[i] = v
-			}
-		default:
+		if len(args) < 1 || len(args) > 3 {
 			return nil, argErr("range", 1, len(args))
 		}
-		if a[2] == 0 {
-			return nil, errors.New("ValueError: range() arg 3 must not be zero")
-		}
-		out := &List{}
-		for i := a[0]; (a[2] > 0 && i < a[1]) || (a[2] < 0 && i > a[1]); i += a[2] {
-			if len(out.Items) >= maxRange {
-				return nil, errors.New("OverflowError: range too large")
+		bounds := [3]Value{int64(0), nil, int64(1)}
+		for i, a := range args {
+			if _, _, ok := intOf(a); !ok {
+				return nil, fmt.Errorf("TypeError: '%s' object cannot be interpreted as an integer", typeName(a))
 			}
-			out.Items = append(out.Items, i)
+			if len(args) == 1 {
+				i = 1
+			}
+			bounds[i] = a
 		}
-		return out, nil
+		return pyRange(bounds[0], bounds[1], bounds[2])
 	}),
 	"namespace": method(func(args []Value, kw *Dict) (Value, error) {
 		ns := &Namespace{d: NewDict()}
@@ -581,7 +573,7 @@ func strftime(t timeLike, f string) string {
 
 func sortStrings(s []string) { sort.Strings(s) }
 
-func runTest(name string, v Value, args []Value) (bool, error) {
+func (e *evaluator) runTest(name string, v Value, args []Value) (bool, error) {
 	switch name {
 	case "defined":
 		_, u := v.(Undefined)
@@ -595,14 +587,9 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		_, ok := v.(string)
 		return ok, nil
 	case "number":
-		switch v.(type) {
-		case int64, float64, bool:
-			return true, nil
-		}
-		return false, nil
+		return isNumber(v), nil
 	case "integer":
-		_, ok := v.(int64)
-		return ok, nil
+		return isInt(v), nil
 	case "float":
 		_, ok := v.(float64)
 		return ok, nil
@@ -640,21 +627,21 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		}
 		return false, nil
 	case "odd", "even":
-		n, ok := asInt(v)
-		if !ok {
-			return false, fmt.Errorf("TypeError: test %s needs an integer", name)
+		// Jinja: value % 2 == 1 (or == 0), so 3.0 is odd.
+		m, err := binop("%", v, int64(2))
+		if err != nil {
+			return false, err
 		}
-		return (n%2 != 0) == (name == "odd"), nil
+		return e.equal(m, boolInt(name == "odd")), nil
 	case "divisibleby":
 		if len(args) != 1 {
 			return false, argErr("divisibleby", 1, len(args))
 		}
-		n, ok1 := asInt(v)
-		d, ok2 := asInt(args[0])
-		if !ok1 || !ok2 || d == 0 {
-			return false, errors.New("TypeError: divisibleby needs non-zero integers")
+		m, err := binop("%", v, args[0])
+		if err != nil {
+			return false, err
 		}
-		return n%d == 0, nil
+		return e.equal(m, int64(0)), nil
 	case "eq", "equalto", "==", "ne", "!=", "lt", "le", "gt", "ge", "lessthan", "greaterthan", "<", "<=", ">", ">=":
 		if len(args) != 1 {
 			return false, argErr(name, 1, len(args))
@@ -664,12 +651,12 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		if op == "" {
 			op = name
 		}
-		return compare(op, v, args[0])
+		return e.compare(op, v, args[0])
 	case "in":
 		if len(args) != 1 {
 			return false, argErr("in", 1, len(args))
 		}
-		return contains(args[0], v)
+		return e.contains(args[0], v)
 	case "sameas":
 		if len(args) != 1 {
 			return false, argErr("sameas", 1, len(args))
@@ -680,7 +667,7 @@ func runTest(name string, v Value, args []Value) (bool, error) {
 		case Undefined:
 			return false, nil // every lookup makes a new Undefined object
 		}
-		return equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
+		return e.equal(v, args[0]) && typeName(v) == typeName(args[0]), nil
 	case "lower", "upper":
 		s, ok := v.(string)
 		if !ok {
@@ -724,6 +711,9 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 	var b strings.Builder
 	next := 0
 	for i := 0; i < len(f); i++ {
+		if b.Len() > maxOutput {
+			return nil, errValueTooLarge()
+		}
 		if f[i] != '%' {
 			b.WriteByte(f[i])
 			continue
@@ -772,31 +762,21 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 		}
 		flags := f[spec:i]
 		switch conv {
-		case 's':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", str(arg)))
-		case 'r', 'a':
-			b.WriteString(fmt.Sprintf("%"+flags+"s", repr(arg)))
-		case 'd', 'i', 'u':
-			n, ok := asFloat(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: %%d format: a real number is required, not %s", typeName(arg))
+		case 's', 'r', 'a':
+			text := str(arg)
+			if conv != 's' {
+				text = repr(arg)
 			}
-			b.WriteString(fmt.Sprintf("%"+flags+"d", int64(n)))
-		case 'f', 'F', 'e', 'E', 'g', 'G':
-			n, ok := asFloat(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: must be real number, not %s", typeName(arg))
+			// Python pads a str with spaces only: '%05s' is '    x'.
+			rest := strings.TrimLeft(flags, "-+ #0")
+			lead := strings.ReplaceAll(flags[:len(flags)-len(rest)], "0", "")
+			b.WriteString(fmt.Sprintf("%"+lead+rest+"s", text))
+		case 'd', 'i', 'u', 'x', 'X', 'o', 'f', 'F', 'e', 'E', 'g', 'G':
+			out, err := percentNumber(flags, conv, arg)
+			if err != nil {
+				return nil, err
 			}
-			if !strings.Contains(flags, ".") && conv != 'g' && conv != 'G' {
-				flags += ".6"
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
-		case 'x', 'X', 'o':
-			n, ok := asInt(arg)
-			if !ok {
-				return nil, fmt.Errorf("TypeError: %%%c format: an integer is required, not %s", conv, typeName(arg))
-			}
-			b.WriteString(fmt.Sprintf("%"+flags+string(conv), n))
+			b.WriteString(out)
 		default:
 			return nil, fmt.Errorf("ValueError: unsupported format character '%c'", conv)
 		}
@@ -807,23 +787,135 @@ func pyPercent(f string, args []Value, whole Value) (Value, error) {
 	return b.String(), nil
 }
 
-// jinjaTitle is Jinja's title filter: words start after whitespace and
-// -({[< (unlike str.title, "it's" stays "It's").
-func jinjaTitle(s string) string {
-	var b strings.Builder
-	start := true
-	for _, r := range s {
-		if unicode.IsSpace(r) || strings.ContainsRune("-({[<", r) {
-			b.WriteRune(r)
-			start = true
-			continue
+// percentNumber is one numeric conversion of Python's printf-style
+// formatting: %d takes any real number (a float is truncated, exactly),
+// %x and %o only ints, the float conversions any number.
+func percentNumber(flags string, conv byte, arg Value) (string, error) {
+	switch conv {
+	case 'd', 'i', 'u', 'x', 'X', 'o':
+		var iv Value
+		switch x := arg.(type) {
+		case int64, *big.Int:
+			iv = x
+		case bool:
+			iv = boolInt(x)
+		case float64:
+			if conv != 'd' && conv != 'i' && conv != 'u' {
+				return "", fmt.Errorf("TypeError: %%%c format: an integer is required, not float", conv)
+			}
+			var err error
+			if iv, err = floatToInt(x); err != nil {
+				return "", err
+			}
+		default:
+			if conv == 'd' || conv == 'i' || conv == 'u' {
+				return "", fmt.Errorf("TypeError: %%%c format: a real number is required, not %s", conv, typeName(arg))
+			}
+			return "", fmt.Errorf("TypeError: %%%c format: an integer is required, not %s", conv, typeName(arg))
 		}
-		if start {
-			b.WriteRune(unicode.ToUpper(r))
-		} else {
-			b.WriteRune(unicode.ToLower(r))
+		verb := string(conv)
+		switch conv {
+		case 'i', 'u':
+			verb = "d"
+		case 'o':
+			if strings.Contains(flags, "#") {
+				// Python's alternate octal form is 0o17, Go's %O.
+				flags, verb = strings.ReplaceAll(flags, "#", ""), "O"
+			}
 		}
-		start = false
+		return fmt.Sprintf("%"+flags+verb, iv), nil
 	}
-	return b.String()
+	x, ok, err := floatOf(arg)
+	if !ok {
+		return "", fmt.Errorf("TypeError: must be real number, not %s", typeName(arg))
+	}
+	if err != nil {
+		return "", err
+	}
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		// Python writes inf and nan (INF, NAN for the capital
+		// conversions), padded like a string.
+		word := "inf"
+		switch {
+		case math.IsNaN(x):
+			word = "nan"
+		case x < 0:
+			word = "-inf"
+		case strings.Contains(flags, "+"):
+			word = "+inf"
+		case strings.Contains(flags, " "):
+			word = " inf"
+		}
+		if conv == 'F' || conv == 'E' || conv == 'G' {
+			word = strings.ToUpper(word)
+		}
+		width := strings.TrimLeft(flags, "-+ #0")
+		width, _, _ = strings.Cut(width, ".")
+		align := ""
+		if strings.Contains(flags, "-") {
+			align = "-"
+		}
+		return fmt.Sprintf("%"+align+width+"s", word), nil
+	}
+	if !strings.Contains(flags, ".") {
+		flags += ".6" // Python's default precision, for %g as well
+	}
+	return fmt.Sprintf("%"+flags+string(conv), x), nil
+}
+
+// pyRange is list(range(start, stop, step)) for ints, as far as Jinja's
+// sandbox allows (MAX_RANGE items).
+func pyRange(start, stop, step Value) (Value, error) {
+	a, az, _ := intOf(start)
+	b, bz, _ := intOf(stop)
+	c, cz, _ := intOf(step)
+	if cz == nil && c == 0 {
+		return nil, errors.New("ValueError: range() arg 3 must not be zero")
+	}
+	if az == nil && bz == nil && cz == nil && c != math.MinInt64 {
+		// The length, without overflow: |stop - start| fits a uint64.
+		var span, st uint64
+		switch {
+		case c > 0 && b > a:
+			span, st = uint64(b)-uint64(a), uint64(c)
+		case c < 0 && b < a:
+			span, st = uint64(a)-uint64(b), uint64(-c)
+		default:
+			return &List{}, nil
+		}
+		n := (span-1)/st + 1
+		if n > maxRange {
+			return nil, errRangeTooBig()
+		}
+		out := &List{Items: make([]Value, n)}
+		for i := range out.Items {
+			out.Items[i] = a + int64(i)*c // each fits: it lies between start and stop
+		}
+		return out, nil
+	}
+	x, y, d := bigOf(a, az), bigOf(b, bz), bigOf(c, cz)
+	span := new(big.Int).Sub(y, x)
+	if span.Sign() != d.Sign() || span.Sign() == 0 {
+		return &List{}, nil
+	}
+	n := new(big.Int).Quo(new(big.Int).Sub(span, big.NewInt(int64(d.Sign()))), d)
+	n.Add(n, big.NewInt(1))
+	if !n.IsInt64() || n.Int64() > maxRange {
+		return nil, errRangeTooBig()
+	}
+	out := &List{Items: make([]Value, n.Int64())}
+	z := new(big.Int).Set(x)
+	for i := range out.Items {
+		v, err := normInt(new(big.Int).Set(z))
+		if err != nil {
+			return nil, err
+		}
+		out.Items[i] = v
+		z.Add(z, d)
+	}
+	return out, nil
+}
+
+func errRangeTooBig() error {
+	return fmt.Errorf("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", maxRange)
 }

@@ -2,6 +2,7 @@ package chat
 
 import (
 	"fmt"
+	"math/big"
 	"strings"
 )
 
@@ -314,6 +315,9 @@ func (e *evaluator) writeChain(ops []operand, f *frame) error {
 		}
 		if s, ok := v.(string); ok {
 			e.out.WriteString(s)
+			if e.out.Len() > maxOutput {
+				return errOutputLimit()
+			}
 			continue
 		}
 		if i > 0 {
@@ -402,7 +406,7 @@ func (c *compiler) set(s *setNode) execFn {
 		if err != nil {
 			return err
 		}
-		return unpack(f, slots, v)
+		return e.unpack(f, slots, v)
 	}
 }
 
@@ -509,6 +513,12 @@ func (c *compiler) expr(x expr) evalFn {
 			if err != nil {
 				return nil, err
 			}
+			if s, ok := o.(string); ok {
+				// Indexing a str counts characters up to the index.
+				if err := e.spendOn(s); err != nil {
+					return nil, err
+				}
+			}
 			return getItem(o, i)
 		}
 	case *sliceExpr:
@@ -533,6 +543,12 @@ func (c *compiler) expr(x expr) evalFn {
 				v, err := tickThen(e, f, in)
 				if err != nil {
 					return nil, err
+				}
+				if s, ok := v.(string); ok && len(s) >= workBytes {
+					// Counting characters, as e.filter would spend.
+					if err := e.spendOn(s); err != nil {
+						return nil, err
+					}
 				}
 				return length(v)
 			}
@@ -949,17 +965,17 @@ func (c *compiler) bin(x *binExpr) evalFn {
 			// which binop does after checking every other operand type.
 			if a, ok := lv.(int64); ok {
 				if b, ok := rv.(int64); ok {
-					switch intOp {
-					case '+':
-						return a + b, nil
-					case '-':
-						return a - b, nil
+					if v, done, err := int64Binop(op, a, b); done {
+						return v, err
 					}
-					return a * b, nil
 				}
 			}
 		}
-		return binop(op, lv, rv)
+		v, err := binop(op, lv, rv)
+		if err != nil {
+			return nil, err
+		}
+		return v, e.spendOn(v)
 	}
 }
 
@@ -968,8 +984,9 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 		// -1 in messages[::-1]: negated once, not boxed anew per render.
 		var v Value
 		switch n := l.v.(type) {
-		case int64:
-			v = -n
+		case int64, *big.Int:
+			small, z, _ := intOf(n)
+			v, _ = intNeg(small, z) // within the digit limit, as n is
 		case float64:
 			v = -n
 		}
@@ -990,12 +1007,11 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 	case "-":
 		apply = func(v Value) (Value, error) {
 			switch n := v.(type) {
-			case int64:
-				return -n, nil
+			case int64, bool, *big.Int:
+				small, z, _ := intOf(n)
+				return intNeg(small, z)
 			case float64:
 				return -n, nil
-			case bool:
-				return -boolInt(n), nil
 			}
 			if u, ok := v.(Undefined); ok {
 				return nil, u.err()
@@ -1004,9 +1020,14 @@ func (c *compiler) unary(x *unaryExpr) evalFn {
 		}
 	case "+":
 		apply = func(v Value) (Value, error) {
-			switch v.(type) {
-			case int64, float64:
+			switch n := v.(type) {
+			case int64, float64, *big.Int:
 				return v, nil
+			case bool:
+				return boolInt(n), nil
+			}
+			if u, ok := v.(Undefined); ok {
+				return nil, u.err()
 			}
 			return nil, fmt.Errorf("TypeError: bad operand type for unary +: '%s'", typeName(v))
 		}
@@ -1138,7 +1159,7 @@ func (c *compiler) test(x *testExpr) condFn {
 				return false, err
 			}
 		}
-		r, err := runTest(name, v, targs)
+		r, err := e.runTest(name, v, targs)
 		if err != nil {
 			return false, err
 		}
@@ -1164,7 +1185,7 @@ func (c *compiler) compare(x *compareExpr) condFn {
 			if err != nil {
 				return false, err
 			}
-			ok, err := compare(op, l, r)
+			ok, err := e.compare(op, l, r)
 			if err != nil {
 				return false, err
 			}
@@ -1236,9 +1257,14 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 				return false, err
 			}
 			if h, ok := rv.(string); ok {
+				if len(h) >= workBytes {
+					if err := e.spendOn(h); err != nil {
+						return false, err
+					}
+				}
 				return strings.Contains(h, s) == in, nil
 			}
-			ok, err := contains(rv, s)
+			ok, err := e.contains(rv, s)
 			if err != nil {
 				return false, err
 			}
@@ -1246,20 +1272,20 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 		}
 	}
 	l, r := c.operand(lx), c.operand(rx)
-	var ints func(a, b float64) bool
+	var ints func(a, b int64) bool
 	switch op {
 	case "<":
-		ints = func(a, b float64) bool { return a < b }
+		ints = func(a, b int64) bool { return a < b }
 	case "<=":
-		ints = func(a, b float64) bool { return a <= b }
+		ints = func(a, b int64) bool { return a <= b }
 	case ">":
-		ints = func(a, b float64) bool { return a > b }
+		ints = func(a, b int64) bool { return a > b }
 	case ">=":
-		ints = func(a, b float64) bool { return a >= b }
+		ints = func(a, b int64) bool { return a >= b }
 	case "==":
-		ints = func(a, b float64) bool { return a == b }
+		ints = func(a, b int64) bool { return a == b }
 	case "!=":
-		ints = func(a, b float64) bool { return a != b }
+		ints = func(a, b int64) bool { return a != b }
 	}
 	return func(e *evaluator, f *frame) (bool, error) {
 		if err := e.tick(); err != nil {
@@ -1274,14 +1300,13 @@ func (c *compiler) compare1(op string, lx, rx expr) condFn {
 			return false, err
 		}
 		if ints != nil {
-			// compare and equal compare numbers as floats; so does this.
 			if a, ok := lv.(int64); ok {
 				if b, ok := rv.(int64); ok {
-					return ints(float64(a), float64(b)), nil
+					return ints(a, b), nil
 				}
 			}
 		}
-		return compare(op, lv, rv)
+		return e.compare(op, lv, rv)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"reflect"
 	"strings"
 	"time"
@@ -62,12 +63,14 @@ func (f *frame) bind(i int, v Value) { f.slots[i] = slot{v, true} }
 type slotRef struct{ hops, slot int }
 
 type evaluator struct {
-	out      *strings.Builder
-	strs     []string // operands of the "+" chains being evaluated
-	steps    int
-	maxSteps int
-	depth    int
-	now      func() time.Time
+	out *strings.Builder
+	// outCharged is how much of out its steps have paid for.
+	outCharged int
+	strs       []string // operands of the "+" chains being evaluated
+	steps      int
+	maxSteps   int
+	depth      int
+	now        func() time.Time
 	// vars and base are the render's variables (base under vars), read in
 	// place rather than copied per render: below every scope's slots.
 	vars, base *Dict
@@ -118,7 +121,8 @@ type loopInfo struct {
 	items          []Value
 }
 
-// step counts a statement run. Only statements write output, and a
+// step counts a statement run, and the output written since the last
+// statement (a step per workBytes). Only statements write output, and a
 // statement's own step comes before any of its output, so checking the
 // output size here alone finds it past the limit exactly where a check on
 // every step would.
@@ -126,10 +130,69 @@ func (e *evaluator) step() error {
 	if err := e.tick(); err != nil {
 		return err
 	}
-	if e.out.Len() > maxOutput {
-		return errors.New("RuntimeError: template output exceeded the size limit")
+	return e.outputSpent()
+}
+
+func (e *evaluator) outputSpent() error {
+	n := e.out.Len()
+	if n > maxOutput {
+		return errOutputLimit()
+	}
+	e.steps += (n - e.outCharged) / workBytes
+	e.outCharged = n - (n-e.outCharged)%workBytes
+	return e.spent()
+}
+
+func errOutputLimit() error {
+	return errors.New("RuntimeError: template output exceeded the size limit")
+}
+
+// Work beyond a step per expression and statement: a builtin that builds
+// or scans a value spends a step per workBytes bytes of a str, per item of
+// a list or dict and per word of a big int, before the work when the work
+// depends on an input and after it for what it built. Spending does not
+// fail by itself: a render whose steps pass the limit fails at its next
+// tick and when it ends, so a loop inside a builtin needs only to stop
+// early (spent() != nil) and no answer it gives after the limit is seen.
+// A str, the only value a single operation can grow without bound, is
+// refused past maxOutput bytes, so one call overshoots the budget by at
+// most that much work.
+const workBytes = 64
+
+// spend counts n steps of bulk work.
+func (e *evaluator) spend(n int) { e.steps += n }
+
+// spent is the step-limit error once the budget is spent.
+func (e *evaluator) spent() error {
+	if e.steps > e.maxSteps {
+		return errStepLimit()
 	}
 	return nil
+}
+
+// spendOn counts the work of building or scanning v and refuses a str
+// past the output limit.
+func (e *evaluator) spendOn(v Value) error {
+	switch x := v.(type) {
+	case string:
+		if len(x) > maxOutput {
+			return errValueTooLarge()
+		}
+		e.steps += len(x) / workBytes
+	case *List:
+		e.steps += len(x.Items)
+	case *Dict:
+		e.steps += x.Len()
+	case *big.Int:
+		e.steps += len(x.Bits())
+	default:
+		return nil
+	}
+	return e.spent()
+}
+
+func errValueTooLarge() error {
+	return errors.New("MemoryError: string result too large")
 }
 
 // tick counts an expression evaluated.
@@ -170,11 +233,14 @@ func (e *evaluator) render(body []execFn, f *frame) error {
 // renderTo renders body into a string instead of the output (macros, block
 // sets, filter blocks).
 func (e *evaluator) renderTo(body []execFn, f *frame) (string, error) {
-	saved := e.out
+	saved, savedCharged := e.out, e.outCharged
 	var buf strings.Builder
-	e.out = &buf
+	e.out, e.outCharged = &buf, 0
 	err := e.render(body, f)
-	e.out = saved
+	if err == nil {
+		err = e.outputSpent()
+	}
+	e.out, e.outCharged = saved, savedCharged
 	if err != nil {
 		return "", err
 	}
@@ -183,12 +249,12 @@ func (e *evaluator) renderTo(body []execFn, f *frame) (string, error) {
 
 // unpack binds v to slots in f as Python assignment does: one name takes
 // the value, several take the items of an iterable of the same length.
-func unpack(f *frame, slots []int, v Value) error {
+func (e *evaluator) unpack(f *frame, slots []int, v Value) error {
 	if len(slots) == 1 {
 		f.bind(slots[0], v)
 		return nil
 	}
-	items, err := iterate(v)
+	items, err := e.iterate(v)
 	if err != nil {
 		return err
 	}
@@ -206,7 +272,7 @@ func (e *evaluator) execFor(s *forCode, f *frame) error {
 	if err != nil {
 		return err
 	}
-	items, err := iterate(it)
+	items, err := e.iterate(it)
 	if err != nil {
 		return err
 	}
@@ -216,7 +282,7 @@ func (e *evaluator) execFor(s *forCode, f *frame) error {
 		// the kept items.
 		var kept []Value
 		for _, v := range items {
-			if err := unpack(inner, s.targets, v); err != nil {
+			if err := e.unpack(inner, s.targets, v); err != nil {
 				return err
 			}
 			c, err := s.cond(e, inner)
@@ -238,7 +304,7 @@ func (e *evaluator) execFor(s *forCode, f *frame) error {
 		loop.index0 = i
 		if len(s.targets) == 1 {
 			inner.bind(s.targets[0], v)
-		} else if err := unpack(inner, s.targets, v); err != nil {
+		} else if err := e.unpack(inner, s.targets, v); err != nil {
 			return err
 		}
 		if err := e.render(s.body, inner); err != nil {
@@ -251,6 +317,21 @@ func (e *evaluator) execFor(s *forCode, f *frame) error {
 		}
 	}
 	return nil
+}
+
+// iterate is the package function iterate, spending the work of listing a
+// str's characters or a dict's keys before it is done.
+func (e *evaluator) iterate(v Value) ([]Value, error) {
+	switch x := v.(type) {
+	case string:
+		e.spend(len(x))
+	case *Dict:
+		e.spend(x.Len())
+	}
+	if err := e.spent(); err != nil {
+		return nil, err
+	}
+	return iterate(v)
 }
 
 // iterate lists the items a for loop sees: list items, dict keys, string
@@ -395,9 +476,17 @@ func (e *evaluator) evalSlice(x *sliceCode, f *frame) (Value, error) {
 		if v == nil {
 			continue
 		}
-		n, ok := v.(int64)
+		n, z, ok := intOf(v)
 		if !ok {
 			return nil, fmt.Errorf("TypeError: slice indices must be integers or None")
+		}
+		if z != nil {
+			// Beyond int64 a bound selects as the int64 limit of its
+			// sign does: both are past either end of any sequence.
+			n = math.MaxInt64
+			if z.Sign() < 0 {
+				n = math.MinInt64
+			}
 		}
 		bounds[i], set[i] = n, true
 	}
@@ -407,12 +496,19 @@ func (e *evaluator) evalSlice(x *sliceCode, f *frame) (Value, error) {
 		if err != nil {
 			return nil, err
 		}
+		e.spend(count)
+		if err := e.spent(); err != nil {
+			return nil, err
+		}
 		out := make([]Value, count)
 		for i := range out {
 			out[i] = o.Items[start+int64(i)*step]
 		}
 		return &List{Items: out}, nil
 	case string:
+		if err := e.spendOn(o); err != nil {
+			return nil, err
+		}
 		rs := []rune(o)
 		start, step, count, err := pySlice(len(rs), bounds, set)
 		if err != nil {
@@ -482,7 +578,7 @@ func (e *evaluator) evalPlusChain(chain []operand, f *frame) (Value, error) {
 	}
 	s := joinStrings(e.strs[start:], total)
 	e.strs = e.strs[:start]
-	return s, nil
+	return s, e.spendOn(s)
 }
 
 func isPlusChain(x expr) (*binExpr, bool) {
@@ -506,7 +602,10 @@ func (e *evaluator) plusParts(chain []operand, f *frame) (start, total int, v Va
 		}
 		if vs, ok := v.(string); ok {
 			e.strs = append(e.strs, vs)
-			total += len(vs)
+			if total += len(vs); total > maxOutput {
+				e.strs = e.strs[:start]
+				return start, 0, nil, false, errValueTooLarge()
+			}
 			continue
 		}
 		// Python's pairwise semantics from here on, in order.
@@ -515,6 +614,9 @@ func (e *evaluator) plusParts(chain []operand, f *frame) (start, total int, v Va
 			acc, err = binop("+", joinStrings(e.strs[start:], total), v)
 		}
 		e.strs = e.strs[:start]
+		if err == nil {
+			err = e.spendOn(acc)
+		}
 		if err != nil {
 			return start, 0, nil, false, err
 		}
@@ -524,6 +626,9 @@ func (e *evaluator) plusParts(chain []operand, f *frame) (start, total int, v Va
 				return start, 0, nil, false, err
 			}
 			if acc, err = binop("+", acc, v); err != nil {
+				return start, 0, nil, false, err
+			}
+			if err := e.spendOn(acc); err != nil {
 				return start, 0, nil, false, err
 			}
 		}
@@ -571,16 +676,19 @@ func binop(op string, l, r Value) (Value, error) {
 	}
 	if op == "*" {
 		s, sOK := l.(string)
-		n, nOK := r.(int64)
+		nv := r
 		if !sOK {
 			s, sOK = r.(string)
-			n, nOK = l.(int64)
+			nv = l
 		}
-		if sOK && nOK {
+		if n, nb, isInt := intOf(nv); sOK && isInt {
+			if nb != nil {
+				return nil, errors.New("OverflowError: cannot fit 'int' into an index-sized integer")
+			}
 			if n <= 0 {
 				return "", nil
 			}
-			if int64(len(s))*n > maxRepeat {
+			if n > maxRepeat || int64(len(s))*n > maxRepeat {
 				return nil, errors.New("MemoryError: string repetition result too large")
 			}
 			return strings.Repeat(s, int(n)), nil
@@ -595,53 +703,18 @@ func binop(op string, l, r Value) (Value, error) {
 			return pyPercent(f, args, r)
 		}
 	}
-	ai, aInt := asInt(l)
-	bi, bInt := asInt(r)
-	if aInt && bInt {
-		switch op {
-		case "+":
-			return ai + bi, nil
-		case "-":
-			return ai - bi, nil
-		case "*":
-			return ai * bi, nil
-		case "/":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: division by zero")
-			}
-			return float64(ai) / float64(bi), nil
-		case "//":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
-			}
-			q := ai / bi
-			if (ai%bi != 0) && ((ai < 0) != (bi < 0)) {
-				q--
-			}
-			return q, nil
-		case "%":
-			if bi == 0 {
-				return nil, errors.New("ZeroDivisionError: integer division or modulo by zero")
-			}
-			m := ai % bi
-			if m != 0 && ((m < 0) != (bi < 0)) {
-				m += bi
-			}
-			return m, nil
-		case "**":
-			if bi >= 0 {
-				res := int64(1)
-				for k := int64(0); k < bi && k < 64; k++ {
-					res *= ai
-				}
-				return res, nil
-			}
-			return math.Pow(float64(ai), float64(bi)), nil
-		}
+	if v, ok, err := intBinop(op, l, r); ok {
+		return v, err
 	}
-	af, aNum := asFloat(l)
-	bf, bNum := asFloat(r)
-	if aNum && bNum {
+	if isNumber(l) && isNumber(r) {
+		af, _, err := floatOf(l)
+		if err != nil {
+			return nil, err
+		}
+		bf, _, err := floatOf(r)
+		if err != nil {
+			return nil, err
+		}
 		switch op {
 		case "+":
 			return af + bf, nil
@@ -658,18 +731,16 @@ func binop(op string, l, r Value) (Value, error) {
 			if bf == 0 {
 				return nil, errors.New("ZeroDivisionError: float floor division by zero")
 			}
-			return math.Floor(af / bf), nil
+			q, _ := floatFloorDivMod(af, bf)
+			return q, nil
 		case "%":
 			if bf == 0 {
 				return nil, errors.New("ZeroDivisionError: float modulo")
 			}
-			m := math.Mod(af, bf)
-			if m != 0 && ((m < 0) != (bf < 0)) {
-				m += bf
-			}
+			_, m := floatFloorDivMod(af, bf)
 			return m, nil
 		case "**":
-			return math.Pow(af, bf), nil
+			return floatPow(af, bf)
 		}
 	}
 	return nil, fmt.Errorf("TypeError: unsupported operand type(s) for %s: '%s' and '%s'", op, typeName(l), typeName(r))
@@ -685,30 +756,20 @@ func asInt(v Value) (int64, bool) {
 	return 0, false
 }
 
-func asFloat(v Value) (float64, bool) {
-	switch v := v.(type) {
-	case int64:
-		return float64(v), true
-	case float64:
-		return v, true
-	case bool:
-		return float64(boolInt(v)), true
-	}
-	return 0, false
-}
-
-// equal is Python ==.
-func equal(a, b Value) bool {
+// equal is Python ==. Each item of a list or dict it compares is a step
+// of work; once the budget is spent it answers false at once, which the
+// render never shows (see spend).
+func (e *evaluator) equal(a, b Value) bool {
 	// Strings first: templates compare roles and types to literals all the
 	// time, and a str never equals a number.
 	if as, ok := a.(string); ok {
 		bs, ok := b.(string)
 		return ok && as == bs
 	}
-	if af, ok := asFloat(a); ok {
-		if bf, ok := asFloat(b); ok {
-			return af == bf
-		}
+	if c, unordered, ok := numCompare(a, b); ok {
+		return c == 0 && !unordered
+	}
+	if isNumber(a) || isNumber(b) {
 		return false
 	}
 	switch a := a.(type) {
@@ -722,23 +783,29 @@ func equal(a, b Value) bool {
 		return ok && a == bs
 	case *List:
 		bl, ok := b.(*List)
+		if ok && a == bl {
+			return true // Python compares items by identity first
+		}
 		if !ok || a.Tuple != bl.Tuple || len(a.Items) != len(bl.Items) {
 			return false
 		}
 		for i := range a.Items {
-			if !equal(a.Items[i], bl.Items[i]) {
+			if e.steps++; e.steps > e.maxSteps || !e.equal(a.Items[i], bl.Items[i]) {
 				return false
 			}
 		}
 		return true
 	case *Dict:
 		bd, ok := b.(*Dict)
+		if ok && a == bd {
+			return true
+		}
 		if !ok || a.Len() != bd.Len() {
 			return false
 		}
 		for _, k := range a.keys {
 			bv, ok := bd.Get(k)
-			if !ok || !equal(a.at(k), bv) {
+			if e.steps++; e.steps > e.maxSteps || !ok || !e.equal(a.at(k), bv) {
 				return false
 			}
 		}
@@ -764,14 +831,14 @@ func isGlobal(c callable) bool {
 	return false
 }
 
-func compare(op string, l, r Value) (bool, error) {
+func (e *evaluator) compare(op string, l, r Value) (bool, error) {
 	switch op {
 	case "==":
-		return equal(l, r), nil
+		return e.equal(l, r), e.spent()
 	case "!=":
-		return !equal(l, r), nil
+		return !e.equal(l, r), e.spent()
 	case "in", "not in":
-		ok, err := contains(r, l)
+		ok, err := e.contains(r, l)
 		if err != nil {
 			return false, err
 		}
@@ -784,16 +851,13 @@ func compare(op string, l, r Value) (bool, error) {
 		return false, u.err()
 	}
 	var c int
-	if af, ok := asFloat(l); ok {
-		bf, ok := asFloat(r)
-		if !ok {
+	if isNumber(l) {
+		var unordered, ok bool
+		if c, unordered, ok = numCompare(l, r); !ok {
 			return false, fmt.Errorf("TypeError: '%s' not supported between instances of '%s' and '%s'", op, typeName(l), typeName(r))
 		}
-		switch {
-		case af < bf:
-			c = -1
-		case af > bf:
-			c = 1
+		if unordered {
+			return false, nil // NaN
 		}
 	} else if as, ok := l.(string); ok {
 		bs, ok := r.(string)
@@ -818,18 +882,24 @@ func compare(op string, l, r Value) (bool, error) {
 }
 
 // contains is Python's "needle in hay".
-func contains(hay, needle Value) (bool, error) {
+func (e *evaluator) contains(hay, needle Value) (bool, error) {
 	switch h := hay.(type) {
 	case string:
 		n, ok := needle.(string)
 		if !ok {
 			return false, fmt.Errorf("TypeError: 'in <string>' requires string as left operand, not %s", typeName(needle))
 		}
+		if err := e.spendOn(h); err != nil {
+			return false, err
+		}
 		return strings.Contains(h, n), nil
 	case *List:
 		for _, it := range h.Items {
-			if equal(it, needle) {
-				return true, nil
+			if e.steps++; e.equal(it, needle) {
+				return true, e.spent()
+			}
+			if err := e.spent(); err != nil {
+				return false, err
 			}
 		}
 		return false, nil
@@ -841,7 +911,7 @@ func contains(hay, needle Value) (bool, error) {
 		_, found := h.Get(k)
 		return found, nil
 	case *Namespace:
-		return contains(h.d, needle)
+		return e.contains(h.d, needle)
 	case Undefined:
 		return false, nil
 	}

@@ -1,6 +1,9 @@
 package chat
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -105,5 +108,73 @@ func TestStepLimit(t *testing.T) {
 	tmpl.MaxSteps = 10000
 	if _, err := tmpl.Render(NewDict()); err == nil || !strings.Contains(err.Error(), "step limit") {
 		t.Fatalf("err %v, want the step limit", err)
+	}
+}
+
+// TestRenderBudget: templates that make builtins do far more work than
+// they have expressions fail on the step budget (or the size limit). Each
+// loop below runs a thousand times, a few thousand steps of its own: only
+// the work its builtins spend exceeds the 100,000 steps.
+func TestRenderBudget(t *testing.T) {
+	for _, src := range []string{
+		// A str or list doubling: 2^40 bytes or items without limits.
+		`{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}`,
+		`{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s + ns.s %}{% endfor %}{{ ns.s|length }}`,
+		`{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}`,
+		// Scans of a long str, one expression each.
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s|length }}{% endfor %}`,
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{% if 'y' in s %}{% endif %}{% endfor %}`,
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s.startswith('y') }}{% endfor %}`,
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s[999999] }}{% endfor %}`,
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s[5:6] }}{% endfor %}`,
+		`{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{% for c in s %}{% break %}{% endfor %}{% endfor %}`,
+		// Lists: search, sort, comparison item by item.
+		`{% set l = range(100000)|list %}{% for i in range(1000) %}{% if -1 in l %}{% endif %}{% endfor %}`,
+		`{% set l = range(100000)|list %}{% for i in range(1000) %}{{ l.count(-1) }}{% endfor %}`,
+		`{% for i in range(1000) %}{{ (range(100000)|list|sort)[0] }}{% endfor %}`,
+		`{% set a = range(100000)|batch(10)|list %}{% set b = range(100000)|batch(10)|list %}{% for i in range(1000) %}{{ a == b }}{% endfor %}`,
+		// Values a single call would make huge.
+		`{{ range(100000)|map(attribute='x', default='y' * 1000000)|join }}`,
+		`{{ range(100000)|map(attribute='x', default=range(100000)|list) }}`,
+		`{{ range(100000)|map(attribute='x', default=range(100000)|list)|tojson }}`,
+		`{{ ('y' * 1000000)|replace('y', 'y' * 1000000) }}`,
+		`{{ ('\n' * 1000000)|indent('y' * 1000000, true, true) }}`,
+		// Big ints cost by their size.
+		`{% set ns = namespace(n=3) %}{% for i in range(1000) %}{% set ns.n = (ns.n * ns.n) % (10**2000) + 10**2000 %}{% endfor %}`,
+	} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		tmpl.MaxSteps = 100_000
+		if out, err := tmpl.Render(NewDict()); err == nil {
+			t.Errorf("%.90s: rendered %d bytes within 100,000 steps", src, len(out))
+		} else if !strings.Contains(err.Error(), "step limit") && !strings.Contains(err.Error(), "too large") && !strings.Contains(err.Error(), "size limit") {
+			t.Errorf("%.90s: %v, want a step or size limit", src, err)
+		}
+	}
+	// Real chats stay far below the default budget: qwen3 on 3,000
+	// messages spends its loop steps, not quadratic work.
+	var msgs []string
+	for i := range 3000 {
+		msgs = append(msgs, fmt.Sprintf(`{"role":"user","content":"message %d %s"}`, i, strings.Repeat("text ", 100)))
+	}
+	mv, err := FromJSON([]byte("[" + strings.Join(msgs, ",") + "]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join(chatData, "templates", "qwen3.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := Compile(string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.MaxSteps = 1_000_000 // a tenth of the default
+	vars := NewDict()
+	vars.Set("messages", mv)
+	if _, err := tmpl.Render(vars); err != nil {
+		t.Fatalf("3,000 messages within a million steps: %v", err)
 	}
 }

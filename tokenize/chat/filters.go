@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"math/big"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
@@ -21,14 +24,61 @@ func kwOr(kw *Dict, args []Value, i int, name string, def Value) Value {
 	return def
 }
 
+// filter applies a filter and spends its work (see spend): a step per
+// item or 64 bytes of the input it scans, before, and of what it builds,
+// after. Filters that return a value they were given (default, first,
+// min...) build nothing.
 func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value, error) {
+	switch name {
+	case "length", "count", "wordcount", "int", "float", "list", "first", "last", "reverse", "truncate":
+		// Work that grows with a str input (counting or listing its
+		// characters), however small the result; a list's length is
+		// known.
+		if str, ok := v.(string); ok {
+			if err := e.spendOn(str); err != nil {
+				return nil, err
+			}
+		}
+	case "sum", "min", "max", "unique", "select", "reject", "selectattr", "rejectattr", "map", "join", "batch":
+		// A pass over the items, however small the result.
+		if err := e.spendOn(v); err != nil {
+			return nil, err
+		}
+	case "sort", "dictsort":
+		// n log n comparisons.
+		n := 0
+		switch x := v.(type) {
+		case *List:
+			n = len(x.Items)
+		case *Dict:
+			n = x.Len()
+		case string:
+			n = len(x)
+		}
+		e.spend(n * bits.Len(uint(n)))
+		if err := e.spent(); err != nil {
+			return nil, err
+		}
+	}
+	out, err := e.applyFilter(name, v, args, kw)
+	if err != nil {
+		return nil, err
+	}
+	switch name {
+	case "default", "d", "safe", "first", "last", "min", "max", "attr", "length", "count", "wordcount":
+		return out, nil
+	}
+	return out, e.spendOn(out)
+}
+
+func (e *evaluator) applyFilter(name string, v Value, args []Value, kw *Dict) (Value, error) {
 	// Filters other than default and tests of definedness fail on
 	// Undefined the way Jinja's default Undefined does when used.
 	switch name {
 	case "tojson":
 		var indent *int
 		if iv := kwOr(kw, args, 0, "indent", nil); iv != nil {
-			n := int(toInt(iv, 0))
+			n := int(max(-1, min(toInt(iv, 0), maxOutput+1))) // every negative indent is none
 			indent = &n
 		}
 		sortKeys := truthy(kwOr(kw, nil, 0, "sort_keys", false))
@@ -59,7 +109,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		chars := kwOr(kw, args, 0, "chars", nil)
 		if chars == nil {
-			return strings.TrimSpace(s), nil
+			return pyStripSpace(s, true, true), nil
 		}
 		return pyStrip(s, []Value{chars}, true, true)
 	case "upper", "lower", "title", "capitalize":
@@ -88,7 +138,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		if c := kwOr(kw, args, 2, "count", nil); c != nil {
 			count = toInt(c, -1)
 		}
-		return strings.Replace(s, str(args[0]), str(args[1]), int(count)), nil
+		return replaceChecked(s, str(args[0]), str(args[1]), int(count))
 	case "indent":
 		s, err := strIn(name, v)
 		if err != nil {
@@ -103,19 +153,9 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		first := truthy(kwOr(kw, args, 1, "first", false))
 		blank := truthy(kwOr(kw, args, 2, "blank", false))
-		lines := strings.Split(s, "\n")
-		for i := range lines {
-			if i == 0 && !first {
-				continue
-			}
-			if lines[i] == "" && !blank {
-				continue
-			}
-			lines[i] = pad + lines[i]
-		}
-		return strings.Join(lines, "\n"), nil
+		return jinjaIndent(s, pad, first, blank)
 	case "first", "last":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -127,13 +167,14 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return items[len(items)-1], nil
 	case "join":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
 		sep := str(kwOr(kw, args, 0, "d", ""))
 		attr := kwOr(kw, args, 1, "attribute", nil)
 		parts := make([]string, len(items))
+		total := 0
 		for i, it := range items {
 			if attr != nil {
 				if it, err = getItem(it, attr); err != nil {
@@ -141,10 +182,13 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 				}
 			}
 			parts[i] = str(it)
+			if total += len(parts[i]); total > maxOutput {
+				return nil, errValueTooLarge()
+			}
 		}
-		return strings.Join(parts, sep), nil
+		return joinChecked(parts, sep)
 	case "list":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -183,7 +227,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			slices.Reverse(rs)
 			return string(rs), nil
 		}
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -191,7 +235,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		slices.Reverse(out)
 		return &List{Items: out}, nil
 	case "sort":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -211,12 +255,12 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		var sortErr error
 		slices.SortStableFunc(out, func(a, b Value) int {
 			ka, kb := key(a), key(b)
-			if lt, err := compare("<", ka, kb); err != nil {
+			if lt, err := e.compare("<", ka, kb); err != nil {
 				sortErr = err
 			} else if lt {
 				return -1
 			}
-			if gt, _ := compare(">", ka, kb); gt {
+			if gt, _ := e.compare(">", ka, kb); gt {
 				return 1
 			}
 			return 0
@@ -229,19 +273,34 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return &List{Items: out}, nil
 	case "unique":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
-		var out []Value
+		// Jinja keeps a set of the keys seen: items that hash alike and
+		// compare equal (1, 1.0 and True) count once, unhashable ones
+		// (lists, dicts) are a TypeError.
+		key := itemKey(kwOr(kw, args, 1, "attribute", nil), truthy(kwOr(kw, args, 0, "case_sensitive", false)))
+		seen := make(map[string]bool, len(items))
+		out := &List{}
+		var hb strings.Builder
 		for _, it := range items {
-			if !slices.ContainsFunc(out, func(x Value) bool { return equal(x, it) }) {
-				out = append(out, it)
+			k, err := key(it)
+			if err != nil {
+				return nil, err
+			}
+			hb.Reset()
+			if err := writeHashKey(&hb, k); err != nil {
+				return nil, err
+			}
+			if h := hb.String(); !seen[h] {
+				seen[h] = true
+				out.Items = append(out.Items, it)
 			}
 		}
-		return &List{Items: out}, nil
+		return out, nil
 	case "map":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +332,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return out, nil
 	case "select", "reject", "selectattr", "rejectattr":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -298,7 +357,7 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 			var ok bool
 			if len(rest) == 0 {
 				ok = truthy(x)
-			} else if ok, err = runTest(str(rest[0]), x, rest[1:]); err != nil {
+			} else if ok, err = e.runTest(str(rest[0]), x, rest[1:]); err != nil {
 				return nil, err
 			}
 			if ok == want {
@@ -307,55 +366,41 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return out, nil
 	case "int":
-		return toInt(v, toInt(kwOr(kw, args, 0, "default", int64(0)), 0)), nil
+		return intFilter(v, kwOr(kw, args, 0, "default", int64(0)), kwOr(kw, args, 1, "base", int64(10)))
 	case "float":
+		// float(value), the default on TypeError and ValueError only.
 		switch x := v.(type) {
-		case int64:
-			return float64(x), nil
-		case float64:
-			return x, nil
-		case bool:
-			return float64(boolInt(x)), nil
+		case int64, float64, bool, *big.Int:
+			f, _, err := floatOf(x)
+			return f, err
 		case string:
-			if f, err := strconv.ParseFloat(strings.TrimSpace(x), 64); err == nil {
+			if f, ok := pyFloatString(x); ok {
 				return f, nil
 			}
+		case Undefined:
+			return nil, x.err()
 		}
-		d, _ := asFloat(kwOr(kw, args, 0, "default", 0.0))
-		return d, nil
+		return kwOr(kw, args, 0, "default", 0.0), nil
 	case "abs":
 		switch x := v.(type) {
-		case int64:
-			if x < 0 {
-				return -x, nil
+		case int64, bool, *big.Int:
+			n, z, _ := intOf(x)
+			if (z == nil && n >= 0) || (z != nil && z.Sign() >= 0) {
+				return normInt(bigOf(n, z))
 			}
-			return x, nil
+			return intNeg(n, z)
 		case float64:
 			return math.Abs(x), nil
 		}
 		return nil, fmt.Errorf("TypeError: bad operand type for abs(): '%s'", typeName(v))
 	case "round":
-		x, ok := asFloat(v)
-		if !ok {
-			return nil, fmt.Errorf("TypeError: round needs a number, got %s", typeName(v))
-		}
-		prec := toInt(kwOr(kw, args, 0, "precision", int64(0)), 0)
-		method := str(kwOr(kw, args, 1, "method", "common"))
-		p := math.Pow(10, float64(prec))
-		switch method {
-		case "ceil":
-			return math.Ceil(x*p) / p, nil
-		case "floor":
-			return math.Floor(x*p) / p, nil
-		}
-		// Python's round: half to even.
-		return math.RoundToEven(x*p) / p, nil
+		return roundFilter(v, kwOr(kw, args, 0, "precision", int64(0)), str(kwOr(kw, args, 1, "method", "common")))
 	case "sum":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
-		var total Value = toInt(kwOr(kw, args, 1, "start", int64(0)), 0)
+		total := kwOr(kw, args, 1, "start", int64(0))
 		attr := kwOr(kw, args, 0, "attribute", nil)
 		for _, it := range items {
 			if attr != nil {
@@ -369,25 +414,34 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 		}
 		return total, nil
 	case "min", "max":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
 		if len(items) == 0 {
 			return Undefined{hint: "No aggregated item, sequence was empty."}, nil
 		}
+		key := itemKey(kwOr(kw, args, 1, "attribute", nil), truthy(kwOr(kw, args, 0, "case_sensitive", false)))
 		best := items[0]
+		bestKey, err := key(best)
+		if err != nil {
+			return nil, err
+		}
 		op := "<"
 		if name == "max" {
 			op = ">"
 		}
 		for _, it := range items[1:] {
-			better, err := compare(op, it, best)
+			k, err := key(it)
+			if err != nil {
+				return nil, err
+			}
+			better, err := e.compare(op, k, bestKey)
 			if err != nil {
 				return nil, err
 			}
 			if better {
-				best = it
+				best, bestKey = it, k
 			}
 		}
 		return best, nil
@@ -408,25 +462,35 @@ func (e *evaluator) filter(name string, v Value, args []Value, kw *Dict) (Value,
 	case "wordcount":
 		return int64(len(strings.FieldsFunc(str(v), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsNumber(r) && r != '_' }))), nil
 	case "center":
-		s := str(v)
 		w := int(max(0, min(toInt(kwOr(kw, args, 0, "width", int64(80)), 80), maxRepeat)))
-		n := len([]rune(s))
-		if w <= n {
-			return s, nil
-		}
-		left := (w - n) / 2
-		return strings.Repeat(" ", left) + s + strings.Repeat(" ", w-n-left), nil
+		return pyCenter(str(v), w), nil
 	case "truncate":
+		// Jinja's do_truncate, with its default leeway of 5.
 		s := str(v)
-		n := int(toInt(kwOr(kw, args, 0, "length", int64(255)), 255))
+		n := toInt(kwOr(kw, args, 0, "length", int64(255)), 255)
+		killwords := truthy(kwOr(kw, args, 1, "killwords", false))
+		end := str(kwOr(kw, args, 2, "end", "..."))
+		leeway := toInt(kwOr(kw, args, 3, "leeway", int64(5)), 5)
+		endLen := int64(utf8.RuneCountInString(end))
+		if n < endLen {
+			return nil, fmt.Errorf("AssertionError: expected length >= %d, got %d", endLen, n)
+		}
+		if leeway < 0 {
+			return nil, fmt.Errorf("AssertionError: expected leeway >= 0, got %d", leeway)
+		}
 		rs := []rune(s)
-		if len(rs) <= n {
+		if l := int64(len(rs)); l <= n || l-n <= leeway {
 			return s, nil
 		}
-		end := str(kwOr(kw, args, 2, "end", "..."))
-		return string(rs[:max(0, n-len([]rune(end)))]) + end, nil
+		head := string(rs[:n-endLen])
+		if !killwords {
+			if i := strings.LastIndexByte(head, ' '); i >= 0 {
+				head = head[:i]
+			}
+		}
+		return head + end, nil
 	case "batch":
-		items, err := iterate(v)
+		items, err := e.iterate(v)
 		if err != nil {
 			return nil, err
 		}
@@ -465,4 +529,175 @@ func strIn(filter string, v Value) (string, error) {
 		return "", nil
 	}
 	return str(v), nil
+}
+
+// itemKey is Jinja's make_attrgetter for min, max and unique: the item's
+// attribute (or the item), lowercased when it is a str and the filter is
+// not case-sensitive.
+func itemKey(attr Value, caseSensitive bool) func(Value) (Value, error) {
+	return func(x Value) (Value, error) {
+		if attr != nil {
+			var err error
+			if x, err = getItem(x, attr); err != nil {
+				return nil, err
+			}
+		}
+		if s, ok := x.(string); ok && !caseSensitive {
+			return strings.ToLower(s), nil
+		}
+		return x, nil
+	}
+}
+
+// intFilter is Jinja's int filter: int(value) (int(value, base) for a
+// str), else int(float(value)), else the default. An infinite float is
+// Python's OverflowError, which the filter does not catch.
+func intFilter(v, def, base Value) (Value, error) {
+	switch x := v.(type) {
+	case int64, *big.Int:
+		return x, nil
+	case bool:
+		return boolInt(x), nil
+	case float64:
+		if math.IsNaN(x) {
+			return def, nil
+		}
+		return floatToInt(x)
+	case string:
+		if b, ok := base.(int64); ok {
+			if n, ok := pyIntString(x, b); ok {
+				return n, nil
+			}
+		}
+		if f, ok := pyFloatString(x); ok {
+			if n, err := floatToInt(f); err == nil {
+				return n, nil
+			}
+		}
+		return def, nil
+	case Undefined:
+		return nil, x.err()
+	}
+	return def, nil
+}
+
+// roundFilter is Jinja's round filter: Python's round(value, precision)
+// ("common": an int stays an int, a float is rounded half to even on its
+// exact value), or math.ceil/math.floor of value * 10**precision divided
+// back.
+func roundFilter(v, precision Value, method string) (Value, error) {
+	if u, ok := v.(Undefined); ok {
+		return nil, u.err()
+	}
+	prec, ok := precision.(int64)
+	if !ok {
+		if b, isBool := precision.(bool); isBool {
+			prec, ok = boolInt(b), true
+		}
+	}
+	if !ok {
+		return nil, fmt.Errorf("TypeError: '%s' object cannot be interpreted as an integer", typeName(precision))
+	}
+	switch method {
+	case "common":
+		switch x := v.(type) {
+		case int64, bool, *big.Int:
+			n, z, _ := intOf(x)
+			return pyRoundInt(n, z, prec)
+		case float64:
+			return pyRoundFloat(x, prec), nil
+		}
+		return nil, fmt.Errorf("TypeError: type %s doesn't define __round__ method", typeName(v))
+	case "ceil", "floor":
+		p, err := binop("**", int64(10), prec)
+		if err != nil {
+			return nil, err
+		}
+		scaled, err := binop("*", v, p)
+		if err != nil {
+			return nil, err
+		}
+		if f, isFloat := scaled.(float64); isFloat {
+			if method == "ceil" {
+				f = math.Ceil(f)
+			} else {
+				f = math.Floor(f)
+			}
+			if scaled, err = floatToInt(f); err != nil {
+				return nil, err
+			}
+		}
+		return binop("/", scaled, p)
+	}
+	return nil, errors.New("FilterArgumentError: method must be common, ceil or floor")
+}
+
+// pyRoundFloat is round(x, ndigits) for a float: the exact binary value
+// rounded half to even at the decimal digit, as CPython does.
+func pyRoundFloat(x float64, ndigits int64) float64 {
+	switch {
+	case math.IsInf(x, 0) || math.IsNaN(x) || x == 0 || ndigits > 400:
+		return x
+	case ndigits >= 0:
+		f, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'f', int(ndigits), 64), 64)
+		return f
+	case ndigits < -400:
+		return math.Copysign(0, x)
+	}
+	p := new(big.Int).Exp(big.NewInt(10), big.NewInt(-ndigits), nil)
+	r := new(big.Rat).SetFloat64(x)
+	r.Quo(r, new(big.Rat).SetInt(p))
+	q, m := new(big.Int).DivMod(r.Num(), r.Denom(), new(big.Int))
+	switch c := new(big.Int).Lsh(m, 1).Cmp(r.Denom()); {
+	case c > 0, c == 0 && q.Bit(0) == 1:
+		q.Add(q, big.NewInt(1))
+	}
+	f, _ := new(big.Float).SetInt(q.Mul(q, p)).Float64()
+	return math.Copysign(f, x)
+}
+
+// writeHashKey writes a key that two hashable values share exactly when
+// Python's set would count them once: equal numbers of any type share the
+// key of the int or float they equal, tuples combine their items' keys.
+func writeHashKey(b *strings.Builder, v Value) error {
+	switch x := v.(type) {
+	case nil:
+		b.WriteString("N")
+	case string:
+		b.WriteString("s")
+		b.WriteString(strconv.Itoa(len(x)))
+		b.WriteByte(':')
+		b.WriteString(x)
+	case int64, bool, *big.Int:
+		n, z, _ := intOf(x)
+		b.WriteString("i")
+		b.WriteString(bigOf(n, z).String())
+	case float64:
+		if x == math.Trunc(x) && !math.IsInf(x, 0) {
+			iv, _ := floatToInt(x)
+			return writeHashKey(b, iv)
+		}
+		b.WriteString("f")
+		b.WriteString(strconv.FormatFloat(x, 'g', -1, 64))
+	case *List:
+		if !x.Tuple {
+			return errors.New("TypeError: unhashable type: 'list'")
+		}
+		b.WriteString("(")
+		for _, it := range x.Items {
+			if err := writeHashKey(b, it); err != nil {
+				return err
+			}
+			b.WriteByte(',')
+		}
+		b.WriteString(")")
+	case *Dict:
+		return errors.New("TypeError: unhashable type: 'dict'")
+	case Undefined:
+		b.WriteString("U") // Jinja's Undefineds are all equal
+	default:
+		// Namespaces, loops, macros and functions hash by identity.
+		fmt.Fprintf(b, "o%p", x)
+	}
+	return nil
 }

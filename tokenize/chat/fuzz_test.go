@@ -3,16 +3,31 @@ package chat
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"testing"
 	"time"
 )
 
+// fuzzSteps is the work budget of a fuzzed render (Template.MaxSteps).
+const fuzzSteps = 100_000
+
+// fuzzAllocLimit bounds what one fuzzed render may allocate. Within
+// fuzzSteps steps a template can build little (a step per 64 bytes); one
+// operation may overshoot by the size of a value, itself at most
+// maxOutput, so a render that allocates more has done work its budget did
+// not count.
+const fuzzAllocLimit = 1 << 30
+
 // FuzzTemplate compiles and renders arbitrary template sources: errors are
-// fine, panics and runaway loops are not.
+// fine; panics are not, nor a render that differs from a second render of
+// the same template, nor output past the limit, nor allocating more than
+// the step budget allows. The budget, spent by every builtin on what it
+// builds or scans, bounds the work; wall time plays no part.
 func FuzzTemplate(f *testing.F) {
-	for _, name := range []string{"qwen3", "deepseek_v3"} {
+	for _, name := range []string{"qwen3", "deepseek_v3", "llama3_1", "py_whitespace", "py_ints"} {
 		if src, err := os.ReadFile(filepath.Join(chatData, "templates", name+".jinja")); err == nil {
 			f.Add(string(src))
 		}
@@ -22,25 +37,44 @@ func FuzzTemplate(f *testing.F) {
 		"{{ [1,2,3][::-1]|join(',') }}", "{{ {'a': 1.5, 'b': none}|tojson }}", "{% set ns = namespace(a=1) %}{% set ns.a = 2 %}{{ ns.a }}",
 		"{% macro m(a, b=2) %}{{ a ~ b }}{% endmacro %}{{ m(1) }}", "{{ 'a b'.split() }}", "{% raw %}{{ x }}{% endraw %}",
 		"{{ raise_exception('no') }}", "{{ 1 // 0 }}", "{{ x.y.z }}", "{# c #}  {% if true %}\n  a\n{% endif %}",
+		"{{ 2**64 // 3 }}{{ 9007199254740993 == 9007199254740992.0 }}", "{{ '\\u3000 a\\x1c'.strip() }}{{ x|center(9) }}",
+		"{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
 	} {
 		f.Add(s)
 	}
 	vars := NewDict()
-	msgs, _ := FromJSON([]byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]}]`))
+	msgs, _ := FromJSON([]byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":{"a":1,"n":12345678901234567890}}}]}]`))
 	vars.Set("messages", msgs)
 	vars.Set("add_generation_prompt", true)
 	vars.Set("x", "text")
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, src string) {
-		start := time.Now()
 		tmpl, err := Compile(src)
-		if err == nil {
-			tmpl.MaxSteps = 100_000
-			_, _ = tmpl.Render(vars)
+		if err != nil {
+			return
 		}
-		if d := time.Since(start); d > 2*time.Second {
-			t.Fatalf("compile+render took %v for %q", d, src)
+		tmpl.MaxSteps = fuzzSteps
+		tmpl.Now = func() time.Time { return now }
+		before := allocatedBytes()
+		out, err := tmpl.Render(vars)
+		if n := allocatedBytes() - before; n > fuzzAllocLimit {
+			t.Fatalf("render allocated %d bytes within %d steps (err %v) for %q", n, fuzzSteps, err, src)
+		}
+		if len(out) > maxOutput {
+			t.Fatalf("output of %d bytes, past the %d limit, for %q", len(out), maxOutput, src)
+		}
+		out2, err2 := tmpl.Render(vars)
+		if out2 != out || fmt.Sprint(err2) != fmt.Sprint(err) {
+			t.Fatalf("two renders of %q differ:\n%q, %v\n%q, %v", src, out, err, out2, err2)
 		}
 	})
+}
+
+// allocatedBytes is the heap allocated so far by the process.
+func allocatedBytes() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // FuzzMessages renders the real templates on arbitrary message JSON.

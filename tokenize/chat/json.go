@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/prefixrouter/prefixrouter/tokenize/jsonspan"
 )
 
 // FromJSON converts JSON into template values, keeping object key order and
@@ -37,16 +40,7 @@ type jsonParser struct {
 	i int
 }
 
-func (p *jsonParser) ws() {
-	for p.i < len(p.s) {
-		switch p.s[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
+func (p *jsonParser) ws() { p.i = jsonspan.SkipWS(p.s, p.i) }
 
 func (p *jsonParser) errf(format string, args ...any) error {
 	return fmt.Errorf("JSON at offset %d: %s", p.i, fmt.Sprintf(format, args...))
@@ -186,6 +180,17 @@ func (p *jsonParser) number() (Value, error) {
 		if n, err := strconv.ParseInt(lit, 10, 64); err == nil {
 			return n, nil
 		}
+		// Beyond int64: Python's json reads an exact int, up to its
+		// 4300-digit limit.
+		if len(lit) > maxIntDigits+1 {
+			return nil, p.errf("%v", errIntTooLarge())
+		}
+		z, _ := new(big.Int).SetString(lit, 10)
+		v, err := normInt(z)
+		if err != nil {
+			return nil, p.errf("%v", err)
+		}
+		return v, nil
 	}
 	f, err := strconv.ParseFloat(lit, 64)
 	if err != nil && !math.IsInf(f, 0) {
@@ -371,30 +376,30 @@ func scanBytes(seg []byte) (ascii bool, ctrl int) {
 // ']' with JSON whitespace between, and an element whose extent the scan got
 // wrong cannot be a single valid JSON value.
 func ArrayElems(raw []byte) (elems [][]byte, ok bool) {
-	i := skipWS(raw, 0)
+	i := jsonspan.SkipWS(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, false
 	}
-	i = skipWS(raw, i+1)
+	i = jsonspan.SkipWS(raw, i+1)
 	if i < len(raw) && raw[i] == ']' {
-		return [][]byte{}, skipWS(raw, i+1) == len(raw)
+		return [][]byte{}, jsonspan.SkipWS(raw, i+1) == len(raw)
 	}
 	elems = make([][]byte, 0, 16) // a chat's messages: fewer regrowths
 	for {
-		end, ok := elemEnd(raw, i)
+		end, ok := jsonspan.End(raw, i)
 		if !ok {
 			return nil, false
 		}
 		elems = append(elems, raw[i:end])
-		i = skipWS(raw, end)
+		i = jsonspan.SkipWS(raw, end)
 		if i >= len(raw) {
 			return nil, false
 		}
 		switch raw[i] {
 		case ',':
-			i = skipWS(raw, i+1)
+			i = jsonspan.SkipWS(raw, i+1)
 		case ']':
-			return elems, skipWS(raw, i+1) == len(raw)
+			return elems, jsonspan.SkipWS(raw, i+1) == len(raw)
 		default:
 			return nil, false
 		}
@@ -413,83 +418,4 @@ func FromJSONElem(raw []byte) (Value, error) {
 		return nil, fmt.Errorf("JSON: trailing data at offset %d", p.i)
 	}
 	return v, nil
-}
-
-func skipWS(s []byte, i int) int {
-	for i < len(s) {
-		switch s[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// elemEnd returns the end of the value starting at s[i]: the matching close
-// of an object or array, the closing quote of a string, or the next
-// delimiter after a scalar. Brackets are counted, not matched by kind: a
-// mismatch only makes an element that FromJSONElem rejects.
-func elemEnd(s []byte, i int) (int, bool) {
-	if i >= len(s) {
-		return 0, false
-	}
-	switch s[i] {
-	case '"':
-		return strEnd(s, i)
-	case '{', '[':
-		depth := 0
-		for i < len(s) {
-			switch s[i] {
-			case '"':
-				end, ok := strEnd(s, i)
-				if !ok {
-					return 0, false
-				}
-				i = end
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1, true
-				}
-			}
-			i++
-		}
-		return 0, false
-	case ',', ']', '}', ':':
-		return 0, false
-	}
-	for j := i; j < len(s); j++ {
-		switch s[j] {
-		case ',', ']', ' ', '\t', '\n', '\r':
-			return j, true
-		}
-	}
-	return 0, false
-}
-
-// strEnd returns the offset just past the string starting at s[i] (a
-// quote): the first quote not escaped by an odd run of backslashes.
-// Message texts are most of a request, so it jumps quote to quote.
-func strEnd(s []byte, i int) (int, bool) {
-	j := i + 1
-	for {
-		k := bytes.IndexByte(s[j:], '"')
-		if k < 0 {
-			return 0, false
-		}
-		q := j + k
-		n := 0
-		for b := q - 1; b > i && s[b] == '\\'; b-- {
-			n++
-		}
-		if n%2 == 0 {
-			return q + 1, true
-		}
-		j = q + 1
-	}
 }

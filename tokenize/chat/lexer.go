@@ -3,6 +3,7 @@ package chat
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // Token kinds of the template lexer.
@@ -54,7 +55,7 @@ type lexer struct {
 
 func (lx *lexer) emitText(text string, lineStart bool, tagKind byte, tagMod byte) {
 	if lx.stripNext {
-		t := strings.TrimLeft(text, " \t\n\r\v\f")
+		t := strings.TrimLeftFunc(text, isPySpace)
 		if len(t) < len(text) {
 			lineStart = text[len(text)-len(t)-1] == '\n'
 		}
@@ -65,14 +66,14 @@ func (lx *lexer) emitText(text string, lineStart bool, tagKind byte, tagMod byte
 	lx.stripNext, lx.trimNext = false, false
 	switch {
 	case tagMod == '-':
-		text = strings.TrimRight(text, " \t\n\r\v\f")
+		text = strings.TrimRightFunc(text, isPySpace)
 	case tagMod != '+' && (tagKind == '%' || tagKind == '#'):
-		// lstrip_blocks: drop spaces and tabs before a block or comment tag
-		// when they are all that precedes it on its line.
+		// lstrip_blocks: drop the white space before a block or comment
+		// tag when it is all that precedes the tag on its line.
 		i := strings.LastIndexByte(text, '\n')
 		if i >= 0 || lineStart {
 			tail := text[i+1:]
-			if strings.Trim(tail, " \t") == "" {
+			if strings.TrimFunc(tail, isPySpace) == "" {
 				text = text[:i+1]
 			}
 		}
@@ -151,11 +152,11 @@ func (lx *lexer) nextTag(from int) int {
 
 // rawBlock handles {% raw %}...{% endraw %}; lx.pos is just inside "{%".
 func (lx *lexer) rawBlock() (string, bool) {
-	rest := strings.TrimLeft(lx.src[lx.pos:], " \t\n")
+	rest := strings.TrimLeftFunc(lx.src[lx.pos:], isPySpace)
 	if !strings.HasPrefix(rest, "raw") {
 		return "", false
 	}
-	rest = strings.TrimLeft(rest[3:], " \t\n")
+	rest = strings.TrimLeftFunc(rest[3:], isPySpace)
 	closeMod := byte(0)
 	if strings.HasPrefix(rest, "-%}") || strings.HasPrefix(rest, "+%}") {
 		closeMod = rest[0]
@@ -176,11 +177,11 @@ func (lx *lexer) rawBlock() (string, bool) {
 			endMod = lx.src[k]
 			k++
 		}
-		r := strings.TrimLeft(lx.src[k:], " \t\n")
+		r := strings.TrimLeftFunc(lx.src[k:], isPySpace)
 		if !strings.HasPrefix(r, "endraw") {
 			continue
 		}
-		r = strings.TrimLeft(r[6:], " \t\n")
+		r = strings.TrimLeftFunc(r[6:], isPySpace)
 		tailMod := byte(0)
 		if strings.HasPrefix(r, "-%}") || strings.HasPrefix(r, "+%}") {
 			tailMod = r[0]
@@ -191,12 +192,12 @@ func (lx *lexer) rawBlock() (string, bool) {
 		}
 		body := lx.src[bodyStart:j]
 		if closeMod == '-' {
-			body = strings.TrimLeft(body, " \t\n\r\v\f")
+			body = strings.TrimLeftFunc(body, isPySpace)
 		} else if closeMod != '+' {
 			body = strings.TrimPrefix(body, "\n")
 		}
 		if endMod == '-' {
-			body = strings.TrimRight(body, " \t\n\r\v\f")
+			body = strings.TrimRightFunc(body, isPySpace)
 		}
 		lx.line += strings.Count(lx.src[lx.pos:len(lx.src)-len(r)+2], "\n")
 		lx.pos = len(lx.src) - len(r) + 2
@@ -216,11 +217,15 @@ const opChars = "+-*/%~()[]{},.:|=<>!"
 func (lx *lexer) lexExpr(end string, endKind tokKind) error {
 	src := lx.src
 	for {
-		for lx.pos < len(src) && strings.IndexByte(" \t\n\r", src[lx.pos]) >= 0 {
-			if src[lx.pos] == '\n' {
+		for lx.pos < len(src) {
+			r, n := utf8.DecodeRuneInString(src[lx.pos:])
+			if !isPySpace(r) {
+				break
+			}
+			if r == '\n' {
 				lx.line++
 			}
-			lx.pos++
+			lx.pos += n
 		}
 		if lx.pos >= len(src) {
 			return fmt.Errorf("line %d: unclosed tag (want %q)", lx.line, end)
@@ -287,32 +292,60 @@ func (lx *lexer) lexExpr(end string, endKind tokKind) error {
 
 func isLetter(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') }
 
+// scanNumber measures the number at the start of s as Jinja's lexer does:
+// a float (digits with a fraction or an exponent) first, else an integer,
+// either 0b/0o/0x and digits of that base, or decimal digits without a
+// leading zero ("0", "00" are integers; "012" is "0" then "12"), with
+// single underscores between digits throughout.
 func scanNumber(s string) (int, bool) {
-	n := 0
-	digits := func() {
-		for n < len(s) && ((s[n] >= '0' && s[n] <= '9') || (s[n] == '_' && n+1 < len(s) && s[n+1] >= '0' && s[n+1] <= '9')) {
+	digitsOf := func(n int, ok func(byte) bool) int {
+		for n < len(s) && (ok(s[n]) || (s[n] == '_' && n+1 < len(s) && ok(s[n+1]))) {
 			n++
 		}
+		return n
 	}
-	digits()
+	isDec := func(c byte) bool { return c >= '0' && c <= '9' }
+	n := digitsOf(0, isDec)
 	isFloat := false
-	if n+1 < len(s) && s[n] == '.' && s[n+1] >= '0' && s[n+1] <= '9' {
+	if n+1 < len(s) && s[n] == '.' && isDec(s[n+1]) {
 		isFloat = true
-		n++
-		digits()
+		n = digitsOf(n+1, isDec)
 	}
 	if n < len(s) && (s[n] == 'e' || s[n] == 'E') {
 		m := n + 1
 		if m < len(s) && (s[m] == '+' || s[m] == '-') {
 			m++
 		}
-		if m < len(s) && s[m] >= '0' && s[m] <= '9' {
+		if m < len(s) && isDec(s[m]) {
 			isFloat = true
-			n = m
-			digits()
+			n = digitsOf(m, isDec)
 		}
 	}
-	return n, isFloat
+	if isFloat || s[0] != '0' {
+		return n, isFloat
+	}
+	if len(s) > 2 {
+		var ok func(byte) bool
+		switch s[1] | 0x20 {
+		case 'b':
+			ok = func(c byte) bool { return c == '0' || c == '1' }
+		case 'o':
+			ok = func(c byte) bool { return c >= '0' && c <= '7' }
+		case 'x':
+			ok = func(c byte) bool { return isDec(c) || (c|0x20 >= 'a' && c|0x20 <= 'f') }
+		}
+		if ok != nil {
+			// The prefix may be followed by one underscore.
+			m := 2
+			if s[m] == '_' {
+				m++
+			}
+			if m < len(s) && ok(s[m]) {
+				return digitsOf(m, ok), false
+			}
+		}
+	}
+	return digitsOf(0, func(c byte) bool { return c == '0' }), false
 }
 
 // unquote reads a Python string literal with its escapes; it returns the
@@ -379,13 +412,8 @@ func unquote(s string) (string, int, error) {
 }
 
 func hexVal(c byte) int {
-	switch {
-	case c >= '0' && c <= '9':
-		return int(c - '0')
-	case c >= 'a' && c <= 'f':
-		return int(c-'a') + 10
-	case c >= 'A' && c <= 'F':
-		return int(c-'A') + 10
+	if d := pyDigit(rune(c)); d < 16 {
+		return d
 	}
 	return -1
 }

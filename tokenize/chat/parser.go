@@ -2,8 +2,10 @@ package chat
 
 import (
 	"fmt"
+	"math/big"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 type stmt any
@@ -723,10 +725,9 @@ func (p *parser) parsePrimary() (expr, error) {
 		}
 		return &literal{s}, nil
 	case tInt:
-		v, err := strconv.ParseInt(t.val, 10, 64)
+		v, err := intLiteral(t.val)
 		if err != nil {
-			f, _ := strconv.ParseFloat(t.val, 64)
-			return &literal{f}, nil
+			return nil, p.errf("%v", err)
 		}
 		return &literal{v}, nil
 	case tFloat:
@@ -814,7 +815,10 @@ func (p *parser) parsePostfix(e expr) (expr, error) {
 			case tName:
 				e = &attrExpr{obj: e, name: t.val, undefDict: Undefined{format: "'dict object' has no attribute '%s'", args: []any{t.val}}}
 			case tInt:
-				v, _ := strconv.ParseInt(t.val, 10, 64)
+				v, err := intLiteral(t.val)
+				if err != nil {
+					return nil, p.errf("%v", err)
+				}
 				e = &itemExpr{e, &literal{v}}
 			default:
 				return nil, p.errf("expected an attribute name")
@@ -975,4 +979,22 @@ func (p *parser) startsTestArg() bool {
 		return t.val == "[" || t.val == "{"
 	}
 	return false
+}
+
+// intLiteral is the value of an integer token (underscores removed; a
+// 0b/0o/0x prefix gives the base), exact however large, up to Python's
+// 4300-digit limit for decimal text.
+func intLiteral(lit string) (Value, error) {
+	if v, err := strconv.ParseInt(lit, 0, 64); err == nil {
+		return v, nil
+	}
+	decimal := !strings.HasPrefix(lit, "0") || len(lit) < 2 || strings.Trim(lit, "0") == ""
+	if decimal && len(lit) > maxIntDigits {
+		return nil, errIntTooLarge()
+	}
+	z, ok := new(big.Int).SetString(lit, 0)
+	if !ok {
+		return nil, fmt.Errorf("bad integer %q", lit)
+	}
+	return normInt(z)
 }

@@ -6,8 +6,10 @@
 //
 // It is its own interpreter rather than gonja because chat templates need a
 // Python value model gonja lacks: ordered dicts (tools | tojson), Python
-// printing of None/True/floats, str methods with Python semantics, and
-// Jinja's Undefined behaviour; see DESIGN.md section 2.
+// printing of None/True/floats, arbitrary-precision ints (ints.go), str
+// methods with Python's white space (pystr.go), and Jinja's Undefined
+// behaviour. testdata/chat holds Python's renders that it must match byte
+// for byte (testdata/chat/README.md says how they were made).
 package chat
 
 import (
@@ -24,8 +26,10 @@ type Template struct {
 	nglobals int // names no scope binds (evaluator.globals)
 	// Now returns the time strftime_now formats; tests pin it.
 	Now func() time.Time
-	// MaxSteps bounds evaluation work per render (0: 10 million steps,
-	// far above any real chat); a template that loops past it fails.
+	// MaxSteps bounds the work of a render (0: 10 million steps, far
+	// above any real chat): a step per expression and statement evaluated
+	// and per 64 bytes or item a builtin builds or scans (see spend in
+	// eval.go). A template that works past it fails.
 	MaxSteps int
 	sizeHint atomic.Int64 // largest output so far, to size the next one
 }
@@ -83,7 +87,12 @@ func (t *Template) render(base, vars *Vars) (string, error) {
 			t.sizeHint.Store(n)
 		}
 	}()
-	if err := e.render(t.body, newFrame(nil, t.nslots)); err != nil {
+	err := e.render(t.body, newFrame(nil, t.nslots))
+	if err == nil {
+		// The last statement's output and any work after the last tick.
+		err = e.outputSpent()
+	}
+	if err != nil {
 		switch err {
 		case errBreak, errContinue:
 			return "", fmt.Errorf("TemplateSyntaxError: break or continue outside a loop")

@@ -3,6 +3,7 @@ package chat
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"unicode"
@@ -10,8 +11,8 @@ import (
 )
 
 // Value is a template value with Python semantics. Concrete types:
-// nil (None), Undefined, bool, int64, float64, string, *List, *Dict,
-// *Namespace, *loopInfo and callables.
+// nil (None), Undefined, bool, int64 and *big.Int (int, see ints.go),
+// float64, string, *List, *Dict, *Namespace, *loopInfo and callables.
 type Value = any
 
 // Undefined is a missing variable, attribute or item. Printing it gives "",
@@ -115,7 +116,7 @@ func typeName(v Value) string {
 		return "Undefined"
 	case bool:
 		return "bool"
-	case int64:
+	case int64, *big.Int:
 		return "int"
 	case float64:
 		return "float"
@@ -146,6 +147,8 @@ func truthy(v Value) bool {
 		return v
 	case int64:
 		return v != 0
+	case *big.Int:
+		return true // never zero: zero is an int64
 	case float64:
 		return v != 0
 	case string:
@@ -181,6 +184,11 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 		b.WriteString("...")
 		return
 	}
+	if b.Len() > maxOutput {
+		// Past the limit the text is refused wherever it goes (output,
+		// a str value): the rest need not be written.
+		return
+	}
 	switch v := v.(type) {
 	case nil:
 		b.WriteString("None")
@@ -194,6 +202,8 @@ func writeRepr(b *strings.Builder, v Value, depth int) {
 		}
 	case int64:
 		b.WriteString(strconv.FormatInt(v, 10))
+	case *big.Int:
+		b.WriteString(v.String())
 	case float64:
 		b.WriteString(pyFloat(v))
 	case string:
@@ -330,10 +340,18 @@ func writeJSON(b *strings.Builder, v Value, indent *int, sortKeys bool, level in
 	if level > 1000 {
 		return fmt.Errorf("ValueError: nesting too deep for tojson")
 	}
+	if b.Len() > maxOutput {
+		return errValueTooLarge()
+	}
 	nl := func(l int) {
 		if indent != nil {
 			b.WriteByte('\n')
-			b.WriteString(strings.Repeat(" ", *indent*l))
+			// A negative indent is no indent, as " " * -1 is "".
+			if pad := *indent * l; pad > 0 && pad <= maxOutput {
+				b.WriteString(strings.Repeat(" ", pad))
+			} else if pad > maxOutput {
+				b.WriteString(strings.Repeat(" ", maxOutput+1))
+			}
 		}
 	}
 	itemSep := ", "
@@ -351,6 +369,8 @@ func writeJSON(b *strings.Builder, v Value, indent *int, sortKeys bool, level in
 		}
 	case int64:
 		b.WriteString(strconv.FormatInt(v, 10))
+	case *big.Int:
+		b.WriteString(v.String())
 	case float64:
 		switch {
 		case math.IsInf(v, 1):

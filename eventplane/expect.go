@@ -1,4 +1,4 @@
-package health
+package eventplane
 
 import (
 	"slices"
@@ -15,21 +15,23 @@ import (
 // prefill, blocks are announced while the prompt is still being computed):
 // the confirming batch normally lands before the first byte.
 //
-// The router pushes expectations lock-free from its request goroutines
-// (expectInbox); the monitor drains them into a ledger it owns under its
-// lock (awaitLedger) and settles them against the subscriber's last event.
+// The router tells the plane of each request at its dispatch and at its
+// first byte (Expectation); the first byte pushes the expectation lock-free
+// from the request goroutine (expectInbox), and the plane's evaluation
+// drains it into a ledger it owns under its lock (awaitLedger) and settles
+// it against the subscriber's last event.
 
 // eventLagAllowance is how long after a request's first byte its events may
 // still be in transit before the request counts as unconfirmed. The events
 // normally arrive first, but they travel another socket and the
 // subscriber's receive loop: a request whose prefill alone outlasted
-// EventsStaleAfter must not flip the verdict in the instant between its
+// StaleAfter must not flip the verdict in the instant between its
 // first byte and its batch.
 const eventLagAllowance = time.Second
 
-// maxInbox bounds the expectations waiting for the monitor to drain them
+// maxInbox bounds the expectations waiting for the plane to drain them
 // (it drains every evaluation; the bound matters only when nothing
-// evaluates, e.g. a monitor that was never Run). Beyond it new expectations
+// evaluates, e.g. a plane that was never Run). Beyond it new expectations
 // are dropped: the thousands already waiting say the same thing.
 const maxInbox = 4096
 
@@ -37,6 +39,77 @@ const maxInbox = 4096
 // otherwise keep one entry per request until the next event; beyond the
 // bound, neighbouring entries are merged (see compact).
 const maxPending = 4096
+
+// live is a target's request-path state. Everything is atomic: request
+// goroutines update it without locks.
+type live struct {
+	now func() time.Time
+	// dispatched counts requests dispatched to the target (routing volume).
+	dispatched atomic.Uint64
+	// blockSize is the pod's KV block size in tokens as the plane last
+	// learned it (0: unknown, defaultBlockSize is assumed). Read at the
+	// first byte to count the full blocks a request filled.
+	blockSize atomic.Int64
+	// expect receives one expectation per answered request that should
+	// have made the pod publish BlockStored; evaluation drains it.
+	expect expectInbox
+}
+
+// Expectation is one dispatched request as the event plane follows it:
+// started by Plane.Dispatch, answered by FirstByte. It is a small value:
+// keep it with the request, call FirstByte from one goroutine. The zero
+// Expectation (a target the plane does not know) is a no-op.
+type Expectation struct {
+	l          *live
+	dispatched int64 // unix nanos
+	answered   bool
+}
+
+// FirstByte records that the request's first response byte arrived, with
+// its prompt tokens and the uncached ones the pod had to compute (as the
+// router knows them by now). The cached tokens are taken as a prefix: the
+// full blocks beyond it are now due to be announced by a KV event. vLLM
+// publishes a step's events before it returns the step's outputs, so those
+// events normally reach the router before this first byte does: any event
+// received since dispatch counts for this request, not only one received
+// after now. Repeated calls are ignored.
+func (e *Expectation) FirstByte(prompt, uncached int) {
+	if e.l == nil || e.answered {
+		return
+	}
+	e.answered = true
+	prompt = max(prompt, 0)
+	uncached = min(max(uncached, 0), prompt)
+	blocks := newFullBlocks(int64(prompt), int64(uncached), e.l.blockSize.Load())
+	if blocks > 0 {
+		e.l.expect.push(expectation{
+			dispatched: e.dispatched,
+			until:      e.dispatched,
+			answered:   e.l.now().UnixNano(),
+			uncached:   int64(uncached),
+			blocks:     blocks,
+		})
+	}
+}
+
+// defaultBlockSize is vLLM's block size on CUDA when --block-size is not
+// given; used until the pod's vllm:cache_config_info (or the router's flag)
+// says otherwise.
+const defaultBlockSize = 16
+
+// newFullBlocks is the number of full KV blocks a request with prompt
+// tokens, of which uncached are expected to be computed, will add to the
+// pod's prefix cache: vLLM hashes and announces (BlockStored) full blocks
+// only, so a request that merely extends a partial block publishes nothing
+// and must not be awaited. The cached tokens are a prefix, so the new full
+// blocks are those of the whole prompt minus those of the cached prefix.
+func newFullBlocks(prompt, uncached, blockSize int64) int64 {
+	if blockSize <= 0 {
+		blockSize = defaultBlockSize
+	}
+	cached := prompt - uncached
+	return prompt/blockSize - cached/blockSize
+}
 
 // expectation is one answered request, or after compaction a run of them,
 // awaiting a KV event.
@@ -49,7 +122,7 @@ type expectation struct {
 	next       *expectation
 }
 
-// expectInbox is a lock-free stack: producers push, the monitor takes
+// expectInbox is a lock-free stack: producers push, the plane takes
 // everything at once. Nodes are never reused, so there is no ABA hazard.
 type expectInbox struct {
 	head atomic.Pointer[expectation]
@@ -87,7 +160,7 @@ func (b *expectInbox) drain() []expectation {
 }
 
 // awaitLedger holds the unsatisfied expectations of one target. It is owned
-// by the monitor (guarded by Monitor.mu).
+// by the plane (guarded by Plane.mu).
 type awaitLedger struct {
 	pending []expectation
 }

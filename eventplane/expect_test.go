@@ -1,4 +1,4 @@
-package health
+package eventplane
 
 import (
 	"sync"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestNewFullBlocks: only full blocks are hashed and announced, so the
@@ -98,8 +99,7 @@ func TestAwaitLedger(t *testing.T) {
 	}
 }
 
-// TestExpectInboxBounded: with nobody draining (a monitor that is not
-// Run), first bytes do not accumulate without bound.
+// TestExpectInboxBounded: with nobody draining (a plane that is not Run), first bytes do not accumulate without bound.
 func TestExpectInboxBounded(t *testing.T) {
 	var b expectInbox
 	for i := range maxInbox + 100 {
@@ -116,40 +116,86 @@ func TestExpectInboxBounded(t *testing.T) {
 	}
 }
 
-// TestAwaitConcurrent: first bytes from many goroutines while the monitor
+// TestAwaitConcurrent: first bytes from many goroutines while the plane
 // evaluates (run with -race); one event later than every dispatch settles
 // all of them.
 func TestAwaitConcurrent(t *testing.T) {
-	pod := newFakePod(t, "m")
-	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
-	id := pod.id(0)
+	env := newTestPlane(t, Config{})
+	id := podID(0)
 	env.events.set(id, func(*kvindex.SubscriberStatus) {})
-	env.tick()
-	tg := env.target(t, id)
+	env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+	env.p.evaluate()
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
 			for range 300 {
-				f := tg.Dispatch(1000, 1000)
-				f.FirstByte()
-				f.Finish(OutcomeSuccess)
+				e := env.p.Dispatch(id)
+				e.FirstByte(1000, 1000)
 			}
 		})
 	}
 	wg.Go(func() {
 		for range 50 {
-			env.m.evaluate()
+			env.p.evaluate()
 		}
 	})
 	wg.Wait()
-	env.m.evaluate()
-	if got := env.target(t, id).Events; got.ExpectedBlocksSinceEvent != 1200*62 || got.UncachedSinceEvent != 1200*1000 {
+	env.p.evaluate()
+	if got := env.p.Freshness(id); got.ExpectedBlocksSinceEvent != 1200*62 || got.UncachedSinceEvent != 1200*1000 {
 		t.Fatalf("awaiting %d blocks, %d tokens; want %d, %d", got.ExpectedBlocksSinceEvent, got.UncachedSinceEvent, 1200*62, 1200*1000)
 	}
 	env.clock.Advance(time.Millisecond)
 	env.events.set(id, func(st *kvindex.SubscriberStatus) { st.LastEvent = env.clock.Now() })
-	env.m.evaluate()
-	if got := env.target(t, id).Events; !got.AwaitingSince.IsZero() || got.ExpectedBlocksSinceEvent != 0 {
+	env.p.evaluate()
+	if got := env.p.Freshness(id); !got.AwaitingSince.IsZero() || got.ExpectedBlocksSinceEvent != 0 {
 		t.Fatalf("after the event: awaiting since %v, %d blocks", got.AwaitingSince, got.ExpectedBlocksSinceEvent)
+	}
+}
+
+// TestExpectationZeroAndRepeat: an expectation for a target the plane does
+// not know is a no-op, and a second first byte adds nothing.
+func TestExpectationZeroAndRepeat(t *testing.T) {
+	env := newTestPlane(t, Config{})
+	id := podID(0)
+	env.events.set(id, func(*kvindex.SubscriberStatus) {})
+	env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+	unknown := env.p.Dispatch(podID(1))
+	unknown.FirstByte(1000, 1000)
+	e := env.p.Dispatch(id)
+	e.FirstByte(1000, 1000)
+	e.FirstByte(1000, 1000)
+	env.p.evaluate()
+	if got := env.p.Freshness(id); got.ExpectedBlocksSinceEvent != 62 || got.RoutedInWindow != 1 {
+		t.Fatalf("awaiting %d blocks over %d routes; want 62 over 1", got.ExpectedBlocksSinceEvent, got.RoutedInWindow)
+	}
+	if got := env.p.Freshness(podID(1)); got.Verdict != VerdictDisconnected || got.RoutedInWindow != 0 {
+		t.Fatalf("unknown target: %+v", got)
+	}
+}
+
+// BenchmarkRequestPath is what the event plane adds to one routed request:
+// the verdict of four candidates, the dispatch and the first byte (whose
+// expectation an evaluation drains every thousand requests, as the
+// plane's ticker would).
+func BenchmarkRequestPath(b *testing.B) {
+	env := newTestPlane(b, Config{})
+	ids := []target.ID{podID(0), podID(1), podID(2), podID(3)}
+	for _, id := range ids {
+		env.events.set(id, func(*kvindex.SubscriberStatus) {})
+		env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+	}
+	env.p.evaluate()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for _, id := range ids {
+			_ = env.p.Verdict(id).ConfirmedWeight()
+		}
+		e := env.p.Dispatch(ids[i%4])
+		e.FirstByte(4096, 1024)
+		if i%1000 == 999 {
+			b.StopTimer()
+			env.p.evaluate()
+			b.StartTimer()
+		}
 	}
 }

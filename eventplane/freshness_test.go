@@ -1,4 +1,4 @@
-package health
+package eventplane
 
 import (
 	"cmp"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // TestEventFreshness plays scenarios second by second against a fake clock
@@ -197,24 +198,23 @@ func TestEventFreshness(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			pod := newFakePod(t, "m")
-			opts := ""
+			src := Source{Events: "tcp://127.0.0.1:5557"}
 			if tt.replay {
-				opts = "replay=tcp://127.0.0.1:5558"
+				src.Replay = "tcp://127.0.0.1:5558"
 			}
-			env := newTestMonitor(t, Config{Endpoints: []string{pod.spec(opts)}, EventsStaleAfter: 10 * time.Second, EventsMinUncachedTokens: 16, EventsMaxQueueDepth: 100}, Deps{})
-			id := pod.id(0)
+			env := newTestPlane(t, Config{StaleAfter: 10 * time.Second, MinUncachedTokens: 16, MaxQueueDepth: 100})
+			id := podID(0)
 			if !tt.noStatus {
 				env.events.set(id, func(*kvindex.SubscriberStatus) {})
 			}
-			env.tick()
-			tg := env.target(t, id)
+			env.p.SetTarget(id, src)
+			env.p.evaluate()
+			var got Freshness
 			for i, s := range tt.steps {
 				env.clock.Advance(time.Second)
 				for range s.routes {
-					f := tg.Dispatch(s.uncached+100, s.uncached)
-					f.FirstByte()
-					f.Finish(OutcomeSuccess)
+					e := env.p.Dispatch(id)
+					e.FirstByte(s.uncached+100, s.uncached)
 				}
 				if !tt.noStatus {
 					env.events.set(id, func(st *kvindex.SubscriberStatus) {
@@ -231,47 +231,44 @@ func TestEventFreshness(t *testing.T) {
 					})
 				}
 				env.clock.Advance(20 * time.Millisecond)
-				env.m.evaluate()
-				tg = env.target(t, id)
-				if tg.Events.Verdict != s.want {
-					t.Fatalf("step %d: verdict %s (%s), want %s", i, tg.Events.Verdict, tg.Events.Detail, s.want)
+				env.p.evaluate()
+				got = env.p.Freshness(id)
+				if got.Verdict != s.want || env.p.Verdict(id) != s.want {
+					t.Fatalf("step %d: verdict %s (%s), want %s", i, got.Verdict, got.Detail, s.want)
 				}
-				if tg.Events.Trusted() != (s.want == VerdictFresh) {
+				if got.Verdict.Trusted() != (s.want == VerdictFresh) {
 					t.Fatalf("step %d: Trusted() disagrees with verdict", i)
 				}
 			}
-			if tt.wantDetail != "" && !strings.Contains(tg.Events.Detail, tt.wantDetail) {
-				t.Fatalf("detail %q, want containing %q", tg.Events.Detail, tt.wantDetail)
+			if tt.wantDetail != "" && !strings.Contains(got.Detail, tt.wantDetail) {
+				t.Fatalf("detail %q, want containing %q", got.Detail, tt.wantDetail)
 			}
-			if v, ok := env.gauge(t, "prefixrouter_health_events_verdict", map[string]string{"target": pod.name(0), "verdict": string(tg.Events.Verdict)}); !ok || v != 1 {
-				t.Fatalf("verdict metric missing for %s", tg.Events.Verdict)
-			}
+			env.verdictMetric(t, id, got.Verdict)
 		})
 	}
 }
 
 // TestRoutingWindow: recent routing volume counts dispatches over the window.
 func TestRoutingWindow(t *testing.T) {
-	pod := newFakePod(t, "m")
-	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, RoutingWindow: 10 * time.Second}, Deps{})
-	env.tick()
-	tg := env.target(t, pod.id(0))
+	env := newTestPlane(t, Config{RoutingWindow: 10 * time.Second})
+	id := podID(0)
+	env.p.SetTarget(id, Source{})
+	env.p.evaluate()
 	for range 10 {
 		for range 3 {
-			f := tg.Dispatch(1, 1)
-			f.Finish(OutcomeSuccess)
+			env.p.Dispatch(id)
 		}
 		env.clock.Advance(time.Second)
-		env.m.evaluate()
+		env.p.evaluate()
 	}
-	if got := env.target(t, pod.id(0)).Events.RoutedInWindow; got != 30 {
+	if got := env.p.Freshness(id).RoutedInWindow; got != 30 {
 		t.Fatalf("routed in window %d, want 30", got)
 	}
 	for range 5 {
 		env.clock.Advance(time.Second)
-		env.m.evaluate()
+		env.p.evaluate()
 	}
-	if got := env.target(t, pod.id(0)).Events.RoutedInWindow; got != 15 {
+	if got := env.p.Freshness(id).RoutedInWindow; got != 15 {
 		t.Fatalf("routed in window after 5 quiet seconds %d, want 15", got)
 	}
 }
@@ -285,9 +282,10 @@ func TestRoutingWindow(t *testing.T) {
 func TestEventAwaitClock(t *testing.T) {
 	type op struct {
 		at   time.Duration
-		kind string // dispatch, first, finish, event, check
-		req  int    // dispatch, first, finish
-		// dispatch: prompt and uncached tokens
+		kind string // dispatch, first, event, check
+		req  int    // dispatch, first
+		// dispatch: prompt and uncached tokens, told to the plane at the
+		// first byte (the request's end tells it nothing)
 		prompt, uncached int
 		// check: the verdict, and optionally the awaited clock start
 		want          Verdict
@@ -299,7 +297,6 @@ func TestEventAwaitClock(t *testing.T) {
 		return op{at: at, kind: "dispatch", req: req, prompt: prompt, uncached: uncached}
 	}
 	first := func(at time.Duration, req int) op { return op{at: at, kind: "first", req: req} }
-	finish := func(at time.Duration, req int) op { return op{at: at, kind: "finish", req: req} }
 	event := func(at time.Duration) op { return op{at: at, kind: "event"} }
 	check := func(at time.Duration, want Verdict) op { return op{at: at, kind: "check", want: want} }
 	checkAwait := func(at time.Duration, want Verdict, since time.Duration) op {
@@ -313,28 +310,28 @@ func TestEventAwaitClock(t *testing.T) {
 		{
 			name: "event 5ms before the first byte, then idle: fresh for good",
 			ops: []op{
-				dispatch(1*s, 1, 1000, 1000), event(1*s + ms(200)), first(1*s+ms(205), 1), finish(2*s, 1),
+				dispatch(1*s, 1, 1000, 1000), event(1*s + ms(200)), first(1*s+ms(205), 1),
 				checkAwait(5*s, VerdictFresh, -1), check(12*s, VerdictFresh), check(31*s, VerdictFresh), check(10*time.Minute, VerdictFresh),
 			},
 		},
 		{
 			name: "chunked prefill: blocks announced long before the first byte",
 			ops: []op{
-				dispatch(1*s, 1, 8000, 8000), event(3 * s), first(8*s, 1), finish(9*s, 1),
+				dispatch(1*s, 1, 8000, 8000), event(3 * s), first(8*s, 1),
 				check(20*s, VerdictFresh), check(40*s, VerdictFresh),
 			},
 		},
 		{
 			name: "event after the first byte still confirms",
 			ops: []op{
-				dispatch(1*s, 1, 1000, 1000), first(1*s+ms(100), 1), event(1*s + ms(150)), finish(2*s, 1),
+				dispatch(1*s, 1, 1000, 1000), first(1*s+ms(100), 1), event(1*s + ms(150)),
 				check(30*s, VerdictFresh),
 			},
 		},
 		{
 			name: "an event received before dispatch confirms nothing",
 			ops: []op{
-				event(ms(500)), dispatch(1*s, 1, 1000, 1000), first(1*s+ms(200), 1), finish(2*s, 1),
+				event(ms(500)), dispatch(1*s, 1, 1000, 1000), first(1*s+ms(200), 1),
 				checkAwait(10*s+ms(900), VerdictFresh, 1*s), check(11*s+ms(100), VerdictStale), check(60*s, VerdictStale),
 				event(61 * s), check(61*s+ms(1), VerdictFresh),
 			},
@@ -343,7 +340,7 @@ func TestEventAwaitClock(t *testing.T) {
 			name: "an event for an earlier request does not confirm a later one",
 			ops: []op{
 				dispatch(1*s, 1, 1000, 1000), event(1*s + ms(500)), dispatch(2*s, 2, 1000, 1000),
-				first(1*s+ms(600), 1), first(2*s+ms(500), 2), finish(3*s, 1), finish(3*s, 2),
+				first(1*s+ms(600), 1), first(2*s+ms(500), 2),
 				checkAwait(11*s+ms(900), VerdictFresh, 2*s), check(12*s+ms(100), VerdictStale),
 			},
 		},
@@ -361,7 +358,7 @@ func TestEventAwaitClock(t *testing.T) {
 				var ops []op
 				for i := range 100 { // 8 uncached tokens after 992 cached: block 62 stays partial
 					at := 1*s + time.Duration(i)*ms(100)
-					ops = append(ops, dispatch(at, i, 1000, 8), first(at+ms(50), i), finish(at+ms(60), i))
+					ops = append(ops, dispatch(at, i, 1000, 8), first(at+ms(50), i))
 				}
 				return append(ops, checkAwait(30*s, VerdictFresh, -1))
 			}(),
@@ -369,7 +366,7 @@ func TestEventAwaitClock(t *testing.T) {
 		{
 			name: "nine uncached tokens complete a block: awaited",
 			ops: []op{
-				dispatch(1*s, 1, 1000, 9), first(1*s+ms(50), 1), finish(2*s, 1),
+				dispatch(1*s, 1, 1000, 9), first(1*s+ms(50), 1),
 				checkAwait(11*s, VerdictFresh, 1*s), check(11*s+ms(100), VerdictStale),
 			},
 		},
@@ -377,7 +374,7 @@ func TestEventAwaitClock(t *testing.T) {
 			name:      "the pod's block size decides: 40 tokens fill no 64-token block",
 			blockSize: 64,
 			ops: []op{
-				dispatch(1*s, 1, 1000, 40), first(1*s+ms(50), 1), finish(2*s, 1),
+				dispatch(1*s, 1, 1000, 40), first(1*s+ms(50), 1),
 				checkAwait(30*s, VerdictFresh, -1),
 			},
 		},
@@ -398,23 +395,26 @@ func TestEventAwaitClock(t *testing.T) {
 		{
 			name: "no first byte, no expectation (failed or cancelled prefill)",
 			ops: []op{
-				dispatch(1*s, 1, 1000, 1000), finish(2*s, 1), check(30*s, VerdictFresh),
+				dispatch(1*s, 1, 1000, 1000), check(30*s, VerdictFresh),
 			},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			pod := newFakePod(t, "m")
+			env := newTestPlane(t, Config{StaleAfter: 10 * time.Second, MinUncachedTokens: 1})
+			id := podID(0)
 			if tt.blockSize != 0 {
-				pod.setLoad(0, 0, 0, tt.blockSize, "sha256")
+				env.p.SetCaches(map[target.ID]Cache{id: {Reported: true, BlockSize: tt.blockSize, HashAlgo: "sha256"}})
 			}
-			env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, EventsStaleAfter: 10 * time.Second, EventsMinUncachedTokens: 1}, Deps{})
-			id := pod.id(0)
 			env.events.set(id, func(*kvindex.SubscriberStatus) {})
-			env.tick()
+			env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+			env.p.evaluate()
 			start := env.clock.Now()
-			tg := env.target(t, id)
-			flights := map[int]*Flight{}
+			type request struct {
+				exp              Expectation
+				prompt, uncached int
+			}
+			requests := map[int]*request{}
 			ops := slices.Clone(tt.ops)
 			slices.SortStableFunc(ops, func(a, b op) int { return cmp.Compare(a.at, b.at) })
 			for _, o := range ops {
@@ -423,12 +423,10 @@ func TestEventAwaitClock(t *testing.T) {
 				}
 				switch o.kind {
 				case "dispatch":
-					f := tg.Dispatch(o.prompt, o.uncached)
-					flights[o.req] = &f
+					requests[o.req] = &request{exp: env.p.Dispatch(id), prompt: o.prompt, uncached: o.uncached}
 				case "first":
-					flights[o.req].FirstByte()
-				case "finish":
-					flights[o.req].Finish(OutcomeSuccess)
+					q := requests[o.req]
+					q.exp.FirstByte(q.prompt, q.uncached)
 				case "event":
 					env.events.set(id, func(st *kvindex.SubscriberStatus) {
 						st.LastEvent = env.clock.Now()
@@ -437,8 +435,8 @@ func TestEventAwaitClock(t *testing.T) {
 						st.Batches++
 					})
 				case "check":
-					env.m.evaluate()
-					got := env.target(t, id).Events
+					env.p.evaluate()
+					got := env.p.Freshness(id)
 					if got.Verdict != o.want {
 						t.Fatalf("at %s: verdict %s (%s), want %s", o.at, got.Verdict, got.Detail, o.want)
 					}
@@ -454,32 +452,32 @@ func TestEventAwaitClock(t *testing.T) {
 	}
 }
 
-// TestRevisedFlightExpectsWhatThePodComputes: a request dispatched with an
-// uncached estimate that the router later revises to nothing (the pod held
-// the whole prompt) awaits no event; unrevised, the same silence makes the
-// target stale.
-func TestRevisedFlightExpectsWhatThePodComputes(t *testing.T) {
-	for _, revise := range []bool{false, true} {
-		pod := newFakePod(t, "m")
-		env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, EventsStaleAfter: 10 * time.Second, EventsMinUncachedTokens: 16, EventsMaxQueueDepth: 100}, Deps{})
-		id := pod.id(0)
+// TestFirstByteCountsDecide: what a request expects is decided by the
+// token counts the router gives at its first byte, not at its dispatch: a
+// request the router found fully cached by then (its flight revised to no
+// uncached tokens) awaits no event; with the dispatch's estimate, the same
+// silence makes the target stale.
+func TestFirstByteCountsDecide(t *testing.T) {
+	for _, revised := range []bool{false, true} {
+		env := newTestPlane(t, Config{StaleAfter: 10 * time.Second, MinUncachedTokens: 16, MaxQueueDepth: 100})
+		id := podID(0)
 		env.events.set(id, func(*kvindex.SubscriberStatus) {})
-		env.tick()
-		tg := env.target(t, id)
-		f := tg.Dispatch(4000, 3500)
-		if revise {
-			f.Revise(4100, 0)
+		env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
+		env.p.evaluate()
+		e := env.p.Dispatch(id)
+		if revised {
+			e.FirstByte(4100, 0)
+		} else {
+			e.FirstByte(4000, 3500)
 		}
-		f.FirstByte()
-		f.Finish(OutcomeSuccess)
 		env.clock.Advance(11 * time.Second)
-		env.m.evaluate()
+		env.p.evaluate()
 		want := VerdictStale
-		if revise {
+		if revised {
 			want = VerdictFresh
 		}
-		if v := env.target(t, id).Events; v.Verdict != want {
-			t.Fatalf("revised %v: verdict %s (%s), want %s", revise, v.Verdict, v.Detail, want)
+		if v := env.p.Freshness(id); v.Verdict != want {
+			t.Fatalf("revised %v: verdict %s (%s), want %s", revised, v.Verdict, v.Detail, want)
 		}
 	}
 }

@@ -1,0 +1,130 @@
+package eventplane
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Config is what the serve command's flags set for the event plane. The
+// flag name is given with each field; the flag's default is the field's
+// value in DefaultConfig.
+type Config struct {
+	// BlockSize and HashAlgo describe the pods' prefix cache
+	// (--block-size, --hash-algo); zero / empty: learned from the pods'
+	// vllm:cache_config_info (see Plane.SetCaches).
+	BlockSize int
+	HashAlgo  string
+	// HashSeed is the pods' PYTHONHASHSEED (--hash-seed). With HasHashSeed
+	// set, block keys are vLLM's own hashes (exact mode); without it they
+	// are derived from the blocks' tokens (token-derived mode). An empty
+	// seed is a seed like any other to vLLM, hence the separate flag.
+	HashSeed    string
+	HasHashSeed bool
+
+	// StaleAfter: a target is stale when requests that filled new full KV
+	// blocks were answered (first byte seen), carried at least
+	// MinUncachedTokens uncached prompt tokens between them, and no KV
+	// event has been received since the earliest of them was dispatched
+	// this long ago. Also how long batches lost for good (the subscriber's
+	// Unrecovered) keep a target stale after the last loss.
+	// Flags --events-stale-after, --events-min-uncached-tokens.
+	StaleAfter        time.Duration
+	MinUncachedTokens int
+	// MaxQueueDepth: a subscriber backlog deeper than this is stale.
+	// Flag --events-max-queue-depth.
+	MaxQueueDepth int
+	// EvalInterval paces freshness evaluation. Flag --events-eval-interval.
+	EvalInterval time.Duration
+	// RoutingWindow is the window over which recent routing volume is
+	// reported. Flag --health-routing-window (named before the event
+	// plane left health; the name stays for operators).
+	RoutingWindow time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		StaleAfter:        10 * time.Second,
+		MinUncachedTokens: 16,
+		MaxQueueDepth:     1000,
+		EvalInterval:      500 * time.Millisecond,
+		RoutingWindow:     time.Minute,
+	}
+}
+
+// fill replaces the zero fields whose zero Validate refuses with the
+// defaults, so that a test or an embedder can set a few fields; the serve
+// command, which starts from DefaultConfig, has no zero left to fill.
+func (c *Config) fill() {
+	d := DefaultConfig()
+	dd, di := d.bounds(), d.positiveInts()
+	for i, f := range c.bounds() {
+		if *f.v == 0 {
+			*f.v = *dd[i].v
+		}
+	}
+	for i, f := range c.positiveInts() {
+		if *f.v == 0 {
+			*f.v = *di[i].v
+		}
+	}
+}
+
+type durationField struct {
+	flag string
+	v    *time.Duration
+}
+
+type intField struct {
+	flag string
+	v    *int
+}
+
+// bounds are the durations that must be positive.
+func (c *Config) bounds() []durationField {
+	return []durationField{
+		{"events-stale-after", &c.StaleAfter},
+		{"events-eval-interval", &c.EvalInterval},
+		{"health-routing-window", &c.RoutingWindow},
+	}
+}
+
+// positiveInts are the counts that must be at least 1.
+func (c *Config) positiveInts() []intField {
+	return []intField{
+		{"events-min-uncached-tokens", &c.MinUncachedTokens},
+		{"events-max-queue-depth", &c.MaxQueueDepth},
+	}
+}
+
+// Validate reports every problem in c at once (joined), each naming the
+// serve flag that sets the field. It changes nothing.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for _, f := range c.bounds() {
+		if *f.v <= 0 {
+			bad("--%s must be positive, not %s", f.flag, *f.v)
+		}
+	}
+	for _, f := range c.positiveInts() {
+		if *f.v <= 0 {
+			bad("--%s must be at least 1, not %d", f.flag, *f.v)
+		}
+	}
+	if c.BlockSize < 0 || c.BlockSize > kvindex.MaxBlockSize {
+		bad("--block-size %d: want 1..%d, or 0 to learn it from the pods", c.BlockSize, kvindex.MaxBlockSize)
+	}
+	if c.HashAlgo != "" {
+		if _, err := kvindex.ParseHashAlgo(c.HashAlgo); err != nil {
+			bad("--hash-algo: %w", err)
+		}
+	}
+	if c.HashSeed != "" && !c.HasHashSeed {
+		bad("--hash-seed %q is set but HasHashSeed is false (set both, or neither for token-derived keys)", c.HashSeed)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,222 @@
+package eventplane
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// FaultKind names a wiring mistake the event plane sees on a target's
+// event stream: something an operator must fix in a flag or in vLLM's
+// settings, as opposed to a stream that is briefly stale. The kinds are
+// few and fixed: they label metrics.
+type FaultKind string
+
+// Fault kinds, most severe first.
+const (
+	// FaultNoBlockKeys: the pod serves, but the fleet's block size (or, in
+	// exact mode, hash algorithm) is unknown, so no subscriber runs.
+	FaultNoBlockKeys FaultKind = "block_keys_unknown"
+	// FaultEventsDisconnected: the pod answers HTTP, but its event stream
+	// has been disconnected (never connected, or lost) for longer than
+	// disconnectedGrace.
+	FaultEventsDisconnected FaultKind = "events_disconnected"
+	// FaultKeyMismatch: the router's block keys disagree with the pod's
+	// (hash seed, algorithm or block size).
+	FaultKeyMismatch FaultKind = "key_mismatch"
+	// FaultUnchained: in token-derived mode, the pod's stored blocks keep
+	// arriving with parents the router never saw, so they cannot be keyed.
+	FaultUnchained FaultKind = "unchained_blocks"
+)
+
+// FaultKinds lists every kind, most severe first.
+var FaultKinds = []FaultKind{FaultNoBlockKeys, FaultEventsDisconnected, FaultKeyMismatch, FaultUnchained}
+
+// DistrustsCache reports whether the fault makes the target's confirmed
+// runs worthless: keys that disagree with the pod's, or blocks that cannot
+// be keyed, say nothing reliable about what the pod holds.
+func (k FaultKind) DistrustsCache() bool { return k == FaultKeyMismatch || k == FaultUnchained }
+
+// Fault is one wiring fault on a target's stream.
+type Fault struct {
+	Kind FaultKind `json:"fault"`
+	// Detail says what was seen and which flag or vLLM setting to check.
+	// It may name internal addresses: admin views and logs only.
+	Detail string    `json:"detail"`
+	Since  time.Time `json:"since"`
+}
+
+const (
+	// disconnectedGrace is how long a serving pod's stream may stay
+	// disconnected before it is a fault: a subscriber reconnects within
+	// libzmq's backoff (at most kvindex.SubscriberConfig.ReconnectMax,
+	// 5 s by default) once the publisher is back.
+	disconnectedGrace = 6 * time.Second
+	// faultLogEvery bounds how often a lasting fault is logged again, and
+	// how soon a fault that cleared is logged when it comes back.
+	faultLogEvery = time.Minute
+	// keyTrustRestoredAfter is how many verifications must pass after a
+	// key mismatch before the keys are trusted again: a pod restarted with
+	// the right settings earns trust back, a mixed stream does not.
+	keyTrustRestoredAfter = 16
+	// unchainedMin and unchainedShare: a token-derived stream is unchained
+	// when at least unchainedMin of its recent stored blocks, and at least
+	// unchainedShare times as many as were chained, could not be keyed. A
+	// router that joined late sees some orphans, then chains.
+	unchainedMin   = 16
+	unchainedShare = 8
+)
+
+// faultRecord remembers one kind of fault on a stream for logging.
+type faultRecord struct {
+	active bool
+	since  time.Time
+	// logged is when the fault was last logged; loggedEpisode says the
+	// current episode's start was logged (so its end is too).
+	logged        time.Time
+	loggedEpisode bool
+}
+
+// judgeFaults returns the stream's wiring faults now, most severe first,
+// and logs them: at the first judgement that finds one, then every
+// faultLogEvery while it lasts, and when it clears. Called with p.mu held.
+func (p *Plane) judgeFaults(t *stream, status kvindex.SubscriberStatus, running bool, now time.Time) []Fault {
+	var found []Fault
+	add := func(k FaultKind, detail string) { found = append(found, Fault{Kind: k, Detail: detail}) }
+	serving := !t.servingSince.IsZero()
+	switch {
+	case !running && serving && p.ingestor == nil && now.Sub(t.servingSince) >= disconnectedGrace:
+		add(FaultNoBlockKeys, p.missingKeysDetail())
+	case running && serving && !status.Connected:
+		down := status.ConnectionChanged
+		if t.servingSince.After(down) {
+			down = t.servingSince
+		}
+		if now.Sub(down) >= disconnectedGrace {
+			add(FaultEventsDisconnected, disconnectedDetail(t.src, status, now))
+		}
+	}
+	if p.ingestor != nil && running {
+		kh := p.ingestor.KeyHealth(t.id)
+		if kh.Mismatches > 0 && kh.PassedSinceMismatch < keyTrustRestoredAfter {
+			add(FaultKeyMismatch, p.keyMismatchDetail(kh))
+		}
+		if kh.RecentUnchained >= unchainedMin && kh.RecentUnchained >= unchainedShare*kh.RecentChained {
+			add(FaultUnchained, unchainedDetail(kh, t.src))
+		}
+	}
+
+	if t.faults == nil {
+		t.faults = make(map[FaultKind]*faultRecord)
+	}
+	present := make(map[FaultKind]bool, len(found))
+	for i := range found {
+		f := &found[i]
+		present[f.Kind] = true
+		r := t.faults[f.Kind]
+		if r == nil {
+			r = &faultRecord{}
+			t.faults[f.Kind] = r
+		}
+		if !r.active {
+			r.active, r.since, r.loggedEpisode = true, now, false
+			if r.logged.IsZero() || now.Sub(r.logged) >= faultLogEvery {
+				p.logFault(t, f, 0)
+				r.logged, r.loggedEpisode = now, true
+			}
+		} else if now.Sub(r.logged) >= faultLogEvery {
+			p.logFault(t, f, now.Sub(r.since))
+			r.logged, r.loggedEpisode = now, true
+		}
+		f.Since = r.since
+	}
+	for k, r := range t.faults {
+		if r.active && !present[k] {
+			r.active = false
+			if r.loggedEpisode {
+				p.log.Info("event stream wiring fault cleared", "target", t.id.String(), "fault", string(k),
+					"lasted", now.Sub(r.since).Round(time.Millisecond))
+			}
+		}
+	}
+	return found
+}
+
+// logFault logs a wiring fault: a disconnected stream as a warning (the
+// pod's publisher may come back on its own), the others as errors (routing
+// on the target's cache cannot work until someone fixes a setting).
+func (p *Plane) logFault(t *stream, f *Fault, lasting time.Duration) {
+	lvl := slog.LevelError
+	if f.Kind == FaultEventsDisconnected {
+		lvl = slog.LevelWarn
+	}
+	args := []any{"target", t.id.String(), "fault", string(f.Kind), "detail", f.Detail}
+	if lasting > 0 {
+		args = append(args, "for", lasting.Round(time.Second), "repeats_every", faultLogEvery)
+	}
+	p.log.Log(context.Background(), lvl, "event stream wiring fault", args...)
+}
+
+// disconnectedDetail says what to check when a serving pod's stream is
+// disconnected.
+func disconnectedDetail(src Source, status kvindex.SubscriberStatus, now time.Time) string {
+	if status.EverConnected {
+		return fmt.Sprintf("the KV-event stream from %s was lost %s ago while the pod answers HTTP: is its publisher still running (vLLM --kv-events-config), and can the router reach that port?",
+			src.Events, now.Sub(status.ConnectionChanged).Round(time.Second))
+	}
+	port := "5557"
+	if _, p, err := net.SplitHostPort(hostPort(src.Events)); err == nil {
+		port = p
+	}
+	return fmt.Sprintf(`nothing answers at %s: is vLLM started with --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%s"}'? If the pod publishes elsewhere, set events= (and replay=) in its --endpoint`,
+		src.Events, port)
+}
+
+// hostPort strips a ZMQ address's transport prefix.
+func hostPort(addr string) string {
+	if _, hp, ok := strings.Cut(addr, "://"); ok {
+		return hp
+	}
+	return addr
+}
+
+// keyMismatchDetail names the flags that must agree with the pods.
+func (p *Plane) keyMismatchDetail(kh kvindex.KeyHealth) string {
+	ks := p.Keys()
+	seen := fmt.Sprintf("%d of %d checks of the router's block keys against the pod's events failed; the last: %s", kh.Mismatches, kh.Checks, kh.MismatchDetail)
+	switch kh.MismatchReason {
+	case kvindex.MismatchBlockSize:
+		return fmt.Sprintf("%s. --block-size must be the pods' vLLM --block-size (the router uses %d; 0 learns it from the pods' vllm:cache_config_info)", seen, ks.BlockSize)
+	case kvindex.MismatchExtraKeys:
+		return seen + ". The pod's extra keys (LoRA name, multimodal hashes, cache_salt) cannot be hashed as this router does: check that the pods' vLLM version is supported"
+	}
+	return fmt.Sprintf(`%s. --hash-seed must be the pods' PYTHONHASHSEED and --hash-algo their --prefix-caching-hash-algo (the router uses %s); if the pods run without PYTHONHASHSEED, leave --hash-seed unset for token-derived keys`,
+		seen, ks.Algo)
+}
+
+// unchainedDetail says why blocks cannot be keyed and what would fix it.
+func unchainedDetail(kh kvindex.KeyHealth, src Source) string {
+	replay := "set replay= in its --endpoint to the pod's replay socket (vLLM --kv-events-config replay_endpoint) so that missed events are fetched"
+	if src.Replay != "" {
+		replay = "check that " + src.Replay + " is the pod's replay socket (vLLM --kv-events-config replay_endpoint)"
+	}
+	return fmt.Sprintf("%d of the last %d stored blocks arrived with a parent block the router never saw, so token-derived keys cannot be built for them (%d such blocks in all): %s, or set --hash-seed to the pods' PYTHONHASHSEED for exact keys, which need no parents",
+		kh.RecentUnchained, kh.RecentUnchained+kh.RecentChained, kh.Unchained, replay)
+}
+
+// missingKeysDetail says which flags would configure block keys.
+func (p *Plane) missingKeysDetail() string {
+	why := "the pods report no vllm:cache_config_info"
+	if p.learnErr {
+		why = "the pods' vllm:cache_config_info could not be used (see the log)"
+	}
+	if p.cfg.HasHashSeed {
+		return why + ": set --block-size to the pods' vLLM --block-size and --hash-algo to their --prefix-caching-hash-algo"
+	}
+	return why + ": set --block-size to the pods' vLLM --block-size"
+}

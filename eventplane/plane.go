@@ -1,0 +1,534 @@
+package eventplane
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// Source is where a target publishes its KV events.
+type Source struct {
+	// Events is the target's ZMQ PUB address; empty: it publishes none.
+	Events string
+	// Replay is its replay (ROUTER) address; empty: gaps cannot be
+	// replayed.
+	Replay string
+}
+
+// Cache is what health reports about a target's pod, as far as the plane
+// needs it: whether it serves, and its KV cache (vllm:cache_config_info).
+type Cache struct {
+	// Serving is set while the pod answers HTTP (health's state routable
+	// or degraded): a stream that stays disconnected is then a wiring
+	// fault, not a pod still starting.
+	Serving bool
+	// Reported is set when the pod reported its cache configuration;
+	// BlockSize and HashAlgo are then its own.
+	Reported bool
+	// BlockSize is the pod's block size; for a pod that did not report, the
+	// size its model's pods agree on (0: unknown).
+	BlockSize    int
+	HashAlgo     string
+	NumGPUBlocks int
+	// PrefixCachingDisabled is set when the pod runs without prefix
+	// caching; PrefixCaching is the value it reported, for the verdict's
+	// detail.
+	PrefixCachingDisabled bool
+	PrefixCaching         string
+}
+
+// Keys is the fleet's block-key derivation, fixed once block size (and, in
+// exact mode, the hash algorithm) are known.
+type Keys struct {
+	Keyer     kvindex.Keyer
+	Mode      kvindex.KeyMode
+	BlockSize int
+	// Algo names the hash algorithm, or "token-derived".
+	Algo string
+}
+
+// Deps are the plane's collaborators. Every field is optional.
+type Deps struct {
+	// Registerer receives the prefixrouter_kv_* series and the plane's
+	// event-stream series; nil: none.
+	Registerer prometheus.Registerer
+	// Logger; nil: slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; nil: time.Now.
+	Now func() time.Time
+}
+
+// Plane owns what each target's KV-event stream says and how far to trust
+// it: the confirmed index, the ingestor that applies event batches to it,
+// one kvindex subscriber per target, the freshness verdict on each stream
+// and the expectations that tell an idle pod from a broken pipe.
+//
+// The router feeds it: targets from health's registry changes (SetTarget,
+// RemoveTarget, TargetRestarted), cache configurations from health's
+// snapshots (SetCaches), and each request's dispatch and first byte
+// (Dispatch). Create it with New, run it with Run.
+//
+// The ingestor needs the fleet's block size (and, in exact mode, its hash
+// algorithm). When the configuration does not give them they are learned
+// from the pods' reports; until then no subscriber runs and Keys is nil.
+// Late subscribers lose nothing: a first connect replays the pod's buffer
+// from sequence 0.
+type Plane struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *kvindex.Metrics
+	index   *kvindex.Index
+	algo    kvindex.HashAlgo // from the configuration; 0: learn
+
+	keys atomic.Pointer[Keys]
+	// view is what request goroutines read without locks, rebuilt by
+	// publishLocked.
+	view atomic.Pointer[view]
+	// statusFn replaces the subscribers' status in tests.
+	statusFn func(target.ID) (kvindex.SubscriberStatus, bool)
+
+	mu       sync.Mutex
+	ctx      context.Context // while Run runs; nil otherwise
+	ingestor *kvindex.Ingestor
+	learnErr bool // the pods' configuration could not be used; logged once
+	streams  map[target.ID]*stream
+	caches   map[target.ID]Cache
+	caps     map[target.ID]int
+}
+
+// stream is one target's event stream: its subscription and the state
+// freshness is judged from. Guarded by Plane.mu, except live.
+type stream struct {
+	id   target.ID
+	src  Source
+	sub  *subscription
+	live *live
+
+	fresh  Freshness
+	faults map[FaultKind]*faultRecord
+	// servingSince is when health last reported the pod serving; zero
+	// while it does not.
+	servingSince time.Time
+	await        awaitLedger
+	routes       []routeSample
+	// Unrecoverable loss: the subscriber's Unrecovered counter as last
+	// seen, when it last grew, and by how much since the window opened.
+	lastUnrecovered uint64
+	unrecoveredAt   time.Time
+	unrecoveredN    uint64
+}
+
+type routeSample struct {
+	at time.Time
+	n  uint64
+}
+
+type subscription struct {
+	src    Source
+	sub    *kvindex.Subscriber
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// view is an immutable per-target picture for the request path.
+type view map[target.ID]*viewEntry
+
+type viewEntry struct {
+	fresh Freshness
+	trust Trust
+	live  *live
+}
+
+// New validates cfg (taking a zero that Validate refuses as its default)
+// and returns a plane with an empty index. With block size (and, in exact
+// mode, algorithm) configured, Keys is set at once.
+func New(cfg Config, deps Deps) (*Plane, error) {
+	cfg.fill()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("event plane: %w", err)
+	}
+	p := &Plane{
+		cfg:     cfg,
+		log:     deps.Logger,
+		now:     deps.Now,
+		index:   kvindex.NewIndex(kvindex.IndexConfig{}),
+		streams: make(map[target.ID]*stream),
+		caches:  make(map[target.ID]Cache),
+		caps:    make(map[target.ID]int),
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if cfg.HashAlgo != "" {
+		var err error
+		if p.algo, err = kvindex.ParseHashAlgo(cfg.HashAlgo); err != nil {
+			return nil, fmt.Errorf("event plane: %w", err)
+		}
+	}
+	// The plane's own collector first: registered twice, it fails with an
+	// error where kvindex's series would panic.
+	if deps.Registerer != nil {
+		if err := deps.Registerer.Register(&collector{p: p}); err != nil {
+			return nil, fmt.Errorf("event plane: metrics: %w", err)
+		}
+	}
+	p.metrics = kvindex.NewMetrics(deps.Registerer)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cfg.BlockSize > 0 {
+		if _, err := p.configureLocked(cfg.BlockSize, cfg.HashAlgo); err != nil {
+			return nil, err
+		}
+	}
+	p.publishLocked()
+	return p, nil
+}
+
+// Index is the confirmed placement index the subscribers fill.
+func (p *Plane) Index() *kvindex.Index { return p.index }
+
+// Keys is the fleet's block-key derivation, nil until known. Lock-free.
+func (p *Plane) Keys() *Keys { return p.keys.Load() }
+
+// Verdict is the verdict on id's event stream; a target the plane does not
+// know is disconnected. Lock-free.
+func (p *Plane) Verdict(id target.ID) Verdict {
+	if e := (*p.view.Load())[id]; e != nil {
+		return e.fresh.Verdict
+	}
+	return noSubscriber.Verdict
+}
+
+// Trust is how far routing may lean on id's event stream: its verdict,
+// unless a wiring fault makes its keys worthless. Lock-free.
+func (p *Plane) Trust(id target.ID) Trust {
+	if e := (*p.view.Load())[id]; e != nil {
+		return e.trust
+	}
+	return noSubscriber.Trust()
+}
+
+// Freshness is the verdict on id's event stream with its evidence.
+// Lock-free.
+func (p *Plane) Freshness(id target.ID) Freshness {
+	if e := (*p.view.Load())[id]; e != nil {
+		return e.fresh
+	}
+	return noSubscriber
+}
+
+// Dispatch records that the router sent a request to id: it counts in the
+// target's routing volume, and the request's KV event is awaited from now
+// once its first byte says what the pod computed (Expectation.FirstByte).
+// Lock-free.
+func (p *Plane) Dispatch(id target.ID) Expectation {
+	e := (*p.view.Load())[id]
+	if e == nil {
+		return Expectation{}
+	}
+	e.live.dispatched.Add(1)
+	return Expectation{l: e.live, dispatched: p.now().UnixNano()}
+}
+
+// SetTarget adds a target or changes where it publishes. A changed address
+// restarts the target's subscriber and resets its event translation. It
+// must not block for long: starting a subscriber only spawns its goroutine;
+// stopping one waits for it, which takes at most one receive poll.
+func (p *Plane) SetTarget(id target.ID, src Source) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.streams[id]
+	if !ok {
+		s = &stream{id: id, src: src, live: &live{now: p.now}}
+		s.live.blockSize.Store(int64(p.blockSizeOf(id)))
+		if p.caches[id].Serving {
+			s.servingSince = p.now()
+		}
+		p.streams[id] = s
+		p.metrics.AddTarget(id)
+		p.startLocked(s)
+		p.judge(s, p.now())
+		p.publishLocked()
+		return
+	}
+	s.src = src
+	if s.sub != nil && s.sub.src != src {
+		p.stopLocked(s)
+		p.ingestor.Reset(id)
+		p.startLocked(s)
+	}
+}
+
+// RemoveTarget stops the target's subscriber and drops its placements and
+// state.
+func (p *Plane) RemoveTarget(id target.ID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.streams[id]; ok {
+		p.stopLocked(s)
+		delete(p.streams, id)
+		p.publishLocked()
+	}
+	if p.ingestor != nil {
+		p.ingestor.Forget(id)
+	}
+	p.metrics.ForgetTarget(id)
+	p.index.RemoveTarget(id)
+}
+
+// TargetRestarted rebuilds a target's placements from its events after its
+// pod process restarted. The sequence numbers may not show it (an idle pod
+// publishes nothing after restarting).
+func (p *Plane) TargetRestarted(id target.ID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.streams[id]; ok && s.sub != nil {
+		p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
+		s.sub.sub.Resync()
+	}
+}
+
+// SetCaches hands the plane every target's reported cache configuration
+// (all of health's targets, draining ones included). It configures block
+// keys once the fleet's block size (and algorithm) are known, takes each
+// pod's block size for its expectations and its prefix-caching flag for
+// its verdict, and bounds the index's placements per pod by its GPU block
+// count, so that missed removals cannot make it claim far more than the pod
+// can hold.
+func (p *Plane) SetCaches(caches map[target.ID]Cache) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.caches = maps.Clone(caches)
+	if p.ingestor == nil && !p.learnErr {
+		bs, algo := fleetCacheConfig(p.caches)
+		if _, err := p.configureLocked(bs, algo); err != nil {
+			p.learnErr = true
+			p.log.Error("cannot configure block keys", "err", err)
+		}
+	}
+	now := p.now()
+	for id, s := range p.streams {
+		s.live.blockSize.Store(int64(p.blockSizeOf(id)))
+		switch serving := p.caches[id].Serving; {
+		case serving && s.servingSince.IsZero():
+			s.servingSince = now
+		case !serving:
+			s.servingSince = time.Time{}
+		}
+	}
+	for id, c := range p.caches {
+		if n := placementCap(c.NumGPUBlocks); n > 0 && p.caps[id] != n {
+			p.index.SetTargetCap(id, n)
+			p.caps[id] = n
+		}
+	}
+}
+
+// blockSizeOf is the block size a target's requests are counted in: the
+// pod's own report, else the configured one, else the size its model's pods
+// agree on; 0 when none is known (expectations then assume vLLM's default).
+func (p *Plane) blockSizeOf(id target.ID) int {
+	c := p.caches[id]
+	if c.Reported && c.BlockSize > 0 {
+		return c.BlockSize
+	}
+	if p.cfg.BlockSize > 0 {
+		return p.cfg.BlockSize
+	}
+	return c.BlockSize
+}
+
+// Run starts the subscribers (once block keys are known), judges every
+// stream's freshness each EvalInterval, and blocks until ctx is done; then
+// it stops every subscriber and returns.
+func (p *Plane) Run(ctx context.Context) error {
+	p.mu.Lock()
+	p.ctx = ctx
+	for _, s := range p.streams {
+		p.startLocked(s)
+	}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.ctx = nil
+		for _, s := range p.streams {
+			p.stopLocked(s)
+		}
+	}()
+	tk := time.NewTicker(p.cfg.EvalInterval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tk.C:
+			p.evaluate()
+		}
+	}
+}
+
+// evaluate judges every stream and publishes the verdicts.
+func (p *Plane) evaluate() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for _, s := range p.streams {
+		p.judge(s, now)
+	}
+	p.publishLocked()
+}
+
+// publishLocked rebuilds the request path's view.
+func (p *Plane) publishLocked() {
+	v := make(view, len(p.streams))
+	for id, s := range p.streams {
+		v[id] = &viewEntry{fresh: s.fresh, trust: s.fresh.Trust(), live: s.live}
+	}
+	p.view.Store(&v)
+}
+
+// configureLocked builds the keyer and ingestor once block size (and
+// algorithm in exact mode) are known; later calls are no-ops. It reports
+// whether the plane is configured.
+func (p *Plane) configureLocked(blockSize int, algo string) (bool, error) {
+	if p.ingestor != nil {
+		return true, nil
+	}
+	if p.cfg.BlockSize > 0 {
+		blockSize = p.cfg.BlockSize
+	}
+	if blockSize <= 0 {
+		return false, nil
+	}
+	ks := &Keys{BlockSize: blockSize}
+	icfg := kvindex.IngestConfig{Metrics: p.metrics, Logger: p.log}
+	if p.cfg.HasHashSeed {
+		a := p.algo
+		if a == 0 {
+			if algo == "" {
+				return false, nil
+			}
+			var err error
+			if a, err = kvindex.ParseHashAlgo(algo); err != nil {
+				return false, fmt.Errorf("event plane: pods report hash algorithm: %w", err)
+			}
+		}
+		h, err := kvindex.NewHasher(a, p.cfg.HashSeed, blockSize)
+		if err != nil {
+			return false, fmt.Errorf("event plane: hasher: %w", err)
+		}
+		ks.Keyer, ks.Mode, ks.Algo = h, kvindex.ModeExact, a.String()
+		icfg.Mode, icfg.Hasher = kvindex.ModeExact, h
+	} else {
+		tk, err := kvindex.NewTokenKeyer(blockSize)
+		if err != nil {
+			return false, fmt.Errorf("event plane: token keyer: %w", err)
+		}
+		ks.Keyer, ks.Mode, ks.Algo = tk, kvindex.ModeTokenDerived, "token-derived"
+		icfg.Mode, icfg.TokenKeyer = kvindex.ModeTokenDerived, tk
+	}
+	in, err := kvindex.NewIngestor(p.index, icfg, kvindex.Observer{})
+	if err != nil {
+		return false, fmt.Errorf("event plane: ingestor: %w", err)
+	}
+	p.ingestor = in
+	p.keys.Store(ks)
+	p.log.Info("block keys configured", "mode", ks.Mode.String(), "block_size", blockSize, "algo", ks.Algo)
+	for _, s := range p.streams {
+		p.startLocked(s)
+	}
+	return true, nil
+}
+
+// startLocked starts s's subscriber when the plane runs, block keys are
+// known and s has an events address; it does nothing if one runs already.
+func (p *Plane) startLocked(s *stream) {
+	if s.sub != nil || p.ctx == nil || p.ingestor == nil || s.src.Events == "" {
+		return
+	}
+	id, in := s.id, p.ingestor
+	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
+		Target:    id,
+		Endpoint:  s.src.Events,
+		Replay:    s.src.Replay,
+		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
+		Restarted: func() { in.Reset(id) },
+		Logger:    p.log,
+		Metrics:   p.metrics,
+	})
+	if err != nil {
+		p.log.Warn("kv-event subscriber not started", "target", id.String(), "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(p.ctx)
+	sc := &subscription{src: s.src, sub: sub, cancel: cancel, done: make(chan struct{})}
+	s.sub = sc
+	go func() {
+		defer close(sc.done)
+		if err := sub.Run(ctx); err != nil {
+			p.log.Warn("kv-event subscriber stopped", "target", id.String(), "err", err)
+		}
+	}()
+}
+
+// stopLocked stops s's subscriber, if any, and waits for it briefly.
+func (p *Plane) stopLocked(s *stream) {
+	sc := s.sub
+	if sc == nil {
+		return
+	}
+	s.sub = nil
+	sc.cancel()
+	select {
+	case <-sc.done:
+	case <-time.After(2 * time.Second):
+		p.log.Warn("kv-event subscriber slow to stop", "target", s.id.String())
+	}
+}
+
+// placementCap bounds a pod's placements from its GPU block count, leaving
+// room for offloading tiers up to three times the GPU cache; 0 when unknown.
+func placementCap(numGPUBlocks int) int {
+	if numGPUBlocks <= 0 {
+		return 0
+	}
+	return 4*numGPUBlocks + 1024
+}
+
+// fleetCacheConfig picks the block size and algorithm most pods report.
+// Disagreements are health's to report (debug view and metric); the index
+// has one key space, so the majority wins.
+func fleetCacheConfig(caches map[target.ID]Cache) (int, string) {
+	type cfgKey struct {
+		bs   int
+		algo string
+	}
+	counts := map[cfgKey]int{}
+	for _, c := range caches {
+		if c.Reported && c.BlockSize > 0 {
+			counts[cfgKey{c.BlockSize, c.HashAlgo}]++
+		}
+	}
+	best, n := cfgKey{}, 0
+	for k, c := range counts {
+		if c > n || (c == n && (k.bs < best.bs || (k.bs == best.bs && k.algo < best.algo))) {
+			best, n = k, c
+		}
+	}
+	return best.bs, best.algo
+}

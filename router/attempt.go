@@ -1,0 +1,422 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
+)
+
+// exchange is one client request on the routed path: what the attempts
+// on its targets share. The fasthttp.RequestCtx and the parsed Request
+// are recycled when the handler returns, so a streamed response's relay,
+// which outlives it, reads only the copies here and never in.
+type exchange struct {
+	in     *fasthttp.RequestCtx // the handler's: not after it returns
+	life   *clientLife
+	model  string
+	path   string // the upstream path
+	stream bool   // the client asked for a stream
+	id     string
+	start  time.Time
+	tail   *promptTail
+}
+
+// attemptResult is how one attempt on one target ended.
+type attemptResult uint8
+
+const (
+	attemptDone      attemptResult = iota // response (or error) written to the client
+	attemptRetryable                      // failed before any byte reached the client
+)
+
+// dispatch proxies a decided request, retrying on other targets while no
+// byte has reached the client.
+func (r *Router) dispatch(x *exchange, d *decision) {
+	for n := 0; ; n++ {
+		a := r.newAttempt(x, d, n)
+		if a.run() == attemptDone {
+			return
+		}
+		failed := a.name
+		next, ok := r.dec.without(d)
+		if n >= r.cfg.MaxRetries || !ok {
+			r.log.Warn("no target could answer the request", "last", failed, "attempts", n+1)
+			r.met.requests.WithLabelValues(x.model, r.cfg.Policy.String(), "upstream_error").Inc()
+			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request").write(x.in)
+			return
+		}
+		d = next
+		r.met.retries.WithLabelValues(failed).Inc()
+		r.log.Info("retrying on another target", "failed", failed, "next", d.target().Target.ID.String())
+	}
+}
+
+// attempt is one try of a request on one target: it sends the request,
+// awaits the first byte, and relays the response, buffered or streamed.
+// It owns the target's flight, the upstream call, the response body and
+// the pooled read buffer, and ends them once (end): when run returns, or,
+// for a streamed response, when the relay that run hands the response to
+// is done.
+type attempt struct {
+	r    *Router
+	x    *exchange
+	d    *decision
+	n    int // 0 for the first attempt, then retries
+	name string
+
+	flight  health.Flight
+	expect  eventplane.Expectation
+	call    *call
+	resp    *upResponse
+	bufp    *[]byte
+	first   []byte
+	decided time.Duration // arrival to dispatch
+
+	// What the client got, set before end.
+	answered  bool // the pod's answer (status and first bytes) was relayed
+	status    int
+	ttft      time.Duration
+	predicted int
+	label     string // how the request ended: ok, client_error, upstream_error, timeout, canceled
+	usage     usage
+	handedOff bool // a stream relay ends the attempt
+	ended     bool
+}
+
+// newAttempt dispatches the request to d's choice: the target's load
+// ledger counts it from now on.
+func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
+	c := d.target()
+	a := &attempt{r: r, x: x, d: d, n: n, name: c.Target.ID.String()}
+	v := d.view(x.tail, d.chosen)
+	a.predicted = v.predicted
+	a.flight = c.Target.Dispatch(v.prompt.count, v.prompt.count-v.predicted)
+	a.expect = r.ev.Dispatch(c.Target.ID)
+	x.tail.hold(&a.flight, d.chosen)
+	if r.ch.approx != nil && len(d.approxChunks) > 0 {
+		r.ch.approx.record(c.Target.ID, d.approxChunks)
+	}
+	r.met.routed.WithLabelValues(a.name, x.model, r.cfg.Policy.String()).Inc()
+	a.decided = time.Since(x.start)
+	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(a.decided.Seconds())
+	a.call = newCall(x.life.ctx)
+	return a
+}
+
+// run sends the request and answers the client, or reports that another
+// target may be tried: only when nothing was written to the client.
+func (a *attempt) run() attemptResult {
+	defer a.endUnlessHandedOff()
+	r, x := a.r, a.x
+	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.in.PostBody(), x.in, x.id))
+	if err != nil {
+		return a.failedBeforeByte(err)
+	}
+	a.resp = resp
+	// Hold the response until its first body byte: a pod that dies in
+	// prefill after sending headers (streaming) can still be retried.
+	a.bufp = chunkPool.Get().(*[]byte)
+	n, err := readSome(resp.Body, *a.bufp)
+	if n == 0 && err != nil && !errors.Is(err, io.EOF) {
+		return a.failedBeforeByte(err)
+	}
+	a.first = (*a.bufp)[:n]
+	if reason := a.retryableAnswer(); reason != "" {
+		a.label = "upstream_error"
+		r.met.upstreamErrors.WithLabelValues(a.name, reason).Inc()
+		return attemptRetryable
+	}
+	a.answer()
+	if !a.streamed() {
+		a.relayBuffered()
+		return attemptDone
+	}
+	// The relay runs after the handler returns and ends the attempt, and
+	// the request's life, when the stream is over.
+	a.handedOff = true
+	x.life.retain()
+	x.in.Response.Header.Del("Content-Length")
+	x.in.SetBodyStreamWriter(a.relayStream)
+	return attemptDone
+}
+
+// retryableAnswer names why an answer that reached the router is better
+// tried on another target, or "" to relay it: a pod failure before any
+// byte reached the client, while another target remains.
+func (a *attempt) retryableAnswer() string {
+	if a.n >= a.r.cfg.MaxRetries || !a.d.hasAlternative() {
+		return ""
+	}
+	switch {
+	case a.resp.StatusCode >= 500:
+		return upstreamStatus5xx // the pod's failure; another may do better
+	case a.resp.StatusCode < 300 && sseErrorFirst(a.first):
+		// vLLM streams a failure in prefill as a 200 whose first event
+		// is an error: nothing was generated, so nothing is lost.
+		return upstreamStreamErrorEvent
+	}
+	return ""
+}
+
+// failedBeforeByte handles an attempt that ended before any response byte:
+// a client that left, a timeout or a shutdown end the request; anything
+// else may be retried.
+func (a *attempt) failedBeforeByte(err error) attemptResult {
+	r, in := a.r, a.x.in
+	switch context.Cause(a.call.ctx) {
+	case errClientGone:
+		a.label = "canceled"
+		in.SetConnectionClose()
+		return attemptDone
+	case errFirstByteTimeout:
+		a.label = "timeout"
+		r.met.upstreamErrors.WithLabelValues(a.name, upstreamFirstByteTimeout).Inc()
+		// The pod may have computed for minutes; retrying elsewhere would
+		// double the work and the wait. Report it.
+		errUpstream(fasthttp.StatusGatewayTimeout, "the target did not answer within "+r.cfg.FirstByteTimeout.String()).write(in)
+		return attemptDone
+	case errShutdown:
+		a.label = "canceled"
+		errNoTarget("router shutting down", r.retryAfter()).write(in)
+		return attemptDone
+	}
+	a.label = "upstream_error"
+	r.met.upstreamErrors.WithLabelValues(a.name, upstreamBeforeFirstByte).Inc()
+	r.log.Warn("target failed before the first byte", "target", a.name, "err", err)
+	return attemptRetryable
+}
+
+// answer records the first byte and relays the pod's status and headers.
+func (a *attempt) answer() {
+	r, x, resp := a.r, a.x, a.resp
+	v := r.atFirstByte(a.d, x.tail, &a.flight)
+	a.expect.FirstByte(a.flight.Tokens())
+	if v.final {
+		a.predicted = v.predicted
+	}
+	a.answered, a.status, a.ttft = true, resp.StatusCode, time.Since(x.start)
+	if resp.StatusCode >= 500 {
+		r.met.upstreamErrors.WithLabelValues(a.name, upstreamStatus5xx).Inc()
+	}
+	in := x.in
+	in.SetStatusCode(resp.StatusCode)
+	copyResponseHeaders(&in.Response.Header, resp.Header)
+	in.Response.Header.Set("X-Request-Id", x.id)
+	if r.cfg.DebugHeaders {
+		h := &in.Response.Header
+		h.Set("X-Prefixrouter-Target", a.name)
+		// An estimate while the rest of the prompt is still being encoded.
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(a.d.promptBlocks(v.prompt)))
+		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(a.d.chain.Keys)))
+		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(v.confirmed))
+		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(a.predicted))
+		h.Set("X-Prefixrouter-Reason", a.d.reason)
+		// Arrival to dispatch, the router's own time before the pod starts.
+		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(a.decided.Microseconds())/1e3, 'f', 3, 64))
+	}
+}
+
+// atFirstByte takes d's flight f back from the tail at its first byte
+// and settles what it expects of the pod, as the prompt is known now,
+// which it returns.
+func (r *Router) atFirstByte(d *decision, tail *promptTail, f *health.Flight) promptView {
+	tail.release()
+	v := d.view(tail, d.chosen)
+	switch {
+	case v.final:
+		// The flight stands corrected (or never needed it): the pod is
+		// expected to announce the blocks it really had to compute.
+		f.Revise(v.prompt.count, v.prompt.count-v.predicted)
+		r.ch.observeUncached(v.prompt.count - v.predicted)
+	case d.settled:
+		// The run read so far is only a lower bound of what the pod
+		// holds: until the tail knows the whole run nothing is expected
+		// (a pod that held the whole prompt rightly announces nothing,
+		// and awaiting its events would judge it stale), and the mean
+		// uncached size is not fed a guess.
+		f.Revise(v.prompt.count, 0)
+	default:
+		r.ch.observeUncached(v.prompt.count - v.predicted)
+	}
+	f.FirstByte()
+	return v
+}
+
+// streamed reports whether the answer is relayed chunk by chunk.
+func (a *attempt) streamed() bool {
+	return bytes.HasPrefix(a.resp.Header.ContentType(), []byte("text/event-stream")) ||
+		(a.resp.streamed() && a.x.stream)
+}
+
+// relayBuffered reads a small, complete JSON answer whole, parses its
+// usage and answers the client with it.
+func (a *attempt) relayBuffered() {
+	in := a.x.in
+	body, err := readAllLimit(a.resp.Body, a.first, a.r.cfg.MaxResponseBytes)
+	if err != nil {
+		a.label = a.failureLabel()
+		if a.x.life.clientGone() {
+			in.SetConnectionClose()
+			return
+		}
+		a.r.log.Warn("target's answer broke off", "target", a.name, "err", err)
+		errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off").write(in)
+		in.Response.Header.Set("X-Request-Id", a.x.id)
+		return
+	}
+	in.SetBody(body)
+	a.usage = usageFromBody(body)
+	a.label = statusLabel(a.status)
+}
+
+// relayStream passes every chunk of a streamed answer through as it
+// arrives (fasthttp runs it on its own goroutine).
+func (a *attempt) relayStream(w *bufio.Writer) {
+	defer a.x.life.release()
+	defer a.end()
+	var sc usageScanner
+	chunk, buf := a.first, *a.bufp
+	var rerr error
+	for {
+		if len(chunk) > 0 {
+			sc.Write(chunk)
+			if _, err := w.Write(chunk); err != nil {
+				a.call.abort(errClientGone)
+				break
+			}
+			if err := w.Flush(); err != nil {
+				a.call.abort(errClientGone)
+				break
+			}
+		}
+		if rerr != nil {
+			break
+		}
+		a.call.arm(a.r.cfg.IdleTimeout, &errIdleTimeout)
+		var m int
+		m, rerr = a.resp.Body.Read(buf)
+		chunk = buf[:m]
+	}
+	a.usage = sc.usage()
+	switch {
+	case context.Cause(a.call.ctx) == errClientGone:
+		a.label = "canceled"
+	case rerr != nil && !errors.Is(rerr, io.EOF):
+		a.label = a.failureLabel()
+		a.r.met.upstreamErrors.WithLabelValues(a.name, upstreamStreamBroken).Inc()
+	default:
+		a.label = statusLabel(a.status)
+	}
+}
+
+// failureLabel names an answer that broke off: why the call was
+// cancelled, or the pod's failure.
+func (a *attempt) failureLabel() string {
+	switch context.Cause(a.call.ctx) {
+	case errClientGone:
+		return "canceled"
+	case errFirstByteTimeout, errIdleTimeout:
+		return "timeout"
+	}
+	return "upstream_error"
+}
+
+func (a *attempt) endUnlessHandedOff() {
+	if !a.handedOff {
+		a.end()
+	}
+}
+
+// end releases everything the attempt holds, once, and records how the
+// request ended.
+func (a *attempt) end() {
+	if a.ended {
+		return
+	}
+	a.ended = true
+	a.x.tail.release()
+	if a.resp != nil {
+		// The body first: a connection read to its end goes back to the
+		// pool, and ending the call's context would close it.
+		a.resp.Body.Close()
+	}
+	if a.bufp != nil {
+		chunkPool.Put(a.bufp)
+	}
+	a.call.end()
+	if a.label == "" {
+		a.label = "upstream_error"
+	}
+	a.flight.Finish(healthOutcome(a.label))
+	if a.label == "upstream_error" && !a.answered {
+		// Failed before any byte: dispatch retries, or counts the request
+		// once it gives up.
+		return
+	}
+	a.r.recordOutcome(a)
+}
+
+// healthOutcome is what a request's end says about its target, for the
+// circuit breaker.
+func healthOutcome(label string) health.Outcome {
+	switch label {
+	case "ok":
+		return health.OutcomeSuccess
+	case "client_error":
+		return health.OutcomeClientError
+	case "canceled":
+		return health.OutcomeCanceled
+	}
+	return health.OutcomeUpstreamError
+}
+
+// call is one upstream request's context and the timer that cancels it,
+// with the cause as its reason.
+type call struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+	// cause is what the timer cancels with; arm changes it. It points
+	// at one of the package's cause variables, so arming allocates nothing.
+	cause atomic.Pointer[error]
+}
+
+func newCall(parent context.Context) *call {
+	c := &call{}
+	c.ctx, c.cancel = context.WithCancelCause(parent)
+	return c
+}
+
+func (c *call) abort(cause error) { c.cancel(cause) }
+
+// arm starts (or restarts) the timer that cancels the call after d with
+// *cause.
+func (c *call) arm(d time.Duration, cause *error) {
+	c.cause.Store(cause)
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, func() { c.cancel(*c.cause.Load()) })
+		return
+	}
+	c.timer.Reset(d)
+}
+
+func (c *call) end() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.cancel(errRequestDone)
+}
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

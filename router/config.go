@@ -1,0 +1,182 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/tokenize"
+)
+
+// Config is everything `prefixrouter serve` sets for the router. Each field
+// names its flag; the flag's default is the field's value in DefaultConfig
+// (the serve command reads it from there) and its environment variable is
+// PREFIXROUTER_ and the flag name in upper case, dashes as underscores.
+//
+// Start from DefaultConfig: New takes the config as given and refuses one
+// that Validate refuses, so a zero field is never quietly replaced by a
+// default where the zero itself means something (no retries, no admin
+// listener, learn the block size).
+type Config struct {
+	// Listen is the OpenAI API address (--listen); AdminListen serves
+	// /metrics and /debug (--admin-listen; empty: off).
+	Listen      string
+	AdminListen string
+
+	// Policy picks the target (--policy); Cost weights the precise policy's
+	// terms (--decode-weight, --kv-threshold, --kv-pressure).
+	Policy Policy
+	Cost   CostConfig
+
+	// Tokenization is the mode for models that have no --tokenizer entry
+	// (and for entries that name no mode) (--tokenization): local models
+	// without files are routed on load alone; remote and auto ask the pod.
+	Tokenization tokenize.Mode
+	// TokenizeTimeout bounds a remote tokenization before routing; past it
+	// the request is routed on load alone (--tokenize-timeout).
+	TokenizeTimeout time.Duration
+
+	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
+	MaxBodyBytes int
+	// DebugHeaders adds X-Prefixrouter-* headers naming the chosen target
+	// (--debug-headers).
+	DebugHeaders bool
+
+	// ConnectTimeout bounds dialing a target (--connect-timeout);
+	// FirstByteTimeout the wait for the first response byte, a non-streaming
+	// request's whole generation (--first-byte-timeout); IdleTimeout the
+	// silence between two chunks of a streamed response (--idle-timeout).
+	ConnectTimeout   time.Duration
+	FirstByteTimeout time.Duration
+	IdleTimeout      time.Duration
+	// MaxRetries is how many other targets a request may be retried on when
+	// its target failed before sending any byte; 0: none (--max-retries).
+	MaxRetries int
+	// RetryAfter is the Retry-After sent with 503 when no target can take
+	// a request, in whole seconds, at least 1 (--retry-after).
+	RetryAfter time.Duration
+	// MaxResponseBytes bounds a buffered (non-streaming) response
+	// (--max-response-bytes).
+	MaxResponseBytes int64
+	// ShutdownTimeout is how long the serve command lets in-flight requests
+	// drain on SIGTERM before cancelling them; 0 cancels them at once
+	// (--shutdown-timeout). Shutdown itself takes its bound as a context.
+	ShutdownTimeout time.Duration
+
+	// Health configures targets, probes, scraping, the breaker and drain.
+	Health health.Config
+	// Events configures the event plane: the pods' block keys (--hash-algo,
+	// --hash-seed, --block-size) and how the targets' KV-event streams are
+	// judged (--events-*).
+	Events eventplane.Config
+}
+
+// DefaultConfig returns the defaults, which are also the serve command's.
+func DefaultConfig() Config {
+	return Config{
+		Listen:           "0.0.0.0:8000",
+		AdminListen:      "127.0.0.1:9090",
+		Policy:           PolicyPrecise,
+		Cost:             DefaultCostConfig(),
+		Tokenization:     tokenize.ModeAuto,
+		TokenizeTimeout:  2 * time.Second,
+		MaxBodyBytes:     32 << 20,
+		ConnectTimeout:   3 * time.Second,
+		FirstByteTimeout: 10 * time.Minute,
+		IdleTimeout:      2 * time.Minute,
+		MaxRetries:       2,
+		RetryAfter:       time.Second,
+		MaxResponseBytes: 256 << 20,
+		ShutdownTimeout:  30 * time.Second,
+		Health:           health.DefaultConfig(),
+		Events:           eventplane.DefaultConfig(),
+	}
+}
+
+// Validate reports every problem in c at once (joined), each naming the
+// serve flag that sets the field, and checks c.Health and c.Events too. It changes
+// nothing.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if err := checkAddr(c.Listen); err != nil {
+		bad("--listen %q: %v", c.Listen, err)
+	}
+	if c.AdminListen != "" {
+		if err := checkAddr(c.AdminListen); err != nil {
+			bad("--admin-listen %q: %v", c.AdminListen, err)
+		}
+	}
+	if _, ok := policyNames[c.Policy]; !ok {
+		bad("--policy: unknown policy %d", c.Policy)
+	}
+	if !(c.Cost.DecodeWeight >= 0) || math.IsInf(c.Cost.DecodeWeight, 0) {
+		bad("--decode-weight %v must be a finite number, not negative", c.Cost.DecodeWeight)
+	}
+	if !(c.Cost.KVThreshold >= 0 && c.Cost.KVThreshold <= 1) {
+		bad("--kv-threshold must be within [0, 1]")
+	}
+	if !(c.Cost.KVPressure >= 0) || math.IsInf(c.Cost.KVPressure, 0) {
+		bad("--kv-pressure %v must be a finite number, not negative", c.Cost.KVPressure)
+	}
+
+	switch c.Tokenization {
+	case tokenize.ModeLocal, tokenize.ModeRemote, tokenize.ModeAuto:
+	default:
+		bad("--tokenization: unknown mode %d", c.Tokenization)
+	}
+
+	positive := []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"tokenize-timeout", c.TokenizeTimeout},
+		{"connect-timeout", c.ConnectTimeout},
+		{"first-byte-timeout", c.FirstByteTimeout},
+		{"idle-timeout", c.IdleTimeout},
+		{"retry-after", c.RetryAfter},
+	}
+	for _, f := range positive {
+		if f.v <= 0 {
+			bad("--%s must be positive, not %s", f.flag, f.v)
+		}
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("--shutdown-timeout must not be negative")
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("--max-body-bytes must be positive")
+	}
+	if c.MaxResponseBytes <= 0 {
+		bad("--max-response-bytes must be positive")
+	}
+	if c.MaxRetries < 0 {
+		bad("--max-retries must not be negative")
+	}
+
+	if err := c.Health.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Events.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if h := c.Health; len(h.Endpoints) == 0 && h.EndpointsFile == "" && len(h.DiscoverDNS) == 0 {
+		bad("no targets: give --endpoint, --endpoints-file or --discover-dns")
+	}
+	return errors.Join(errs...)
+}
+
+// checkAddr refuses what net.Listen("tcp", addr) would not take as HOST:PORT
+// (an empty HOST means every interface).
+func checkAddr(addr string) error {
+	if addr == "" {
+		return errors.New("empty address (want HOST:PORT)")
+	}
+	_, _, err := net.SplitHostPort(addr)
+	return err
+}
