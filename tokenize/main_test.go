@@ -1,7 +1,7 @@
 package tokenize
 
 import (
-	"fmt"
+	"crypto/sha256"
 	"os"
 	"sync"
 	"testing"
@@ -11,19 +11,20 @@ import (
 
 // TestMain has the package's tests parse each tokenizer.json once: a parse
 // takes seconds under -race, and the tests load the same few models again
-// and again. Every load gets a copy of its own, since a model's setup
-// (SetCache, SetSpecialTokens) sets the copy's fields; the parsed tables it
-// shares are read-only, as they are between requests.
+// and again, from testdata and from hub caches in temporary directories, so
+// a file is known by its content. Every load gets a copy of its own, since a
+// model's setup (SetCache, SetSpecialTokens) sets the copy's fields; the
+// parsed tables it shares are read-only, as they are between requests.
 func TestMain(m *testing.M) {
 	parse := loadBPE
 	var mu sync.Mutex
-	parsed := map[string]*bpe.Tokenizer{}
+	parsed := map[[sha256.Size]byte]*bpe.Tokenizer{}
 	loadBPE = func(path string) (*bpe.Tokenizer, error) {
-		st, err := os.Stat(path)
+		data, err := os.ReadFile(path)
 		if err != nil {
 			return parse(path)
 		}
-		key := fmt.Sprintf("%s %d %d", path, st.Size(), st.ModTime().UnixNano())
+		key := sha256.Sum256(data)
 		mu.Lock()
 		defer mu.Unlock()
 		t := parsed[key]
