@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/positive"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
@@ -60,43 +61,21 @@ func DefaultConfig() Config {
 // command, which starts from DefaultConfig, has no zero left to fill.
 func (c *Config) fill() {
 	d := DefaultConfig()
-	dd, di := d.bounds(), d.positiveInts()
-	for i, f := range c.bounds() {
-		if *f.v == 0 {
-			*f.v = *dd[i].v
-		}
-	}
-	for i, f := range c.positiveInts() {
-		if *f.v == 0 {
-			*f.v = *di[i].v
-		}
-	}
+	c.positive().Fill(d.positive())
 }
 
-type durationField struct {
-	flag string
-	v    *time.Duration
-}
-
-type intField struct {
-	flag string
-	v    *int
-}
-
-// bounds are the durations that must be positive.
-func (c *Config) bounds() []durationField {
-	return []durationField{
-		{"events-stale-after", &c.StaleAfter},
-		{"events-eval-interval", &c.EvalInterval},
-		{"health-routing-window", &c.RoutingWindow},
-	}
-}
-
-// positiveInts are the counts that must be at least 1.
-func (c *Config) positiveInts() []intField {
-	return []intField{
-		{"events-min-uncached-tokens", &c.MinUncachedTokens},
-		{"events-max-queue-depth", &c.MaxQueueDepth},
+// positive lists the durations and counts that must be positive.
+func (c *Config) positive() positive.Fields {
+	return positive.Fields{
+		Durations: []positive.Duration{
+			{Flag: "events-stale-after", V: &c.StaleAfter},
+			{Flag: "events-eval-interval", V: &c.EvalInterval},
+			{Flag: "health-routing-window", V: &c.RoutingWindow},
+		},
+		Ints: []positive.Int{
+			{Flag: "events-min-uncached-tokens", V: &c.MinUncachedTokens},
+			{Flag: "events-max-queue-depth", V: &c.MaxQueueDepth},
+		},
 	}
 }
 
@@ -105,16 +84,7 @@ func (c *Config) positiveInts() []intField {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	for _, f := range c.bounds() {
-		if *f.v <= 0 {
-			bad("--%s must be positive, not %s", f.flag, *f.v)
-		}
-	}
-	for _, f := range c.positiveInts() {
-		if *f.v <= 0 {
-			bad("--%s must be at least 1, not %d", f.flag, *f.v)
-		}
-	}
+	errs = append(errs, c.positive().Check()...)
 	if c.BlockSize < 0 || c.BlockSize > kvindex.MaxBlockSize {
 		bad("--block-size %d: want 1..%d, or 0 to learn it from the pods", c.BlockSize, kvindex.MaxBlockSize)
 	}

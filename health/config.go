@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/positive"
 )
 
 // Config holds everything the serve command's flags set for this package.
@@ -104,53 +106,31 @@ func DefaultConfig() Config {
 // from DefaultConfig, has no zero left to fill.
 func (c *Config) fill() {
 	d := DefaultConfig()
-	dd, di := d.bounds(), d.positiveInts()
-	for i, f := range c.bounds() {
-		if *f.v == 0 {
-			*f.v = *dd[i].v
-		}
-	}
-	for i, f := range c.positiveInts() {
-		if *f.v == 0 {
-			*f.v = *di[i].v
-		}
-	}
+	c.positive().Fill(d.positive())
 }
 
-type durationField struct {
-	flag string
-	v    *time.Duration
-}
-
-type intField struct {
-	flag string
-	v    *int
-}
-
-// bounds are the durations that must be positive.
-func (c *Config) bounds() []durationField {
-	return []durationField{
-		{"endpoints-file-poll", &c.FilePollInterval},
-		{"discover-dns-interval", &c.DNSInterval},
-		{"health-probe-interval", &c.ProbeInterval},
-		{"health-probe-timeout", &c.ProbeTimeout},
-		{"health-models-interval", &c.ModelsInterval},
-		{"breaker-cooldown", &c.BreakerCooldown},
-		{"breaker-max-cooldown", &c.BreakerMaxCooldown},
-		{"metrics-scrape-interval", &c.ScrapeInterval},
-		{"metrics-scrape-timeout", &c.ScrapeTimeout},
-		{"metrics-stale-after", &c.LoadStaleAfter},
-		{"health-eval-interval", &c.EvalInterval},
-		{"drain-timeout", &c.DrainTimeout},
-	}
-}
-
-// positiveInts are the counts that must be at least 1.
-func (c *Config) positiveInts() []intField {
-	return []intField{
-		{"health-failure-threshold", &c.FailureThreshold},
-		{"health-success-threshold", &c.SuccessThreshold},
-		{"breaker-failures", &c.BreakerFailures},
+// positive lists the durations and counts that must be positive.
+func (c *Config) positive() positive.Fields {
+	return positive.Fields{
+		Durations: []positive.Duration{
+			{Flag: "endpoints-file-poll", V: &c.FilePollInterval},
+			{Flag: "discover-dns-interval", V: &c.DNSInterval},
+			{Flag: "health-probe-interval", V: &c.ProbeInterval},
+			{Flag: "health-probe-timeout", V: &c.ProbeTimeout},
+			{Flag: "health-models-interval", V: &c.ModelsInterval},
+			{Flag: "breaker-cooldown", V: &c.BreakerCooldown},
+			{Flag: "breaker-max-cooldown", V: &c.BreakerMaxCooldown},
+			{Flag: "metrics-scrape-interval", V: &c.ScrapeInterval},
+			{Flag: "metrics-scrape-timeout", V: &c.ScrapeTimeout},
+			{Flag: "metrics-stale-after", V: &c.LoadStaleAfter},
+			{Flag: "health-eval-interval", V: &c.EvalInterval},
+			{Flag: "drain-timeout", V: &c.DrainTimeout},
+		},
+		Ints: []positive.Int{
+			{Flag: "health-failure-threshold", V: &c.FailureThreshold},
+			{Flag: "health-success-threshold", V: &c.SuccessThreshold},
+			{Flag: "breaker-failures", V: &c.BreakerFailures},
+		},
 	}
 }
 
@@ -168,16 +148,7 @@ func (c Config) check() (map[string]Spec, []DNSSpec, error) {
 	static, dns, err := c.targets()
 	errs := []error{err}
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	for _, f := range c.bounds() {
-		if *f.v <= 0 {
-			bad("--%s must be positive, not %s", f.flag, *f.v)
-		}
-	}
-	for _, f := range c.positiveInts() {
-		if *f.v <= 0 {
-			bad("--%s must be at least 1, not %d", f.flag, *f.v)
-		}
-	}
+	errs = append(errs, c.positive().Check()...)
 	if c.BlockSize < 0 {
 		bad("--block-size: negative value %d", c.BlockSize)
 	}

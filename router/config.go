@@ -9,6 +9,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/internal/positive"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -131,21 +132,13 @@ func (c Config) Validate() error {
 		bad("--tokenization: unknown mode %d", c.Tokenization)
 	}
 
-	positive := []struct {
-		flag string
-		v    time.Duration
-	}{
-		{"tokenize-timeout", c.TokenizeTimeout},
-		{"connect-timeout", c.ConnectTimeout},
-		{"first-byte-timeout", c.FirstByteTimeout},
-		{"idle-timeout", c.IdleTimeout},
-		{"retry-after", c.RetryAfter},
-	}
-	for _, f := range positive {
-		if f.v <= 0 {
-			bad("--%s must be positive, not %s", f.flag, f.v)
-		}
-	}
+	errs = append(errs, positive.Fields{Durations: []positive.Duration{
+		{Flag: "tokenize-timeout", V: &c.TokenizeTimeout},
+		{Flag: "connect-timeout", V: &c.ConnectTimeout},
+		{Flag: "first-byte-timeout", V: &c.FirstByteTimeout},
+		{Flag: "idle-timeout", V: &c.IdleTimeout},
+		{Flag: "retry-after", V: &c.RetryAfter},
+	}}.Check()...)
 	if c.ShutdownTimeout < 0 {
 		bad("--shutdown-timeout must not be negative")
 	}
