@@ -27,6 +27,9 @@ func (r *Router) adminHandler() http.Handler {
 	mux.HandleFunc("POST /debug/route/v1/chat/completions", func(w http.ResponseWriter, q *http.Request) {
 		r.handleDryRun(w, q, EndpointChat)
 	})
+	mux.HandleFunc("POST /debug/route/v1/responses", func(w http.ResponseWriter, q *http.Request) {
+		r.handleDryRun(w, q, EndpointResponses)
+	})
 	return mux
 }
 

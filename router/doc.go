@@ -1,6 +1,9 @@
 // Package router owns the HTTP front door of prefixrouter: the
-// OpenAI-compatible API on fasthttp (/v1/completions, /v1/chat/completions,
-// /v1/models, /tokenize, /detokenize, /health, /ready), parsing only the
+// OpenAI-compatible API on fasthttp (/v1/completions, /v1/chat/completions
+// and /v1/responses, routed by the prompt; /v1/embeddings, vLLM's pooling,
+// classify, score and rerank endpoints, /tokenize, /detokenize and
+// /version, forwarded to the least loaded pod; /v1/models and
+// /v1/models/{id}; /health, /ready), parsing only the
 // request fields that decide a target, the choice of target (round-robin,
 // least-load, approximate prefix hashing, and precise scoring on the
 // confirmed KV-block index with load), the proxy with streaming pass-through,

@@ -141,15 +141,31 @@ func usageFromBody(b []byte) usage {
 	if err != nil {
 		return usage{}
 	}
-	return usageFromValue(v.Get("usage"))
+	return usageOf(v)
 }
 
+// usageOf reads the usage of a response, or of a Responses API stream
+// event, which carries it in its response.
+func usageOf(v *fastjson.Value) usage {
+	if u := usageFromValue(v.Get("usage")); u.known {
+		return u
+	}
+	return usageFromValue(v.Get("response", "usage"))
+}
+
+// usageFromValue reads a usage object: completions' and chat's
+// prompt_tokens, or the Responses API's input_tokens, with their details'
+// cached_tokens.
 func usageFromValue(u *fastjson.Value) usage {
 	if u == nil || u.Type() != fastjson.TypeObject {
 		return usage{}
 	}
-	out := usage{known: true, promptTokens: int64(u.GetInt("prompt_tokens"))}
-	if d := u.Get("prompt_tokens_details"); d != nil && d.Type() == fastjson.TypeObject {
+	prompt, details := "prompt_tokens", "prompt_tokens_details"
+	if u.Get(prompt) == nil && u.Get("input_tokens") != nil {
+		prompt, details = "input_tokens", "input_tokens_details"
+	}
+	out := usage{known: true, promptTokens: int64(u.GetInt(prompt))}
+	if d := u.Get(details); d != nil && d.Type() == fastjson.TypeObject {
 		if c := d.Get("cached_tokens"); c != nil && c.Type() == fastjson.TypeNumber {
 			out.cachedKnown, out.cachedTokens = true, int64(c.GetInt())
 		}
@@ -216,7 +232,7 @@ func (s *usageScanner) handleLine(l []byte) {
 	if err != nil {
 		return
 	}
-	if u := usageFromValue(v.Get("usage")); u.known {
+	if u := usageOf(v); u.known {
 		s.last = u
 	}
 }
@@ -224,22 +240,23 @@ func (s *usageScanner) handleLine(l []byte) {
 func (s *usageScanner) usage() usage { return s.last }
 
 // recordOutcome records how an attempt's request ended and, for an
-// answered one, its times and what it says about the prompt and the
-// router's prediction of its cached tokens. The prompt may still be being
-// encoded: the response does not wait for it.
+// answered one, its times and, for a routed endpoint, what it says about
+// the prompt and the router's prediction of its cached tokens. The prompt
+// may still be being encoded: the response does not wait for it.
 func (r *Router) recordOutcome(a *attempt) {
-	m, pol, model := r.met, r.cfg.Policy.String(), a.x.model
+	x := a.x
+	m, pol, model := r.met, x.dec.policyName, x.model
 	m.requests.WithLabelValues(model, pol, a.label).Inc()
 	if !a.answered {
 		return
 	}
 	m.ttft.WithLabelValues(model, pol).Observe(a.ttft.Seconds())
-	m.duration.WithLabelValues(model, pol).Observe(time.Since(a.x.start).Seconds())
-	if a.status >= 300 {
+	m.duration.WithLabelValues(model, pol).Observe(time.Since(x.start).Seconds())
+	if a.status >= 300 || !x.ep.routed() {
 		return
 	}
-	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: a.x.tail, usage: a.usage}
-	if a.x.tail.finished() {
+	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: x.tail, usage: a.usage}
+	if x.tail.finished() {
 		rec.record()
 		return
 	}

@@ -40,7 +40,8 @@ type Router struct {
 	tok  *tokenizers
 	ev   *eventplane.Plane
 	ch   *chooser
-	dec  *decider
+	dec  *decider // the routed endpoints', by --policy
+	fwd  *decider // the forwarded endpoints', by least load
 	up   *upstream
 	met  *metrics
 	cat  *catalog
@@ -89,8 +90,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		treg = tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization)
-	r.ch = newChooser(cfg.Policy, cfg.Cost)
-	r.dec = &decider{policy: cfg.Policy, ch: r.ch, plane: r.ev}
+	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev)
+	r.ch = r.dec.ch
+	// The forwarded endpoints' bodies are no prompt the router keys:
+	// embeddings, scores and the like go to the least loaded pod.
+	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev)
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
 	if err := reg.Register(wiringCollector{r}); err != nil {
