@@ -30,6 +30,7 @@ func (r *Router) handleRouted(x *exchange) {
 		// The client left while its prompt was being tokenized.
 		r.met.requests.WithLabelValues(req.Model, x.dec.policyName, "canceled").Inc()
 		x.in.SetConnectionClose()
+		r.logAnswered(x, "canceled")
 		return
 	}
 	x.tail = startTail(d, r.ev.Index(), &r.tails)

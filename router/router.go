@@ -52,8 +52,11 @@ type Router struct {
 	stop context.CancelFunc
 	bg   sync.WaitGroup
 	// tails counts prompts still being encoded after dispatch
-	// (promptTail); a clean shutdown waits for them.
+	// (promptTail), and the outcomes waiting for them; a clean shutdown
+	// waits for them.
 	tails sync.WaitGroup
+	// alog is the access log (--access-log); nil when off.
+	alog *accessLog
 	// reqCtx parents every request's life: it outlives the servers'
 	// shutdown so that draining requests finish, and then ends with
 	// errShutdown.
@@ -101,6 +104,12 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("router: metrics: %w", err)
 	}
 	r.cat = newCatalog(r.up, r.mon)
+	if cfg.AccessLog != "" {
+		// Opened last: nothing after it can fail and leave the file open.
+		if r.alog, err = openAccessLog(cfg.AccessLog, reg, log); err != nil {
+			return nil, fmt.Errorf("router: %w", err)
+		}
+	}
 	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	r.srv = &fasthttp.Server{
 		Handler:               r.handle,
@@ -233,6 +242,9 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	}
 	r.bg.Wait()
 	r.up.close()
+	if r.alog != nil {
+		r.alog.close()
+	}
 	return errors.Join(errs...)
 }
 

@@ -130,6 +130,7 @@ func (r *Router) reject(x *exchange, err error) {
 func (r *Router) refuse(x *exchange, e *apiError, reason string) {
 	r.met.rejected.WithLabelValues(reason).Inc()
 	e.write(x.in)
+	r.logAnswered(x, reason)
 }
 
 func rejectReason(e *apiError) string {
@@ -197,6 +198,7 @@ func (r *Router) handleModels(x *exchange) {
 	defer cancel()
 	x.in.SetContentType("application/json")
 	x.in.SetBody(r.cat.union(cctx))
+	r.logAnswered(x, "ok")
 }
 
 // handleModel answers GET /v1/models/{id}: the entry of that id in the
@@ -213,6 +215,7 @@ func (r *Router) handleModel(x *exchange, id string) {
 	}
 	x.in.SetContentType("application/json")
 	x.in.SetBody(entry)
+	r.logAnswered(x, "ok")
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
