@@ -150,7 +150,7 @@ func (a *attempt) run() attemptResult {
 	a.first = (*a.bufp)[:n]
 	if reason := a.retryableAnswer(); reason != "" {
 		a.label = "upstream_error"
-		r.met.upstreamErrors.WithLabelValues(a.name, reason).Inc()
+		a.upstreamFailed(reason, "HTTP "+itoa(resp.StatusCode)+", tried on another target: "+string(a.first[:min(len(a.first), 256)]))
 		return attemptRetryable
 	}
 	a.answer()
@@ -197,7 +197,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	case errFirstByteTimeout:
 		a.label = "timeout"
-		r.met.upstreamErrors.WithLabelValues(a.name, upstreamFirstByteTimeout).Inc()
+		a.upstreamFailed(upstreamFirstByteTimeout, "no first byte within --first-byte-timeout "+r.cfg.FirstByteTimeout.String())
 		r.log.Warn("target did not answer in time", "request_id", a.x.id, "target", a.name, "timeout", r.cfg.FirstByteTimeout)
 		// The pod may have computed for minutes; retrying elsewhere would
 		// double the work and the wait. Report it.
@@ -209,7 +209,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	}
 	a.label = "upstream_error"
-	r.met.upstreamErrors.WithLabelValues(a.name, upstreamBeforeFirstByte).Inc()
+	a.upstreamFailed(upstreamBeforeFirstByte, err.Error())
 	r.log.Warn("target failed before the first byte", "request_id", a.x.id, "target", a.name, "err", err)
 	return attemptRetryable
 }
@@ -231,7 +231,7 @@ func (a *attempt) answer() {
 	}
 	a.answered, a.status, a.sent, a.ttft = true, resp.StatusCode, resp.StatusCode, time.Since(x.start)
 	if resp.StatusCode >= 500 {
-		r.met.upstreamErrors.WithLabelValues(a.name, upstreamStatus5xx).Inc()
+		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", relayed to the client: no other target to try")
 	}
 	in := x.in
 	in.SetStatusCode(resp.StatusCode)
@@ -338,7 +338,7 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 		a.label = "canceled"
 	case rerr != nil && !errors.Is(rerr, io.EOF):
 		a.label = a.failureLabel()
-		a.r.met.upstreamErrors.WithLabelValues(a.name, upstreamStreamBroken).Inc()
+		a.upstreamFailed(upstreamStreamBroken, rerr.Error())
 	default:
 		a.label = statusLabel(a.status)
 	}

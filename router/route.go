@@ -69,7 +69,11 @@ func (r *Router) handleForwarded(x *exchange) {
 	d, err := r.fwd.decide(decisionInput{model: req.Model, targets: targets,
 		prompt: promptTokens{count: estimateTokens(req), source: "estimate"}})
 	if err != nil {
-		aerr := errNoTarget("no routable target for this model", r.retryAfter())
+		msg := "no routable target for model " + req.Model
+		if req.Model == "" {
+			msg = "no routable target"
+		}
+		aerr := errNoTarget(msg, r.retryAfter())
 		r.refuse(x, aerr, rejectReason(aerr))
 		return
 	}

@@ -57,6 +57,9 @@ type Router struct {
 	tails sync.WaitGroup
 	// alog is the access log (--access-log); nil when off.
 	alog *accessLog
+	// failures holds each target's last upstream failure (target.ID ->
+	// *upstreamFailure), shown on the admin listener.
+	failures sync.Map
 	// reqCtx parents every request's life: it outlives the servers'
 	// shutdown so that draining requests finish, and then ends with
 	// errShutdown.
@@ -193,6 +196,7 @@ func (r *Router) onChange(c health.Change) {
 		r.met.addTarget(c.Target.ID.String())
 	case health.Removed:
 		r.met.forgetTarget(c.Target.ID.String())
+		r.failures.Delete(c.Target.ID)
 	}
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)

@@ -144,7 +144,8 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 			// a prompt too long): it would reject it when proxied too.
 			// Not so a Responses request, which the pod renders from the
 			// client's body, not from the messages the router derived.
-			return est, errBadRequest("", "the model server rejected the prompt: "+re.Body)
+			slog.Info("the model server rejected the prompt when rendering it", "model", req.Model, "err", err)
+			return est, errBadRequest("", "the model server rejected the prompt: "+podMessage(re.Body, url))
 		}
 		// A local render or encode that fails (a template raising, say) is
 		// left for the pod to judge: it routes on load and the pod answers.
