@@ -69,6 +69,7 @@ func TestAccessLog(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Events.BlockSize = bs
 	cfg.AccessLog = path
+	cfg.MaxBodyBytes = 16 << 10
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg, "m=bytes")
 	waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
@@ -107,6 +108,7 @@ func TestAccessLog(t *testing.T) {
 		"get-on-post": {"GET", "/v1/completions", ``, 405, "method_not_allowed", "", "", false, nil, "", nil, nil, 0},
 		"no-route":    {"POST", "/v1/nothing", `{}`, 404, "not_found", "", "", false, nil, "", nil, nil, 0},
 		"models":      {"GET", "/v1/models", ``, 200, "ok", "", "", false, nil, "", nil, nil, 0},
+		"too-large":   {"POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 20<<10) + `"}`, 413, "read_error", "", "", false, nil, "", nil, nil, 0},
 	}
 	for id, c := range cases {
 		if got := send(t, c.method, base+c.path, id, c.body); got != c.status {
