@@ -204,6 +204,7 @@ func (r *Router) handleModels(x *exchange) {
 // handleModel answers GET /v1/models/{id}: the entry of that id in the
 // union of the targets' lists, or an OpenAI-shaped 404.
 func (r *Router) handleModel(x *exchange, id string) {
+	x.model = id
 	life := r.beginLife(x.in)
 	defer life.release()
 	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
