@@ -1,17 +1,31 @@
 # prefixrouter build and test entry points. `make test` is the project's test
 # command: on a fresh Debian machine (as root) it installs what it needs first.
+# It runs, in order: gofmt, go vet, staticcheck, the unit tests under -race
+# (seed corpora included), then a short fuzz of every target. `make fuzz` is
+# the long fuzz budget.
 
 GO       ?= go
 BIN      := bin/prefixrouter
 PKGS     := ./...
-# A count, not a duration: with a duration, Go 1.26's fuzz coordinator can
-# report a spurious "context deadline exceeded" failure as the time runs out
-# (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
-FUZZTIME ?= 20000x
+# Fuzzing is bounded by executions per target, not by a duration: with a
+# duration, Go 1.26's fuzz coordinator can report a spurious "context
+# deadline exceeded" failure as the time runs out (golang/go#75804, fixed in
+# Go 1.27); a count has no deadline to race. FUZZ_SHORT is what `make test`
+# spends per target, FUZZTIME what `make fuzz` spends.
+FUZZ_SHORT ?= 2000x
+FUZZTIME   ?= 20000x
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 
-.PHONY: all build test deps vet fmt-check unit fuzz bench clean demo e2e-client testdata parity-refs bench-tokenize
+# staticcheck is installed from the Go module proxy into bin/tools at a pinned
+# version (2026.2.2, which supports Go 1.26 and 1.27). The file name carries
+# the version and the Go toolchain that built it, so bumping either installs
+# it again and an unchanged one is not reinstalled.
+STATICCHECK_VERSION := v0.8.2
+TOOLS       := $(CURDIR)/bin/tools
+STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
+
+.PHONY: all build test deps vet fmt-check staticcheck unit fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize
 
 all: build
 
@@ -23,21 +37,46 @@ deps:
 build: deps
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/prefixrouter
 
-test: deps testdata fmt-check vet unit fuzz
+test: deps testdata fmt-check vet staticcheck unit fuzz-short
 
 fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
+	@echo "vet ..."
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags hftokenizers ./tokenize/...
 
-unit:
-	$(GO) test -count=1 -timeout 10m $(PKGS)
+# staticcheck fails the build on any finding.
+staticcheck: $(STATICCHECK)
+	@echo "staticcheck $(STATICCHECK_VERSION) ..."
+	./scripts/progress.sh staticcheck $(STATICCHECK) $(PKGS)
+	$(STATICCHECK) -tags hftokenizers ./tokenize/...
 
-# fuzz runs every decoder/parser fuzz target briefly; the seed corpus also
-# runs as part of `unit`.
+$(STATICCHECK):
+	@echo "installing staticcheck $(STATICCHECK_VERSION) into $(TOOLS) ..."
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS)/staticcheck $@
+
+# unit runs every package's tests under the race detector; no package is
+# left out. The fuzz targets' seed corpora run here as ordinary tests. go
+# test prints a package's line when the package ends, so progress.sh says
+# every 20 s that it is still going.
+unit:
+	@echo "unit tests (-race) ..."
+	./scripts/progress.sh "unit tests (-race)" $(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+# fuzz-short gives every fuzz target FUZZ_SHORT executions from its seed
+# corpus (--fresh: its time does not grow with the corpus earlier runs
+# cached), to catch what a change breaks. fuzz is the long budget, FUZZTIME
+# executions per target, growing the corpus in GOCACHE as `go test -fuzz`
+# does. Both build each package's fuzz binary once, into bin/fuzz, and run
+# targets one per core; see scripts/fuzz-all.sh.
+fuzz-short:
+	@./scripts/fuzz-all.sh --fresh $(FUZZ_SHORT)
+
 fuzz:
 	@./scripts/fuzz-all.sh $(FUZZTIME)
 

@@ -3,7 +3,6 @@ package kvindex
 import (
 	"encoding/binary"
 	"fmt"
-	"sync"
 
 	"github.com/zeebo/xxh3"
 )
@@ -88,8 +87,8 @@ func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) 
 // stands for, so BlockRemoved (which carries only engine hashes) and later
 // BlockStored events (whose parent is an engine hash) resolve. It is bounded
 // by two generations: when the young one fills, the old one is dropped.
+// Its ingestState's mu guards it.
 type engineKeyMap struct {
-	mu         sync.Mutex
 	young, old map[uint64]engineKey
 	limit      int // entries per generation
 }
@@ -125,8 +124,6 @@ func (m *engineKeyMap) put(h uint64, e engineKey) {
 	}
 	m.young[h] = e
 }
-
-func (m *engineKeyMap) len() int { return len(m.young) + len(m.old) }
 
 func (m *engineKeyMap) reset() {
 	m.young, m.old = make(map[uint64]engineKey), nil

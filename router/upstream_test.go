@@ -119,21 +119,29 @@ func TestUpstreamDropsIdleConnections(t *testing.T) {
 	waitFor(t, "the pod to see the idle connection close", signalled(closed))
 }
 
-// A pooled connection the pod has closed while idle is replaced, and the
-// request is not lost.
+// A pooled connection the pod has closed while idle is tried, found closed
+// before any response byte, and replaced by a new one: each request is
+// served exactly once.
 func TestUpstreamRedialsAConnectionClosedWhileIdle(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var served atomic.Int32
+	// The pod answers one request per connection with keep-alive, then
+	// closes the connection for writing, as a server whose idle timeout
+	// has passed closes it: the client reads EOF. Reading on tells whether
+	// the client still sent a request there (tried).
+	var accepted, served atomic.Int32
+	closed := make(chan struct{}, 4)
+	tried := make(chan bool, 4)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			accepted.Add(1)
 			go func() {
 				defer c.Close()
 				buf := make([]byte, 4096)
@@ -141,10 +149,11 @@ func TestUpstreamRedialsAConnectionClosedWhileIdle(t *testing.T) {
 					return
 				}
 				served.Add(1)
-				// Answer with keep-alive, then close at once, as a server
-				// whose idle timeout has passed would.
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				time.Sleep(10 * time.Millisecond)
+				c.(*net.TCPConn).CloseWrite()
+				closed <- struct{}{}
+				n, _ := c.Read(buf)
+				tried <- n > 0
 			}()
 		}
 	}()
@@ -152,17 +161,32 @@ func TestUpstreamRedialsAConnectionClosedWhileIdle(t *testing.T) {
 	defer u.close()
 	rq := &upRequest{method: fasthttp.MethodPost, endpoint: "http://" + ln.Addr().String(), path: "/x", body: []byte("{}")}
 	for i := range 3 {
+		if i > 0 {
+			waitFor(t, "the pod to close the last connection", signalled(closed))
+		}
 		resp, err := u.do(context.Background(), rq)
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
 		if b := readBody(t, resp); b != "ok" {
-			t.Fatalf("body %q", b)
+			t.Fatalf("request %d: body %q", i, b)
 		}
-		time.Sleep(30 * time.Millisecond) // the pod has closed by now
-	}
-	if served.Load() != 3 {
-		t.Fatalf("the pod served %d requests, want 3", served.Load())
+		if i > 0 {
+			select {
+			case sent := <-tried:
+				if !sent {
+					t.Fatalf("request %d was not tried on the pooled connection the pod had closed", i)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("request %d: the client neither tried nor closed the connection the pod had closed", i)
+			}
+		}
+		if n := accepted.Load(); n != int32(i+1) {
+			t.Fatalf("after request %d: the pod accepted %d connections, want %d", i, n, i+1)
+		}
+		if n := served.Load(); n != int32(i+1) {
+			t.Fatalf("after request %d: the pod served %d requests, want %d", i, n, i+1)
+		}
 	}
 }
 

@@ -3,8 +3,6 @@ package tokenize
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -23,14 +21,7 @@ type chatMsg struct {
 // turns-1 user/assistant pairs.
 func chatHistory(tb testing.TB, turns int) []chatMsg {
 	tb.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizers", "corpus.json"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var corpus []string
-	if err := json.Unmarshal(raw, &corpus); err != nil {
-		tb.Fatal(err)
-	}
+	corpus := readCorpus(tb)
 	var paras []string
 	for _, s := range corpus {
 		if len(s) > 400 && len(s) < 4000 && !strings.Contains(s, "<|") && !strings.Contains(s, "<｜") {

@@ -1,14 +1,17 @@
 // Package tokenize owns turning OpenAI requests into the exact token ids a
 // vLLM pod computes for them: a pure-Go tokenizer.json encoder (sub-package
 // bpe), chat-template rendering (sub-package chat), a per-model registry with
-// local / remote / auto modes, the remote render client, a segment cache and
-// the built-in "bytes" model. It knows nothing about routing: a remote call
+// local / remote / auto modes, tokenizer files from the Hugging Face Hub
+// (sub-package hub), the remote render client, a segment cache and the
+// built-in "bytes" model. It knows nothing about routing: a remote call
 // takes the base URL of the pod the caller picked.
 //
 // # API contract (stable; router and bench/sim depend on it)
 //
-//	reg := tokenize.NewRegistry(tokenize.Options{Registerer: promReg, Logger: log})
-//	m, err := reg.AddSpec("qwen3:auto=/models/qwen3")   // --tokenizer flag value
+//	reg := tokenize.NewRegistry(tokenize.Options{Registerer: promReg, Logger: log, Hub: hubClient})
+//	m, err := reg.AddSpec("qwen3:auto=/models/qwen3")   // --tokenizer flag value (mode local unless named)
+//	spec, err := tokenize.ParseSpec("Qwen/Qwen3-8B")     // the same, parsed; the caller may set spec.Mode
+//	m, err := reg.Load(ctx, spec)                        // fetches a hub repository's files first
 //	m, err := reg.Add("demo", "bytes", tokenize.ModeLocal) // built-in bytes model
 //	m, err := reg.Model("qwen3")                         // ErrUnknownModel if absent
 //
@@ -30,13 +33,25 @@
 //
 //	b := tokenize.Bytes() // the built-in model without a registry (local only)
 //
-// A spec is NAME=PATH or NAME:MODE=PATH. PATH is a model directory
-// (tokenizer.json, optional tokenizer_config.json and chat_template.jinja),
-// a tokenizer.json file, the word "bytes" for the built-in model, or empty
-// for a remote-only model. MODE is local (default), remote or auto. A
-// directory gets transformers' semantics (add_bos_token/add_eos_token from
+// A spec (SpecForms) is MODEL=SOURCE or MODEL:MODE=SOURCE, or a bare
+// MODEL[:MODE]. SOURCE is a model directory (tokenizer.json, optional
+// tokenizer_config.json and chat_template.jinja), a tokenizer.json file,
+// hf:ORG/NAME[@REVISION] for a Hugging Face Hub repository, the word "bytes"
+// for the built-in model, or empty for a remote-only model. A bare MODEL is
+// the local path MODEL when one exists, else the hub repository MODEL
+// (optionally hf:MODEL and MODEL@REVISION), served under the repository's
+// name. MODE is local (default), remote or auto. A directory gets
+// transformers' semantics (add_bos_token/add_eos_token from
 // tokenizer_config.json decide BOS/EOS, as vLLM sees them); a lone
 // tokenizer.json gets HF tokenizers' own, and no chat template.
+//
+// A hub repository's tokenizer.json, tokenizer_config.json and
+// chat_template.jinja are fetched by sub-package hub into the
+// huggingface_hub cache (its environment variables, its layout, offline
+// mode) and loaded from the snapshot directory like a model directory.
+// Mode remote fetches nothing. When the fetch or the load fails, mode local
+// fails; mode auto serves the model remote with a warning naming the reason
+// and counts it (_remote_switches_total, reason hub_unavailable).
 //
 // Errors: *TemplateError when a chat template raises (the request is bad for
 // this model, as vLLM answers 400); *RemoteError for a non-2xx pod answer;

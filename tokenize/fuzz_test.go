@@ -2,8 +2,11 @@ package tokenize
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/prefixrouter/prefixrouter/tokenize/hub"
 )
 
 // FuzzParseRenderResponse feeds arbitrary pod answers to the remote
@@ -36,6 +39,29 @@ func FuzzBytesChat(f *testing.F) {
 		}
 		if utf8.ValidString(prompt) && back != prompt {
 			t.Fatalf("decode(encode(prompt)) = %q, want %q", back, prompt)
+		}
+	})
+}
+
+// FuzzParseSpec parses arbitrary --tokenizer values: a spec with a model
+// name and at most one source, or an error listing the accepted forms.
+func FuzzParseSpec(f *testing.F) {
+	for _, s := range []string{"qwen=/m/qwen", "qwen:auto=hf:Qwen/Qwen3-8B@v1", "Qwen/Qwen3-8B", "hf:gpt2:remote", "=x", "a:b:c=", "x=hf:a//b", "a@b@c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		s, err := ParseSpec(text)
+		if err != nil {
+			if !strings.HasSuffix(err.Error(), SpecForms) {
+				t.Fatalf("error %q does not list the forms", err)
+			}
+			return
+		}
+		if s.Text != text || s.Name == "" || s.Hub != nil && s.Path != "" {
+			t.Fatalf("ParseSpec(%q) = %+v", text, s)
+		}
+		if s.Hub != nil && hub.ValidRepoID(s.Hub.Repo) != nil {
+			t.Fatalf("ParseSpec(%q) accepted repository %q", text, s.Hub.Repo)
 		}
 	})
 }

@@ -52,6 +52,10 @@ func tokenString(raw json.RawMessage) (string, bool) {
 
 var errNoTemplateFile = errors.New("the model directory has no chat template")
 
+// loadBPE parses a tokenizer.json. It is a variable so that the package's
+// tests can parse each file once (see TestMain).
+var loadBPE = bpe.Load
+
 // loadLocal fills m's encoder and chat template from a model directory or a
 // tokenizer.json file.
 func loadLocal(m *Model, path string, cache bpe.SegmentCache) error {
@@ -63,7 +67,7 @@ func loadLocal(m *Model, path string, cache bpe.SegmentCache) error {
 	if !st.IsDir() {
 		dir, file = filepath.Dir(path), path
 	}
-	t, err := bpe.Load(file)
+	t, err := loadBPE(file)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"model", "mode"}),
 		switches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixrouter_tokenize_remote_switches_total",
-			Help: "Models moved to remote tokenization, by reason (mismatch, prompt_mismatch, local_error, template_compile).",
+			Help: "Models moved to remote tokenization, by reason (mismatch, prompt_mismatch, local_error, template_compile, hub_unavailable).",
 		}, []string{"model", "reason"}),
 		comparisons: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prefixrouter_tokenize_comparisons_total",

@@ -8,11 +8,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/tokenize/hub"
 )
 
 // Options configure a Registry. The zero value works: no metrics exported,
@@ -32,6 +33,9 @@ type Options struct {
 	// CacheMaxBytes is the segment cache budget shared by all models
 	// (default 256 MiB; negative disables the cache).
 	CacheMaxBytes int64
+	// Hub fetches the files of specs that name a hub repository (see
+	// ParseSpec); nil refuses them.
+	Hub *hub.Client
 	// MessageCacheMaxBytes is the budget of the decoded chat message cache
 	// shared by all models (default 64 MiB; negative disables it). It
 	// saves re-decoding the earlier turns of a conversation; renders are
@@ -91,34 +95,60 @@ func NewRegistry(opts Options) *Registry {
 	return r
 }
 
-// ParseSpec splits a --tokenizer value NAME=PATH or NAME:MODE=PATH.
-func ParseSpec(spec string) (name, path string, mode Mode, err error) {
-	lhs, path, ok := strings.Cut(spec, "=")
-	if !ok || lhs == "" {
-		return "", "", 0, fmt.Errorf("tokenizer spec %q: want NAME=PATH or NAME:MODE=PATH", spec)
-	}
-	name = lhs
-	if i := strings.LastIndexByte(lhs, ':'); i >= 0 {
-		if m, perr := ParseMode(lhs[i+1:]); perr == nil && lhs[i+1:] != "" {
-			name, mode = lhs[:i], m
+// AddSpec adds a model from a --tokenizer flag value (see ParseSpec); a
+// value that names no mode is local.
+func (r *Registry) AddSpec(text string) (*Model, error) {
+	s, err := ParseSpec(text)
+	if err == nil {
+		var m *Model
+		if m, err = r.Load(context.Background(), s); err == nil {
+			return m, nil
 		}
 	}
-	if name == "" {
-		return "", "", 0, fmt.Errorf("tokenizer spec %q: empty model name", spec)
-	}
-	if path == "" && mode != ModeRemote {
-		return "", "", 0, fmt.Errorf("tokenizer spec %q: empty path needs mode remote (NAME:remote=)", spec)
-	}
-	return name, path, mode, nil
+	return nil, fmt.Errorf("tokenizer spec %q: %w", text, err)
 }
 
-// AddSpec adds a model from a --tokenizer flag value (see ParseSpec).
-func (r *Registry) AddSpec(spec string) (*Model, error) {
-	name, path, mode, err := ParseSpec(spec)
+// Load adds the model a parsed spec describes. A hub repository's files are
+// fetched first (Options.Hub) unless the mode is remote, which never reads
+// them. When that fails in mode auto the model is served remote, with a
+// warning naming the reason; in mode local the failure is the error.
+func (r *Registry) Load(ctx context.Context, s Spec) (*Model, error) {
+	switch {
+	case s.Hub == nil && s.Path == "" && s.Mode != ModeRemote:
+		return nil, fmt.Errorf("no tokenizer files for mode %s: give MODEL=PATH or MODEL=hf:ORG/NAME, or MODEL:remote= for the pods to tokenize", s.Mode)
+	case s.Hub == nil:
+		return r.Add(s.Name, s.Path, s.Mode)
+	case s.Mode == ModeRemote:
+		return r.Add(s.Name, "", ModeRemote)
+	}
+	m, err := r.addFromHub(ctx, s)
+	if err == nil || s.Mode == ModeLocal || ctx.Err() != nil {
+		return m, err
+	}
+	m, rerr := r.Add(s.Name, "", ModeRemote)
+	if rerr != nil {
+		return nil, rerr
+	}
+	r.metrics.switches.WithLabelValues(s.Name, "hub_unavailable").Inc()
+	r.log.Warn("tokenizer files unavailable; the pods' render endpoints tokenize this model",
+		"model", s.Name, "source", hubPrefix+s.Hub.String(), "reason", err)
+	return m, nil
+}
+
+func (r *Registry) addFromHub(ctx context.Context, s Spec) (*Model, error) {
+	if r.opts.Hub == nil {
+		return nil, fmt.Errorf("%s: this registry has no hub client", s.Hub)
+	}
+	dir, err := fetchTokenizer(ctx, r.opts.Hub, s.Name, *s.Hub, r.log)
 	if err != nil {
 		return nil, err
 	}
-	return r.Add(name, path, mode)
+	m, err := r.Add(s.Name, dir, s.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.Hub, err)
+	}
+	r.log.Info("tokenizer files from the hub cache", "model", s.Name, "repo", s.Hub.Repo, "revision", s.Hub.Revision, "dir", dir)
+	return m, nil
 }
 
 // Add loads a model and registers it under name, replacing any model of

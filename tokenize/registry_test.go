@@ -69,39 +69,6 @@ func tinyModelDir(t testing.TB, template string) string {
 	return dir
 }
 
-func TestParseSpec(t *testing.T) {
-	tests := []struct {
-		spec       string
-		name, path string
-		mode       Mode
-		err        bool
-	}{
-		{spec: "qwen=/m/qwen", name: "qwen", path: "/m/qwen"},
-		{spec: "qwen:auto=/m/qwen", name: "qwen", path: "/m/qwen", mode: ModeAuto},
-		{spec: "qwen:remote=", name: "qwen", mode: ModeRemote},
-		{spec: "llama3:8b=/m/l", name: "llama3:8b", path: "/m/l"},
-		{spec: "Qwen/Qwen3-8B:local=bytes", name: "Qwen/Qwen3-8B", path: "bytes"},
-		{spec: "qwen=", err: true},
-		{spec: "=x", err: true},
-		{spec: ":auto=x", err: true},
-		{spec: "noequals", err: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.spec, func(t *testing.T) {
-			name, path, mode, err := ParseSpec(tc.spec)
-			if tc.err {
-				if err == nil {
-					t.Fatalf("want error, got %q %q %v", name, path, mode)
-				}
-				return
-			}
-			if err != nil || name != tc.name || path != tc.path || mode != tc.mode {
-				t.Fatalf("got %q %q %v %v, want %q %q %v", name, path, mode, err, tc.name, tc.path, tc.mode)
-			}
-		})
-	}
-}
-
 // fakePod serves the render endpoints with a fixed answer and records the
 // paths it saw.
 type fakePod struct {
@@ -337,6 +304,34 @@ func fetchedModel(tb testing.TB, model string) string {
 	return dir
 }
 
+// readCorpus reads the parity corpus shared with the bpe tests.
+func readCorpus(tb testing.TB) []string {
+	tb.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizers", "corpus.json"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var corpus []string
+	if err := json.Unmarshal(raw, &corpus); err != nil {
+		tb.Fatal(err)
+	}
+	return corpus
+}
+
+// readChatCases reads the shared chat cases, by name, field by field.
+func readChatCases(tb testing.TB) map[string]map[string]json.RawMessage {
+	tb.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "chat", "cases.json"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var cases map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &cases); err != nil {
+		tb.Fatal(err)
+	}
+	return cases
+}
+
 func readRef(t *testing.T, name string) [][]uint32 {
 	t.Helper()
 	f, err := os.Open(filepath.Join("..", "testdata", "tokenizers", "ref", name))
@@ -361,14 +356,7 @@ func readRef(t *testing.T, name string) [][]uint32 {
 // decides BOS as transformers does: DeepSeek-V3 gets BOS although its
 // tokenizer.json post-processor adds nothing.
 func TestTransformersBOS(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizers", "corpus.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var corpus []string
-	if err := json.Unmarshal(raw, &corpus); err != nil {
-		t.Fatal(err)
-	}
+	corpus := readCorpus(t)
 	corpus = corpus[:200]
 	tests := []struct {
 		model  string
@@ -418,14 +406,7 @@ func TestTransformersBOS(t *testing.T) {
 // TestModelChatRenders renders the shared chat cases through the model
 // directories (template and special tokens from tokenizer_config.json).
 func TestModelChatRenders(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "chat", "cases.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cases map[string]map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &cases); err != nil {
-		t.Fatal(err)
-	}
+	cases := readChatCases(t)
 	reg := NewRegistry(Options{})
 	for _, model := range []string{"qwen3", "deepseek_v3"} {
 		m, err := reg.Add(model, fetchedModel(t, model), ModeLocal)
@@ -508,14 +489,7 @@ func TestNeedsBaseURL(t *testing.T) {
 // including text that starts with a special token.
 func TestSegmentCacheExact(t *testing.T) {
 	dir := fetchedModel(t, "qwen3")
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "tokenizers", "corpus.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var corpus []string
-	if err := json.Unmarshal(raw, &corpus); err != nil {
-		t.Fatal(err)
-	}
+	corpus := readCorpus(t)
 	cold := NewRegistry(Options{CacheMaxBytes: -1})
 	warm := NewRegistry(Options{})
 	defer warm.Close()

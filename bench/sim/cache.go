@@ -48,9 +48,6 @@ func newBlockPool(n int) *blockPool {
 	return p
 }
 
-// numBlocks is the capacity in blocks.
-func (p *blockPool) numBlocks() int { return len(p.blocks) }
-
 // usage is vLLM's kv_cache_usage_perc: the fraction of blocks in use.
 func (p *blockPool) usage() float64 {
 	if len(p.blocks) == 0 {

@@ -28,25 +28,49 @@ import (
 // router in front, the same shared-prefix workload under two policies, one
 // table. Everything runs in this process and stops with it.
 
+// demoSettings is what the demo command's flags set.
+type demoSettings struct {
+	Pods, Groups, Requests, PrefixTokens, Concurrency int
+	Policies                                          string
+	Timeout                                           time.Duration
+}
+
 func demoCommand() *cli.Command {
-	return &cli.Command{
+	s := demoSettings{Pods: 4, Groups: 16, Requests: 16, PrefixTokens: 2000, Concurrency: 8,
+		Policies: "precise,round-robin", Timeout: 2 * time.Minute}
+	t := newFlagTable("demo")
+	b := t.group("")
+	return t.command(&cli.Command{
 		Name:  "demo",
 		Usage: "route a shared-prefix workload over simulated pods with precise and round-robin, print a table",
 		Description: "Starts simulated vLLM pods (bench/sim, loopback only) and the router in front of them,\n" +
 			"sends the same workload (groups of users sharing a long system prompt) under each policy\n" +
 			"on a fresh fleet, and prints requests per pod, cached prompt tokens and TTFT.",
-		OnUsageError: onUsageError,
 		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "pods", Value: 4, Usage: "simulated pods"},
-			&cli.IntFlag{Name: "groups", Value: 16, Usage: "groups of users sharing one system prompt"},
-			&cli.IntFlag{Name: "requests", Value: 16, Usage: "requests per group"},
-			&cli.IntFlag{Name: "prefix-tokens", Value: 2000, Usage: "shared system prompt length (bytes model: one token a byte)"},
-			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "requests in flight"},
-			&cli.StringFlag{Name: "policies", Value: "precise,round-robin", Usage: "policies to compare, comma-separated"},
-			&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "bound on the whole demo"},
+			b.int("pods", "simulated pods", &s.Pods),
+			b.int("groups", "groups of users sharing one system prompt", &s.Groups),
+			b.int("requests", "requests per group", &s.Requests),
+			b.int("prefix-tokens", "shared system prompt length (bytes model: one token a byte)", &s.PrefixTokens),
+			b.int("concurrency", "requests in flight", &s.Concurrency),
+			b.checked("policies", "policies to compare, comma-separated: "+strings.Join(router.PolicyNames(), ", "), &s.Policies,
+				func(v string) error { _, err := parsePolicies(v); return err }),
+			b.dur("timeout", "bound on the whole demo", &s.Timeout),
 		},
-		Action: runDemo,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runDemo(ctx, cmd.Root().Writer, &s) },
+	})
+}
+
+// parsePolicies reads --policies.
+func parsePolicies(v string) ([]router.Policy, error) {
+	var policies []router.Policy
+	for p := range strings.SplitSeq(v, ",") {
+		pol, err := router.ParsePolicy(strings.TrimSpace(p))
+		if err != nil {
+			return nil, err
+		}
+		policies = append(policies, pol)
 	}
+	return policies, nil
 }
 
 type demoResult struct {
@@ -59,23 +83,21 @@ type demoResult struct {
 	wall         time.Duration
 }
 
-func runDemo(ctx context.Context, cmd *cli.Command) error {
-	pods, groups, per := cmd.Int("pods"), cmd.Int("groups"), cmd.Int("requests")
-	prefixLen, conc := cmd.Int("prefix-tokens"), cmd.Int("concurrency")
+func runDemo(ctx context.Context, out io.Writer, s *demoSettings) error {
+	pods, groups, per := s.Pods, s.Groups, s.Requests
+	prefixLen, conc := s.PrefixTokens, s.Concurrency
 	if pods < 1 || groups < 1 || per < 1 || prefixLen < 16 || conc < 1 {
 		return usageError("--pods, --groups, --requests, --concurrency must be positive and --prefix-tokens at least 16")
 	}
-	var policies []router.Policy
-	for p := range strings.SplitSeq(cmd.String("policies"), ",") {
-		pol, err := router.ParsePolicy(strings.TrimSpace(p))
-		if err != nil {
-			return usageError("--policies: %v", err)
-		}
-		policies = append(policies, pol)
+	if s.Timeout <= 0 {
+		return usageError("--timeout must be positive, got %v", s.Timeout)
 	}
-	ctx, cancel := context.WithTimeout(ctx, cmd.Duration("timeout"))
+	policies, err := parsePolicies(s.Policies)
+	if err != nil {
+		return usageError("--policies: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
-	out := cmd.Root().Writer
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -13,28 +14,70 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
+// eventsSettings is what the events command's flags set.
+type eventsSettings struct {
+	Endpoint, Replay, Topic string
+	Count                   uint64
+	Timeout                 time.Duration
+}
+
 func eventsCommand() *cli.Command {
-	return &cli.Command{
+	var s eventsSettings
+	t := newFlagTable("events")
+	b := t.group("")
+	return t.command(&cli.Command{
 		Name:  "events",
 		Usage: "subscribe to a pod's KV-cache events and print them as JSON lines",
 		Description: "The wiring check to run before anything else: connects to a vLLM pod's KV-event\n" +
 			"publisher (--kv-events-config endpoint), prints one JSON object per event, recovers\n" +
-			"sequence gaps through the replay socket when --replay is given, and ends with a summary line.",
-		OnUsageError: onUsageError,
+			"sequence gaps through the replay socket when --replay is given, and ends with a summary line.\n" +
+			"--endpoint also takes the pod's URL as serve's --endpoint does: its events= and replay=\n" +
+			"options (default tcp://HOST:5557, no replay) are the sockets of rank 0.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "endpoint", Usage: "the pod's event publisher, tcp://HOST:PORT (required)", Sources: envVar("events-endpoint")},
-			&cli.StringFlag{Name: "replay", Usage: "the pod's replay socket, tcp://HOST:PORT", Sources: envVar("events-replay")},
-			&cli.StringFlag{Name: "topic", Usage: "topic prefix to subscribe to (default: every topic)", Sources: envVar("events-topic")},
-			&cli.StringFlag{Name: "count", Usage: "exit after printing this many events (0: no limit)", Value: "0"},
-			&cli.StringFlag{Name: "timeout", Usage: "exit after this long, e.g. 30s (0: no limit)", Value: "0"},
+			defaultText(b.str("endpoint", "the pod's event publisher, tcp://HOST:PORT, or the pod's URL as serve takes it", &s.Endpoint), "none, required"),
+			b.str("replay", "the pod's replay socket, tcp://HOST:PORT", &s.Replay),
+			defaultText(b.str("topic", "topic prefix to subscribe to", &s.Topic), "every topic"),
+			defaultText(b.uint64("count", "exit after printing this many events", &s.Count), "0, no limit"),
+			defaultText(bind(b, &cli.DurationFlag{Name: "timeout", Usage: "exit after this long", Destination: &s.Timeout}, notNegative),
+				"0, no limit"),
 		},
-		Action: runEvents,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runEvents(ctx, cmd.Root().Writer, &s) },
+	})
+}
+
+// notNegative refuses a negative duration.
+func notNegative(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("must not be negative, got %v", d)
 	}
+	return nil
+}
+
+// sockets are the publisher and replay addresses: --endpoint and --replay,
+// or, when --endpoint is a pod's URL as serve takes it, rank 0's sockets
+// from its events= and replay= options (--replay still wins).
+func (s *eventsSettings) sockets() (events, replay string, err error) {
+	if s.Endpoint == "" {
+		return "", "", usageError("--endpoint is required, e.g. tcp://10.0.0.7:5557")
+	}
+	if !strings.HasPrefix(s.Endpoint, "http://") && !strings.HasPrefix(s.Endpoint, "https://") {
+		return s.Endpoint, s.Replay, nil
+	}
+	spec, err := health.ParseSpec(s.Endpoint)
+	if err != nil {
+		return "", "", usageError("--endpoint %q: %v", s.Endpoint, err)
+	}
+	replay = s.Replay
+	if replay == "" {
+		replay = spec.Replay
+	}
+	return spec.Events, replay, nil
 }
 
 // eventLine is one printed event. Hashes are decimal strings of their uint64
@@ -63,27 +106,19 @@ type eventsSummary struct {
 	} `json:"summary"`
 }
 
-func runEvents(ctx context.Context, cmd *cli.Command) error {
-	endpoint := cmd.String("endpoint")
-	if endpoint == "" {
-		return usageError("--endpoint is required, e.g. tcp://10.0.0.7:5557")
+func runEvents(ctx context.Context, stdout io.Writer, s *eventsSettings) error {
+	endpoint, replay, err := s.sockets()
+	if err != nil {
+		return err
 	}
+	count, timeout := s.Count, s.Timeout
 	if err := checkZMQEndpoint("--endpoint", endpoint); err != nil {
 		return err
 	}
-	replay := cmd.String("replay")
 	if replay != "" {
 		if err := checkZMQEndpoint("--replay", replay); err != nil {
 			return err
 		}
-	}
-	count, err := strconv.ParseUint(cmd.String("count"), 10, 63)
-	if err != nil {
-		return usageError("--count %q is not a non-negative integer", cmd.String("count"))
-	}
-	timeout, err := parseDurationFlag("--timeout", cmd.String("timeout"))
-	if err != nil {
-		return err
 	}
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -93,7 +128,7 @@ func runEvents(ctx context.Context, cmd *cli.Command) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 
-	out := bufio.NewWriter(cmd.Root().Writer)
+	out := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(out)
 	var (
 		mu      sync.Mutex
@@ -103,7 +138,7 @@ func runEvents(ctx context.Context, cmd *cli.Command) error {
 		Target:   target.ID{Endpoint: endpoint},
 		Endpoint: endpoint,
 		Replay:   replay,
-		Topic:    cmd.String("topic"),
+		Topic:    s.Topic,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handle: func(seq uint64, b *events.Batch, _ bool) {
 			mu.Lock()
@@ -197,15 +232,4 @@ func checkZMQEndpoint(flag, v string) error {
 		return usageError("%s %q: bad port", flag, v)
 	}
 	return nil
-}
-
-func parseDurationFlag(flag, v string) (time.Duration, error) {
-	if v == "0" || v == "" {
-		return 0, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return 0, usageError("%s %q is not a duration like 30s", flag, v)
-	}
-	return d, nil
 }

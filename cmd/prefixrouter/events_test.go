@@ -117,3 +117,27 @@ func TestEventsCommandTimeoutAndBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsTakesThePodURL: --endpoint takes the value serve's --endpoint
+// takes, and reads rank 0's publisher and replay socket from it; the event
+// published before the command started arrives only through that replay.
+func TestEventsTakesThePodURL(t *testing.T) {
+	pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	stored := events.Batch{TS: 1, Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{42}, TokenIDs: []uint32{1, 2}, BlockSize: 2}}}
+	if _, err := pub.Publish(&stored, events.EncodingMap); err != nil {
+		t.Fatal(err)
+	}
+	pod := "http://127.0.0.1:1?events=" + pub.Endpoint() + "&replay=" + pub.ReplayEndpoint() + "&model=m"
+	out, errOut, code := runCLI(t, "", "events", "--endpoint", pod, "--count", "1", "--timeout", "20s")
+	if code != 0 || !strings.HasPrefix(out, `{"seq":0,"ts":1,"type":"BlockStored","block_hashes":["42"]`) {
+		t.Fatalf("exit %d stdout %q stderr %q", code, out, errOut)
+	}
+	_, errOut, code = runCLI(t, "", "events", "--endpoint", "http://127.0.0.1:1/v1")
+	if code != exitUsage || !strings.Contains(errOut, `--endpoint "http://127.0.0.1:1/v1": give the server's root URL`) {
+		t.Fatalf("exit %d stderr %q", code, errOut)
+	}
+}

@@ -58,7 +58,7 @@ func TestHashCommandGolden(t *testing.T) {
 		if err := os.WriteFile(file, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		args := []string{"hash", "--algo", c.Algo, "--seed", c.Seed, "--block-size", itoa(c.BlockSize), "--tokens-file", file}
+		args := []string{"hash", "--hash-algo", c.Algo, "--hash-seed", c.Seed, "--block-size", itoa(c.BlockSize), "--tokens-file", file}
 		if c.LoRAName != nil {
 			args = append(args, "--lora-name", *c.LoRAName)
 		}
@@ -94,17 +94,17 @@ func TestHashCommandContract(t *testing.T) {
 		stdout   string
 		errMatch string
 	}{
-		{"inline tokens", []string{"--algo", "sha256_cbor", "--seed", "0", "--block-size", "4", "--tokens", "1,2,3,4,5,6,7,8"}, 0,
+		{"inline tokens", []string{"--hash-algo", "sha256_cbor", "--hash-seed", "0", "--block-size", "4", "--tokens", "1,2,3,4,5,6,7,8"}, 0,
 			"2164874634404590027\n17270480062156288726\n", ""},
-		{"partial block prints nothing", []string{"--seed", "0", "--block-size", "4", "--tokens", "1,2,3"}, 0, "", ""},
-		{"unknown algorithm", []string{"--algo", "md5", "--seed", "0", "--block-size", "4", "--tokens", "1"}, 2, "", "unknown hash algorithm"},
-		{"non-numeric token", []string{"--seed", "0", "--block-size", "4", "--tokens", "1,x"}, 2, "", "not a token id"},
-		{"negative block size", []string{"--seed", "0", "--block-size", "-4", "--tokens", "1"}, 2, "", "must be positive"},
-		{"missing seed", []string{"--block-size", "4", "--tokens", "1"}, 2, "", "--seed is required"},
-		{"missing tokens", []string{"--seed", "0", "--block-size", "4"}, 2, "", "--tokens"},
-		{"bad format", []string{"--seed", "0", "--block-size", "4", "--tokens", "1", "--format", "b64"}, 2, "", "--format"},
+		{"partial block prints nothing", []string{"--hash-seed", "0", "--block-size", "4", "--tokens", "1,2,3"}, 0, "", ""},
+		{"unknown algorithm", []string{"--hash-algo", "md5", "--hash-seed", "0", "--block-size", "4", "--tokens", "1"}, 2, "", "unknown hash algorithm"},
+		{"non-numeric token", []string{"--hash-seed", "0", "--block-size", "4", "--tokens", "1,x"}, 2, "", "not a token id"},
+		{"negative block size", []string{"--hash-seed", "0", "--block-size", "-4", "--tokens", "1"}, 2, "", "must be positive"},
+		{"missing seed", []string{"--block-size", "4", "--tokens", "1"}, 2, "", "--hash-seed is required"},
+		{"missing tokens", []string{"--hash-seed", "0", "--block-size", "4"}, 2, "", "--tokens"},
+		{"bad format", []string{"--hash-seed", "0", "--block-size", "4", "--tokens", "1", "--format", "b64"}, 2, "", "--format"},
 		{"unknown flag", []string{"--bogus"}, 2, "", "bogus"},
-		{"missing tokens file", []string{"--seed", "0", "--block-size", "4", "--tokens-file", "/nonexistent/x.json"}, 2, "", "--tokens-file"},
+		{"missing tokens file", []string{"--hash-seed", "0", "--block-size", "4", "--tokens-file", "/nonexistent/x.json"}, 2, "", "--tokens-file"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -118,6 +118,26 @@ func TestHashCommandContract(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHashShortInputSaysSoOnStderr: fewer tokens than one block have no
+// block hash (vLLM hashes full blocks only), so stdout stays empty and the
+// exit status 0, but stderr says why nothing was printed.
+func TestHashShortInputSaysSoOnStderr(t *testing.T) {
+	for _, tc := range []struct{ tokens, note string }{
+		{"1,2,3", "prefixrouter: 3 tokens do not fill one block of 4: no block hashes\n"},
+		{"", "prefixrouter: 0 tokens do not fill one block of 4: no block hashes\n"},
+	} {
+		out, errOut, code := runCLI(t, "", "hash", "--hash-seed", "0", "--block-size", "4", "--tokens", tc.tokens)
+		if code != 0 || out != "" || errOut != tc.note {
+			t.Errorf("--tokens %q: exit %d stdout %q stderr %q, want exit 0, no stdout, stderr %q", tc.tokens, code, out, errOut, tc.note)
+		}
+	}
+	// A full block prints its hash and nothing on stderr.
+	out, errOut, code := runCLI(t, "", "hash", "--hash-seed", "0", "--block-size", "4", "--tokens", "1,2,3,4,5")
+	if code != 0 || strings.Count(out, "\n") != 1 || errOut != "" {
+		t.Errorf("one full block: exit %d stdout %q stderr %q", code, out, errOut)
 	}
 }
 

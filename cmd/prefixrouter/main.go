@@ -64,43 +64,29 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		// Errors are printed once, by run, as a single line.
 		ErrWriter:      io.Discard,
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
-		OnUsageError:   onUsageError,
+		OnUsageError:   newFlagTable("").onUsageError,
+		ArgValidator:   unknownCommand,
+		Before:         warnUnreadEnv(stderr),
 		Commands: []*cli.Command{
-			hashCommand(),
+			hashCommand(stderr),
 			serveCommand(),
 			demoCommand(),
 			simCommand(),
 			eventsCommand(),
-			tokenizeCommand(),
+			tokenizeCommand(stderr),
 			versionCommand(),
+			helpCommand(),
 		},
 	}
 }
 
-// onUsageError turns flag-parsing failures into exit code 2 with the parser's
-// one-line explanation instead of a help dump.
-func onUsageError(_ context.Context, _ *cli.Command, err error, _ bool) error {
-	return usageError("%v", err)
-}
-
-// usageError reports bad input: one line, exit code 2.
-func usageError(format string, args ...any) error {
-	return cli.Exit(fmt.Sprintf(format, args...), exitUsage)
-}
-
 func versionCommand() *cli.Command {
-	return &cli.Command{
-		Name:         "version",
-		Usage:        "print the version",
-		OnUsageError: onUsageError,
+	return newFlagTable("version").command(&cli.Command{
+		Name:  "version",
+		Usage: "print the version",
 		Action: func(_ context.Context, cmd *cli.Command) error {
 			_, err := fmt.Fprintln(cmd.Root().Writer, version)
 			return err
 		},
-	}
-}
-
-// envVar names the environment variable equivalent of a flag.
-func envVar(flag string) cli.ValueSourceChain {
-	return cli.EnvVars("PREFIXROUTER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")))
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tokenize"
+	"github.com/prefixrouter/prefixrouter/tokenize/hub"
 )
 
 // serveSettings is what the serve command's flags set: the router's
@@ -30,7 +31,8 @@ func defaultServeSettings() serveSettings {
 
 func serveCommand() *cli.Command {
 	s := defaultServeSettings()
-	return &cli.Command{
+	t := newFlagTable("serve")
+	return t.command(&cli.Command{
 		Name:  "serve",
 		Usage: "run the OpenAI-compatible router in front of vLLM pods",
 		Description: "Routes /v1/completions and /v1/chat/completions to the pod whose prefix cache holds the\n" +
@@ -38,25 +40,24 @@ func serveCommand() *cli.Command {
 			"Each --endpoint is a pod's base URL with options in its query, e.g.\n" +
 			"  http://10.0.0.7:8000?events=tcp://10.0.0.7:5557&replay=tcp://10.0.0.7:5558&dp=2&model=NAME&role=decode\n" +
 			"Every flag has an environment variable PREFIXROUTER_<FLAG> (dashes as underscores).",
-		OnUsageError: onUsageError,
-		Flags:        s.flags(),
-		Action:       func(ctx context.Context, _ *cli.Command) error { return runServe(ctx, &s) },
-	}
+		Flags:  s.flags(t),
+		Action: func(ctx context.Context, _ *cli.Command) error { return runServe(ctx, &s) },
+	})
 }
 
 // flags is the serve command's flag table: each flag is bound to the field
 // it sets, and its default is that field's value in s, which starts as
 // router.DefaultConfig. Help, docs/configuration.md and the config cannot
 // disagree on a default.
-func (s *serveSettings) flags() []cli.Flag {
+func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	h, ev := &s.Health, &s.Events
-	serving := binder{"Serving"}
-	targets := binder{"Targets"}
-	routing := binder{"Routing"}
-	keys := binder{"Block keys and tokenization"}
-	upstream := binder{"Requests to the pods"}
-	health := binder{"Health and load"}
-	events := binder{"KV-event streams"}
+	serving := t.group("Serving")
+	targets := t.group("Targets")
+	routing := t.group("Routing")
+	keys := t.group("Block keys and tokenization")
+	upstream := t.group("Requests to the pods")
+	health := t.group("Health and load")
+	events := t.group("KV-event streams")
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -64,8 +65,8 @@ func (s *serveSettings) flags() []cli.Flag {
 		serving.bool("debug-headers", "add X-Prefixrouter-* headers naming the chosen target (exposes internal addresses)", &s.DebugHeaders),
 		serving.str("access-log", "one JSON line per API request, written when it ends: a file (appended to) or - for standard output (empty: off)", &s.AccessLog),
 		serving.dur("shutdown-timeout", "how long in-flight requests may drain on SIGTERM", &s.ShutdownTimeout),
-		serving.str("log-level", "debug, info, warn or error", &s.LogLevel),
-		serving.str("log-format", "text or json", &s.LogFormat),
+		choice(serving, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
+		choice(serving, "log-format", "text or json", &s.LogFormat, identity, oneOf("text", "json")),
 
 		targets.list("endpoint", "a target pod (repeatable; the environment variable takes a comma-separated list)", &h.Endpoints),
 		targets.str("endpoints-file", "YAML or JSON list of endpoint specs, re-read when it changes", &h.EndpointsFile),
@@ -78,11 +79,12 @@ func (s *serveSettings) flags() []cli.Flag {
 		routing.float("kv-threshold", "KV-cache usage above which the precise cost adds memory pressure", &s.Cost.KVThreshold),
 		routing.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
 
-		defaultText(keys.str("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo),
-			"learned from the pods"),
-		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed),
+		defaultText(keys.checked("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo,
+			learnedOr(kvindex.ParseHashAlgo)), "learned from the pods"),
+		keys.optional("hash-seed", "the pods' PYTHONHASHSEED, for vLLM-exact block keys", "none, token-derived keys", &ev.HashSeed, &ev.HasHashSeed,
+			refuseRandomSeed("omit --hash-seed, and the router keys blocks by their tokens (token-derived mode)")),
 		defaultText(keys.int("block-size", "the pods' KV block size in tokens", &ev.BlockSize), "0, learned from the pods"),
-		keys.list("tokenizer", "MODEL=PATH or MODEL:MODE=PATH, a tokenizer directory, tokenizer.json or \"bytes\" (repeatable)", &s.Tokenizers),
+		keys.list("tokenizer", "MODEL[:MODE]=SOURCE, SOURCE a model directory, a tokenizer.json, hf:ORG/NAME[@REVISION] or \"bytes\"; a bare MODEL is a local directory, else that hub repository (repeatable)", &s.Tokenizers),
 		choice(keys, "tokenization", "mode for models without a mode of their own: local, remote or auto", &s.Tokenization, tokenize.Mode.String, tokenize.ParseMode),
 		keys.dur("tokenize-timeout", "bound on a remote tokenization before routing (past it: route on load)", &s.TokenizeTimeout),
 
@@ -126,18 +128,11 @@ func runServe(ctx context.Context, s *serveSettings) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	toks := tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
-	defer toks.Close()
-	for _, spec := range s.Tokenizers {
-		if !specHasMode(spec) {
-			// The flag's mode applies where the entry names none.
-			name, path, _ := strings.Cut(spec, "=")
-			spec = name + ":" + cfg.Tokenization.String() + "=" + path
-		}
-		if _, err := toks.AddSpec(spec); err != nil {
-			return usageError("--tokenizer %q: %v", spec, err)
-		}
+	toks, err := loadTokenizers(ctx, s.Tokenizers, cfg.Tokenization, reg, log)
+	if err != nil {
+		return err
 	}
+	defer toks.Close()
 	rt, err := router.New(cfg, router.Deps{Registry: reg, Tokenizers: toks, Logger: log})
 	if err != nil {
 		return usageError("%v", err)
@@ -164,11 +159,44 @@ func (s *serveSettings) config() router.Config {
 	return cfg
 }
 
-// specHasMode reports whether a --tokenizer value names its mode
-// (NAME:MODE=PATH).
-func specHasMode(spec string) bool {
-	name, _, ok := strings.Cut(spec, "=")
-	return ok && strings.Contains(name, ":")
+// loadTokenizers builds the registry of the --tokenizer entries; an entry
+// that names no mode takes --tokenization. The hub is configured from the
+// environment (hub.ConfigFromEnv) only when an entry needs it. Errors echo
+// the entry as typed.
+func loadTokenizers(ctx context.Context, texts []string, mode tokenize.Mode, reg prometheus.Registerer, log *slog.Logger) (*tokenize.Registry, error) {
+	specs := make([]tokenize.Spec, 0, len(texts))
+	var hubFor string
+	for _, text := range texts {
+		spec, err := tokenize.ParseSpec(text)
+		if err != nil {
+			return nil, usageError("--tokenizer %q: %v", text, err)
+		}
+		if !spec.HasMode {
+			spec.Mode = mode
+		}
+		if spec.Hub != nil && spec.Mode != tokenize.ModeRemote && hubFor == "" {
+			hubFor = text
+		}
+		specs = append(specs, spec)
+	}
+	opts := tokenize.Options{Registerer: reg, Logger: log}
+	if hubFor != "" {
+		hcfg, err := hub.ConfigFromEnv(os.Getenv)
+		if err != nil {
+			return nil, usageError("--tokenizer %q: %v", hubFor, err)
+		}
+		hcfg.Logger = log
+		hcfg.UserAgent = "prefixrouter/" + version
+		opts.Hub = hub.New(hcfg)
+	}
+	toks := tokenize.NewRegistry(opts)
+	for _, spec := range specs {
+		if _, err := toks.Load(ctx, spec); err != nil {
+			toks.Close()
+			return nil, usageError("--tokenizer %q: %v", spec.Text, err)
+		}
+	}
+	return toks, nil
 }
 
 // splitList flattens comma-separated values (the environment form of a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,14 +18,15 @@ import (
 	"github.com/prefixrouter/prefixrouter/router"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/configuration.md's flag reference from the serve command")
+var update = flag.Bool("update", false, "rewrite docs/configuration.md's flag references from the commands")
 
 // parseServe parses args (and the environment) with the serve command's
 // flag table and returns what it set, without running anything.
 func parseServe(t *testing.T, args ...string) serveSettings {
 	t.Helper()
 	s := defaultServeSettings()
-	cmd := &cli.Command{Name: "serve", Flags: s.flags(), Action: func(context.Context, *cli.Command) error { return nil }}
+	ft := newFlagTable("serve")
+	cmd := ft.command(&cli.Command{Name: "serve", Flags: s.flags(ft), Action: func(context.Context, *cli.Command) error { return nil }})
 	if err := cmd.Run(context.Background(), append([]string{"serve"}, args...)); err != nil {
 		t.Fatalf("serve %q: %v", args, err)
 	}
@@ -58,6 +60,12 @@ func otherValue(t *testing.T, f cli.Flag) string {
 			return "least-load"
 		case "tokenization":
 			return "remote"
+		case "log-level":
+			return "debug"
+		case "log-format":
+			return "json"
+		case "hash-algo":
+			return "xxhash"
 		}
 		return f.Value + "x"
 	case *cli.StringSliceFlag:
@@ -85,7 +93,7 @@ func TestServeFlagsSetEveryConfigField(t *testing.T) {
 	def := defaultServeSettings()
 	var args []string
 	env := map[string]string{}
-	for _, f := range def.flags() {
+	for _, f := range def.flags(newFlagTable("serve")) {
 		name, v := f.Names()[0], otherValue(t, f)
 		args = append(args, "--"+name+"="+v)
 		env["PREFIXROUTER_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))] = v
@@ -126,50 +134,65 @@ func checkEveryFieldMoved(t *testing.T, got, def serveSettings) {
 	walk("", reflect.ValueOf(got), reflect.ValueOf(def))
 }
 
-// TestConfigurationDoc: docs/configuration.md's flag reference is the serve
-// command's, names and defaults included. Rewrite it with
+// TestConfigurationDoc: docs/configuration.md's flag references are the
+// commands', names, variables and defaults included. Rewrite them with
 // `go test ./cmd/prefixrouter -run TestConfigurationDoc -update`.
 func TestConfigurationDoc(t *testing.T) {
 	path := filepath.Join("..", "..", "docs", "configuration.md")
-	doc, err := os.ReadFile(path)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	begin, end := "<!-- serve flags: begin -->\n", "<!-- serve flags: end -->\n"
-	i, j := strings.Index(string(doc), begin), strings.Index(string(doc), end)
-	if i < 0 || j < i {
-		t.Fatalf("%s lacks the markers %q and %q", path, begin, end)
+	doc := string(raw)
+	for _, cmd := range newApp(nil, io.Discard, io.Discard).Commands {
+		if len(cmd.Flags) == 0 {
+			continue
+		}
+		begin, end := "<!-- "+cmd.Name+" flags: begin -->\n", "<!-- "+cmd.Name+" flags: end -->\n"
+		i, j := strings.Index(doc, begin), strings.Index(doc, end)
+		if i < 0 || j < i {
+			t.Errorf("%s lacks the markers %q and %q", path, begin, end)
+			continue
+		}
+		level := "####"
+		if cmd.Name == "serve" {
+			level = "###"
+		}
+		want := flagReference(cmd, level)
+		have := doc[i+len(begin) : j]
+		if have == want {
+			continue
+		}
+		if *update {
+			doc = doc[:i+len(begin)] + want + doc[j:]
+			continue
+		}
+		hl, wl := strings.Split(have, "\n"), strings.Split(want, "\n")
+		for k := range max(len(hl), len(wl)) {
+			var h, w string
+			if k < len(hl) {
+				h = hl[k]
+			}
+			if k < len(wl) {
+				w = wl[k]
+			}
+			if h != w {
+				t.Errorf("%s disagrees with `prefixrouter %s` at line %d of its flag reference:\n doc: %s\n cli: %s\n(rewrite it: go test ./cmd/prefixrouter -run TestConfigurationDoc -update)", path, cmd.Name, k+1, h, w)
+				break
+			}
+		}
 	}
-	want := flagReference(serveCommand())
-	have := string(doc[i+len(begin) : j])
-	if have == want {
-		return
-	}
-	if *update {
-		out := string(doc[:i+len(begin)]) + want + string(doc[j:])
-		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+	if *update && doc != string(raw) {
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
 			t.Fatal(err)
-		}
-		return
-	}
-	hl, wl := strings.Split(have, "\n"), strings.Split(want, "\n")
-	for k := range max(len(hl), len(wl)) {
-		var h, w string
-		if k < len(hl) {
-			h = hl[k]
-		}
-		if k < len(wl) {
-			w = wl[k]
-		}
-		if h != w {
-			t.Fatalf("%s disagrees with `prefixrouter serve` at line %d of its flag reference:\n doc: %s\n cli: %s\n(rewrite it: go test ./cmd/prefixrouter -run TestConfigurationDoc -update)", path, k+1, h, w)
 		}
 	}
 }
 
 // flagReference renders a command's flags as markdown tables, one per
-// category in the order the categories first appear.
-func flagReference(cmd *cli.Command) string {
+// category in the order the categories first appear, each under a heading
+// of the given level (a command without categories has one table).
+func flagReference(cmd *cli.Command, level string) string {
 	var order []string
 	byCat := map[string][]cli.Flag{}
 	for _, f := range cmd.Flags {
@@ -181,7 +204,10 @@ func flagReference(cmd *cli.Command) string {
 	}
 	var b strings.Builder
 	for _, c := range order {
-		fmt.Fprintf(&b, "\n### %s\n\n| Flag | Environment variable | Default | Meaning |\n|---|---|---|---|\n", c)
+		if c != "" {
+			fmt.Fprintf(&b, "\n%s %s\n", level, c)
+		}
+		b.WriteString("\n| Flag | Environment variable | Default | Meaning |\n|---|---|---|---|\n")
 		for _, f := range byCat[c] {
 			df := f.(cli.DocGenerationFlag)
 			kind := df.TypeName()

@@ -26,7 +26,7 @@ func TestSimFlagErrors(t *testing.T) {
 		{"bad hash algo", []string{"--hash-algo", "md5"}, "--hash-algo"},
 		{"bad encoding", []string{"--event-encoding", "json"}, "--event-encoding"},
 		{"zero time scale", []string{"--time-scale", "0"}, "--time-scale"},
-		{"unknown kv spec", []string{"--kv-spec", "mamba"}, "KV-cache spec"},
+		{"unknown kv spec", []string{"--kv-spec", "mamba"}, "--kv-spec"},
 		{"zero sliding window", []string{"--kv-spec", "hybrid", "--sliding-window", "0"}, "--sliding-window"},
 		{"negative cpu tier", []string{"--cpu-offload-blocks", "-1"}, "--cpu-offload-blocks"},
 		{"zero cpu load time", []string{"--cpu-offload-blocks", "8", "--cpu-load-per-block", "0s"}, "--cpu-load-per-block"},
@@ -84,27 +84,9 @@ func (b *lineBuffer) lines() []string {
 func TestSimRunsUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout := &lineBuffer{wrote: make(chan struct{}, 1)}
-	var stderr bytes.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"prefixrouter", "sim", "--pods", "2", "--profile", "tiny",
-			"--listen", "127.0.0.1:0", "--events-port", "0", "--log-level", "error",
-			"--hash-seed", "random", "--kv-spec", "hybrid", "--cpu-offload-blocks", "0", "--time-scale", "100"},
-			strings.NewReader(""), stdout, &stderr)
-	}()
-	deadline := time.After(20 * time.Second)
-	for len(stdout.lines()) < 2 {
-		select {
-		case <-stdout.wrote:
-		case code := <-done:
-			t.Fatalf("sim exited early with %d: %s", code, stderr.String())
-		case <-deadline:
-			cancel()
-			t.Fatalf("no endpoint lines within 20s; stdout %q", stdout.lines())
-		}
-	}
-	lines := stdout.lines()
+	lines, wait := startSim(ctx, t, 2, "--pods", "2", "--profile", "tiny",
+		"--listen", "127.0.0.1:0", "--events-port", "0", "--log-level", "error",
+		"--hash-seed", "random", "--kv-spec", "hybrid", "--cpu-offload-blocks", "0", "--time-scale", "100")
 	if len(lines) != 2 {
 		t.Fatalf("%d lines, want 2: %q", len(lines), lines)
 	}
@@ -136,19 +118,46 @@ func TestSimRunsUntilCancelled(t *testing.T) {
 		t.Fatalf("both pods on %s", bases[0])
 	}
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("exit %d after cancel: %s", code, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("sim did not exit within 20s of cancel")
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("exit %d after cancel: %s", code, stderr)
 	}
 	client.CloseIdleConnections()
 	for _, base := range bases {
 		if resp, err := client.Get(base + "/health"); err == nil {
 			resp.Body.Close()
 			t.Fatalf("%s still serving after exit", base)
+		}
+	}
+}
+
+// startSim runs `prefixrouter sim ARGS` until ctx ends and returns its
+// first n endpoint lines once printed, and wait, which returns its exit
+// code and stderr once it has ended.
+func startSim(ctx context.Context, t *testing.T, n int, args ...string) (lines []string, wait func() (int, string)) {
+	t.Helper()
+	stdout := &lineBuffer{wrote: make(chan struct{}, 1)}
+	var stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, append([]string{"prefixrouter", "sim"}, args...), strings.NewReader(""), stdout, &stderr)
+	}()
+	deadline := time.After(20 * time.Second)
+	for len(stdout.lines()) < n {
+		select {
+		case <-stdout.wrote:
+		case code := <-done:
+			t.Fatalf("sim exited early with %d: %s", code, stderr.String())
+		case <-deadline:
+			t.Fatalf("no %d endpoint lines within 20s; stdout %q", n, stdout.lines())
+		}
+	}
+	return stdout.lines(), func() (int, string) {
+		select {
+		case code := <-done:
+			return code, stderr.String()
+		case <-time.After(20 * time.Second):
+			t.Fatal("sim did not exit within 20s of cancel")
+			return 0, ""
 		}
 	}
 }

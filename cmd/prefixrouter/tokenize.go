@@ -8,14 +8,27 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
-func tokenizeCommand() *cli.Command {
-	return &cli.Command{
+// tokenizeSettings is what the tokenize command's flags set.
+type tokenizeSettings struct {
+	Tokenizer        string
+	AddSpecialTokens bool
+	Chat             bool
+}
+
+func tokenizeCommand(stderr io.Writer) *cli.Command {
+	var s tokenizeSettings
+	t := newFlagTable("tokenize")
+	b := t.group("")
+	return t.command(&cli.Command{
 		Name:  "tokenize",
 		Usage: "encode JSON Lines from stdin with a model's tokenizer, as vLLM would",
 		Description: "Each stdin line is a JSON string; each output line is the JSON array of its token ids.\n" +
@@ -23,43 +36,45 @@ func tokenizeCommand() *cli.Command {
 			"\"chat_template_kwargs\": {...}} (only messages required; add_generation_prompt defaults to true)\n" +
 			"and each output line is {\"prompt\": ..., \"token_ids\": [...]} or {\"error\": ...} when the template raises.\n" +
 			"--tokenizer is a model directory (tokenizer.json with tokenizer_config.json's BOS rules and chat template,\n" +
-			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), or \"bytes\" for the built-in model.",
-		OnUsageError: onUsageError,
+			"as vLLM applies them), a lone tokenizer.json (HF tokenizers' own behaviour), \"bytes\" for the built-in model,\n" +
+			"or a Hugging Face Hub repository ORG/NAME[@REVISION] (or hf:ORG/NAME) fetched as serve fetches it.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "tokenizer", Usage: "model directory, tokenizer.json file, or \"bytes\" (required)", Sources: envVar("tokenizer")},
-			&cli.BoolFlag{Name: "add-special-tokens", Usage: "add the post-processor's special tokens (BOS/EOS) to plain strings"},
-			&cli.BoolFlag{Name: "chat", Usage: "lines are chat requests rendered with the model's chat template"},
+			defaultText(b.str("tokenizer", "model directory, tokenizer.json file, \"bytes\", or a hub repository ORG/NAME[@REVISION]", &s.Tokenizer), "none, required"),
+			b.bool("add-special-tokens", "add the post-processor's special tokens (BOS/EOS) to plain strings", &s.AddSpecialTokens),
+			b.bool("chat", "lines are chat requests rendered with the model's chat template", &s.Chat),
 		},
-		Action: runTokenize,
-	}
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			return runTokenize(ctx, cmd.Root().Reader, cmd.Root().Writer, stderr, &s, cmd.IsSet("add-special-tokens"))
+		},
+	})
 }
 
-func runTokenize(_ context.Context, cmd *cli.Command) error {
-	path := cmd.String("tokenizer")
-	if path == "" {
+// runTokenize encodes stdin; specialGiven says --add-special-tokens was
+// given at all, which --chat refuses even as false.
+func runTokenize(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, s *tokenizeSettings, specialGiven bool) error {
+	if s.Tokenizer == "" {
 		return usageError("--tokenizer is required")
 	}
-	if cmd.Bool("chat") && cmd.IsSet("add-special-tokens") {
+	if s.Chat && specialGiven {
 		return usageError("--add-special-tokens does not apply to --chat (chat prompts encode without them, as vLLM does)")
 	}
-	reg := tokenize.NewRegistry(tokenize.Options{})
-	defer reg.Close()
-	m, err := reg.Add("cli", path, tokenize.ModeLocal)
+	m, reg, err := loadTokenizeModel(ctx, s.Tokenizer, stderr)
 	if err != nil {
-		return fmt.Errorf("tokenize: %w", err)
+		return err
 	}
-	w := bufio.NewWriter(cmd.Root().Writer)
+	defer reg.Close()
+	w := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	err = tokenizeLines(cmd.Root().Reader, func(lineNo int, line []byte) error {
-		if cmd.Bool("chat") {
+	err = tokenizeLines(stdin, func(lineNo int, line []byte) error {
+		if s.Chat {
 			return tokenizeChatLine(m, enc, lineNo, line)
 		}
 		var text string
 		if err := json.Unmarshal(line, &text); err != nil {
 			return usageError("stdin line %d: want a JSON string: %v", lineNo, err)
 		}
-		ids, err := m.Encode(text, cmd.Bool("add-special-tokens"))
+		ids, err := m.Encode(text, s.AddSpecialTokens)
 		if err != nil {
 			return fmt.Errorf("line %d: %w", lineNo, err)
 		}
@@ -69,6 +84,40 @@ func runTokenize(_ context.Context, cmd *cli.Command) error {
 		err = ferr
 	}
 	return err
+}
+
+// loadTokenizeModel loads the tokenize command's one model: a local path or
+// "bytes" as given, else the hub repository it names, fetched as serve
+// fetches it (HF_* settings from the environment) and never replaced by a
+// pod: this command has none to ask.
+func loadTokenizeModel(ctx context.Context, text string, stderr io.Writer) (*tokenize.Model, *tokenize.Registry, error) {
+	if _, err := os.Stat(text); err == nil || text == "bytes" {
+		reg := tokenize.NewRegistry(tokenize.Options{})
+		m, err := reg.Add("cli", text, tokenize.ModeLocal)
+		if err != nil {
+			reg.Close()
+			return nil, nil, fmt.Errorf("tokenize: %w", err)
+		}
+		return m, reg, nil
+	}
+	if strings.ContainsAny(text, "=") {
+		return nil, nil, usageError("--tokenizer %q: want a model directory, a tokenizer.json, \"bytes\" or a hub repository ORG/NAME[@REVISION]", text)
+	}
+	spec, err := tokenize.ParseSpec(text)
+	if err != nil {
+		return nil, nil, usageError("--tokenizer %q: no such file or directory, and not a hub repository ORG/NAME[@REVISION]", text)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	reg, err := loadTokenizers(ctx, []string{text}, tokenize.ModeLocal, nil, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := reg.Model(spec.Name)
+	if err != nil {
+		reg.Close()
+		return nil, nil, fmt.Errorf("tokenize: %w", err)
+	}
+	return m, reg, nil
 }
 
 // tokenizeLines calls fn for every stdin line (1-based numbers); lines may

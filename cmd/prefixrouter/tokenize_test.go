@@ -31,7 +31,8 @@ func TestTokenizeCommand(t *testing.T) {
 		{name: "chat without messages", args: []string{"--tokenizer", "bytes", "--chat"}, stdin: `{"tools":[]}`, code: 2, errMatch: "line 1"},
 		{name: "chat bad json", args: []string{"--tokenizer", "bytes", "--chat"}, stdin: `{"messages":[]}` + "\n[", want: "{\"prompt\":\"<|im_start|>assistant\\n\",\"token_ids\":[258,97,115,115,105,115,116,97,110,116,10]}\n", code: 2, errMatch: "line 2"},
 		{name: "no tokenizer", args: nil, stdin: "", code: 2, errMatch: "--tokenizer"},
-		{name: "missing path", args: []string{"--tokenizer", "/nonexistent"}, stdin: "", code: 1, errMatch: "nonexistent"},
+		{name: "missing path", args: []string{"--tokenizer", "/nonexistent"}, stdin: "", code: 2, errMatch: "/nonexistent\": no such file or directory, and not a hub repository"},
+		{name: "serve's forms", args: []string{"--tokenizer", "m=bytes"}, stdin: "", code: 2, errMatch: "want a model directory"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -47,11 +47,9 @@ func FuzzFastSplit(f *testing.F) {
 // fast matcher (a changed pattern string would silently fall back to
 // regexp2: correct, but slow).
 func TestFastPathsUsed(t *testing.T) {
+	t.Parallel()
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
-		tk, err := Load(modelPath(t, model))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := parityModel(t, model)
 		var check func(p preTokenizer)
 		check = func(p preTokenizer) {
 			switch p := p.(type) {

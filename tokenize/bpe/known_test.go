@@ -14,6 +14,7 @@ import (
 // pre-tokenizers naming \p{S} or \p{P} (DeepSeek-V3) notice; Llama-3 and
 // Qwen patterns treat unassigned and symbol characters alike.
 func TestKnownEdgeCases(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		model, text string
 		hf          []uint32
@@ -43,17 +44,9 @@ func TestKnownEdgeCases(t *testing.T) {
 	if unicode.Is(unicode.S, 0x1FAE9) {
 		t.Errorf("U+1FAE9 is now a symbol in Go's tables; the DeepSeek row should match HF")
 	}
-	tks := map[string]*Tokenizer{}
 	for _, tc := range tests {
 		t.Run(tc.model+"/"+tc.why, func(t *testing.T) {
-			tk := tks[tc.model]
-			if tk == nil {
-				var err error
-				if tk, err = Load(modelPath(t, tc.model)); err != nil {
-					t.Fatal(err)
-				}
-				tks[tc.model] = tk
-			}
+			tk := parityModel(t, tc.model)
 			got, err := tk.Encode(tc.text, false)
 			if err != nil {
 				t.Fatal(err)

@@ -332,6 +332,7 @@ func checkWord(t *testing.T, m *model, ref *refModel, w string, raw json.RawMess
 }
 
 func TestMergeMatchesReference(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	nc := noCache()
 	for i := range 400 {

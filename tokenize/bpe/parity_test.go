@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -25,6 +26,36 @@ func modelPath(tb testing.TB, model string) string {
 		tb.Skipf("%s missing; run make testdata to fetch it", p)
 	}
 	return p
+}
+
+// parsed holds each parity model parsed once per test binary (model name ->
+// func() (*Tokenizer, error)): parsing a tokenizer.json dominates these
+// tests' time, about tenfold under -race. Tests that load models run in
+// parallel, so two models parse at once on two cores.
+var parsed sync.Map
+
+// parityModel returns a parity model with a word cache of its own, so no
+// test's merges are answered from another test's warm cache. The rest of a
+// Tokenizer is read-only after Parse.
+func parityModel(tb testing.TB, name string) *Tokenizer {
+	tb.Helper()
+	path := modelPath(tb, name)
+	load, _ := parsed.LoadOrStore(name, sync.OnceValues(func() (*Tokenizer, error) { return Load(path) }))
+	tk, err := load.(func() (*Tokenizer, error))()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return withOwnWordCache(tk)
+}
+
+// withOwnWordCache is a copy of tk sharing everything but the model's word
+// cache.
+func withOwnWordCache(tk *Tokenizer) *Tokenizer {
+	c := *tk
+	m := *tk.model
+	m.words = newWordCache()
+	c.model = &m
+	return &c
 }
 
 func loadCorpus(tb testing.TB) []string {
@@ -68,13 +99,12 @@ func loadRef(tb testing.TB, name string) [][]uint32 {
 var knownDiffs = map[string][]int{}
 
 func TestParity(t *testing.T) {
+	t.Parallel()
 	corpus := loadCorpus(t)
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		t.Run(model, func(t *testing.T) {
-			tk, err := Load(modelPath(t, model))
-			if err != nil {
-				t.Fatal(err)
-			}
+			t.Parallel()
+			tk := parityModel(t, model)
 			for _, add := range []bool{false, true} {
 				name := fmt.Sprintf("%s.add%d.jsonl", model, map[bool]int{false: 0, true: 1}[add])
 				ref := loadRef(t, name)

@@ -9,12 +9,10 @@ import (
 // step the ids are a prefix of Encode's, they grow, and at the end they are
 // all of it — with and without the post-processor's special tokens.
 func TestStreamPrefixes(t *testing.T) {
+	t.Parallel()
 	prompts := []string{chatShapedPrompt(t, 6000), "", "no added tokens at all", "<|im_start|>", "a<|im_end|><|im_end|>b"}
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
-		tk, err := Load(modelPath(t, name))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tk := parityModel(t, name)
 		for _, add := range []bool{false, true} {
 			for _, p := range prompts {
 				want, err := tk.Encode(p, add)
@@ -82,10 +80,8 @@ func TestPostAffixes(t *testing.T) {
 // finishes later, and whether or not the goroutine is told to stop part
 // way (StopPrefetch).
 func TestStreamPrefetch(t *testing.T) {
-	tk, err := Load(modelPath(t, "qwen3"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Parallel()
+	tk := parityModel(t, "qwen3")
 	p := chatShapedPrompt(t, 6000)
 	want, err := tk.Encode(p, true)
 	if err != nil {

@@ -12,21 +12,16 @@ import (
 // cache of its own (the fused path keys words by raw bytes, the general
 // path by their byte-level form).
 func generalPath(tk *Tokenizer) *Tokenizer {
-	g := *tk
-	m := *tk.model
-	m.words = newWordCache()
-	g.model, g.words = &m, nil
-	return &g
+	g := withOwnWordCache(tk)
+	g.words = nil
+	return g
 }
 
 func fusedModels(tb testing.TB) map[string][2]*Tokenizer {
 	tb.Helper()
 	out := map[string][2]*Tokenizer{}
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
-		tk, err := Load(modelPath(tb, name))
-		if err != nil {
-			tb.Fatal(err)
-		}
+		tk := parityModel(tb, name)
 		if tk.words == nil {
 			tb.Fatalf("%s: pre-tokenizer chain not fused", name)
 		}
@@ -38,6 +33,7 @@ func fusedModels(tb testing.TB) map[string][2]*Tokenizer {
 // TestWordSplitterMatchesPieces encodes the parity corpus through the fused
 // word splitter and through the general piece-by-piece path: the same ids.
 func TestWordSplitterMatchesPieces(t *testing.T) {
+	t.Parallel()
 	corpus := loadCorpus(t)
 	for name, pair := range fusedModels(t) {
 		for i, s := range corpus {

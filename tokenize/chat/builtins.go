@@ -917,5 +917,5 @@ func pyRange(start, stop, step Value) (Value, error) {
 }
 
 func errRangeTooBig() error {
-	return fmt.Errorf("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", maxRange)
+	return fmt.Errorf("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d)", maxRange)
 }

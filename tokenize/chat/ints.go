@@ -451,9 +451,7 @@ func pyIntString(s string, base int64) (Value, bool) {
 		if b != 0 && (base == 0 || base == b) {
 			base = b
 			s = s[2:]
-			if strings.HasPrefix(s, "_") {
-				s = s[1:] // one underscore may follow the prefix
-			}
+			s = strings.TrimPrefix(s, "_") // one underscore may follow the prefix
 		}
 	}
 	leadingZero := false

@@ -24,7 +24,6 @@ type (
 		iter      expr
 		cond      expr
 		body, els []stmt
-		recursive bool
 	}
 	setNode struct {
 		names []string // one name, or several for tuple unpacking
