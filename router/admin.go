@@ -27,6 +27,9 @@ func (r *Router) adminHandler() http.Handler {
 	mux.HandleFunc("POST /debug/route/v1/chat/completions", func(w http.ResponseWriter, q *http.Request) {
 		r.handleDryRun(w, q, EndpointChat)
 	})
+	mux.HandleFunc("POST /debug/route/v1/responses", func(w http.ResponseWriter, q *http.Request) {
+		r.handleDryRun(w, q, EndpointResponses)
+	})
 	return mux
 }
 
@@ -162,6 +165,9 @@ type debugTarget struct {
 	HealthReason health.Reason         `json:"health_reason"`
 	WiringFaults []wiringFault         `json:"wiring_faults,omitempty"`
 	EventStream  eventplane.StreamView `json:"event_stream"`
+	// LastUpstreamError is the last failure the proxy saw on the target:
+	// the detail behind a client's 502 or 504.
+	LastUpstreamError *upstreamFailure `json:"last_upstream_error,omitempty"`
 }
 
 func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
@@ -176,7 +182,7 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 	for _, tv := range hv.Targets {
 		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
 		dt := debugTarget{TargetView: tv, State: tv.State, Reason: string(tv.Reason), Detail: tv.Detail,
-			HealthState: tv.State, HealthReason: tv.Reason, EventStream: r.ev.StreamView(id)}
+			HealthState: tv.State, HealthReason: tv.Reason, EventStream: r.ev.StreamView(id), LastUpstreamError: r.lastFailure(id)}
 		if t, ok := snap.Target(id); ok {
 			f := r.ev.Freshness(id)
 			dt.WiringFaults = wiringFaults(t, &f)

@@ -50,7 +50,7 @@ func approxChunks(dst []uint64, text []byte) []uint64 {
 // chat messages as sent, or the token ids' bytes.
 func approxText(r *Request) []byte {
 	switch {
-	case r.Endpoint == EndpointChat:
+	case r.Endpoint.rendersChat():
 		return r.Chat.Messages
 	case r.HasIDs:
 		b := make([]byte, 4*len(r.PromptIDs))

@@ -17,19 +17,26 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 )
 
-// exchange is one client request on the routed path: what the attempts
-// on its targets share. The fasthttp.RequestCtx and the parsed Request
-// are recycled when the handler returns, so a streamed response's relay,
-// which outlives it, reads only the copies here and never in.
+// exchange is one client request on the API listener, and for one sent to
+// a pod, what the attempts on its targets share. The fasthttp.RequestCtx
+// and the parsed Request are recycled when the handler returns, so a
+// streamed response's relay, which outlives it, reads only the copies here
+// and never in.
 type exchange struct {
-	in     *fasthttp.RequestCtx // the handler's: not after it returns
+	in    *fasthttp.RequestCtx // the handler's: not after it returns
+	path  string               // as the client named it, and sent upstream
+	ep    Endpoint             // zero for the router's own answers
+	id    string
+	start time.Time
+
+	// Set once the request is bound for a pod.
 	life   *clientLife
 	model  string
-	path   string // the upstream path
-	stream bool   // the client asked for a stream
-	id     string
-	start  time.Time
+	stream bool     // the client asked for a stream
+	dec    *decider // the policy that decides it, and its retries
 	tail   *promptTail
+	// routeTime is the time from arrival to the first dispatch.
+	routeTime time.Duration
 }
 
 // attemptResult is how one attempt on one target ended.
@@ -49,16 +56,16 @@ func (r *Router) dispatch(x *exchange, d *decision) {
 			return
 		}
 		failed := a.name
-		next, ok := r.dec.without(d)
+		next, ok := x.dec.without(d)
 		if n >= r.cfg.MaxRetries || !ok {
-			r.log.Warn("no target could answer the request", "last", failed, "attempts", n+1)
-			r.met.requests.WithLabelValues(x.model, r.cfg.Policy.String(), "upstream_error").Inc()
-			errUpstream(fasthttp.StatusBadGateway, "no target could answer the request").write(x.in)
+			r.log.Warn("no target could answer the request", "request_id", x.id, "path", x.path, "last", failed, "attempts", n+1)
+			a.fail(errUpstream(fasthttp.StatusBadGateway, "no target could answer the request"))
+			r.recordOutcome(a)
 			return
 		}
 		d = next
 		r.met.retries.WithLabelValues(failed).Inc()
-		r.log.Info("retrying on another target", "failed", failed, "next", d.target().Target.ID.String())
+		r.log.Info("retrying on another target", "request_id", x.id, "failed", failed, "next", d.target().Target.ID.String())
 	}
 }
 
@@ -85,7 +92,8 @@ type attempt struct {
 
 	// What the client got, set before end.
 	answered  bool // the pod's answer (status and first bytes) was relayed
-	status    int
+	status    int  // the pod's
+	sent      int  // the status the client got; 0 when it got none
 	ttft      time.Duration
 	predicted int
 	label     string // how the request ended: ok, client_error, upstream_error, timeout, canceled
@@ -102,14 +110,21 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	v := d.view(x.tail, d.chosen)
 	a.predicted = v.predicted
 	a.flight = c.Target.Dispatch(v.prompt.count, v.prompt.count-v.predicted)
-	a.expect = r.ev.Dispatch(c.Target.ID)
-	x.tail.hold(&a.flight, d.chosen)
-	if r.ch.approx != nil && len(d.approxChunks) > 0 {
-		r.ch.approx.record(c.Target.ID, d.approxChunks)
+	if x.ep.routed() {
+		// Only a prompt the pod prefills into its cache is expected to be
+		// announced by KV events.
+		a.expect = r.ev.Dispatch(c.Target.ID)
 	}
-	r.met.routed.WithLabelValues(a.name, x.model, r.cfg.Policy.String()).Inc()
+	x.tail.hold(&a.flight, d.chosen)
+	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
+		ap.record(c.Target.ID, d.approxChunks)
+	}
+	r.met.routed.WithLabelValues(a.name, x.model, x.dec.policyName).Inc()
 	a.decided = time.Since(x.start)
-	r.met.overhead.WithLabelValues(r.cfg.Policy.String()).Observe(a.decided.Seconds())
+	if n == 0 {
+		x.routeTime = a.decided
+	}
+	r.met.overhead.WithLabelValues(x.dec.policyName).Observe(a.decided.Seconds())
 	a.call = newCall(x.life.ctx)
 	return a
 }
@@ -135,7 +150,7 @@ func (a *attempt) run() attemptResult {
 	a.first = (*a.bufp)[:n]
 	if reason := a.retryableAnswer(); reason != "" {
 		a.label = "upstream_error"
-		r.met.upstreamErrors.WithLabelValues(a.name, reason).Inc()
+		a.upstreamFailed(reason, "HTTP "+itoa(resp.StatusCode)+", tried on another target: "+string(a.first[:min(len(a.first), 256)]))
 		return attemptRetryable
 	}
 	a.answer()
@@ -182,33 +197,41 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	case errFirstByteTimeout:
 		a.label = "timeout"
-		r.met.upstreamErrors.WithLabelValues(a.name, upstreamFirstByteTimeout).Inc()
+		a.upstreamFailed(upstreamFirstByteTimeout, "no first byte within --first-byte-timeout "+r.cfg.FirstByteTimeout.String())
+		r.log.Warn("target did not answer in time", "request_id", a.x.id, "target", a.name, "timeout", r.cfg.FirstByteTimeout)
 		// The pod may have computed for minutes; retrying elsewhere would
 		// double the work and the wait. Report it.
-		errUpstream(fasthttp.StatusGatewayTimeout, "the target did not answer within "+r.cfg.FirstByteTimeout.String()).write(in)
+		a.fail(errUpstream(fasthttp.StatusGatewayTimeout, "the model server did not answer within "+r.cfg.FirstByteTimeout.String()))
 		return attemptDone
 	case errShutdown:
 		a.label = "canceled"
-		errNoTarget("router shutting down", r.retryAfter()).write(in)
+		a.fail(errNoTarget("router shutting down", r.retryAfter()))
 		return attemptDone
 	}
 	a.label = "upstream_error"
-	r.met.upstreamErrors.WithLabelValues(a.name, upstreamBeforeFirstByte).Inc()
-	r.log.Warn("target failed before the first byte", "target", a.name, "err", err)
+	a.upstreamFailed(upstreamBeforeFirstByte, err.Error())
+	r.log.Warn("target failed before the first byte", "request_id", a.x.id, "target", a.name, "err", err)
 	return attemptRetryable
+}
+
+// fail answers the client with the router's own error instead of the
+// pod's answer.
+func (a *attempt) fail(e *apiError) {
+	e.write(a.x.in)
+	a.sent = e.Status
 }
 
 // answer records the first byte and relays the pod's status and headers.
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
-	v := r.atFirstByte(a.d, x.tail, &a.flight)
+	v := x.dec.atFirstByte(a.d, x.tail, &a.flight)
 	a.expect.FirstByte(a.flight.Tokens())
 	if v.final {
 		a.predicted = v.predicted
 	}
-	a.answered, a.status, a.ttft = true, resp.StatusCode, time.Since(x.start)
+	a.answered, a.status, a.sent, a.ttft = true, resp.StatusCode, resp.StatusCode, time.Since(x.start)
 	if resp.StatusCode >= 500 {
-		r.met.upstreamErrors.WithLabelValues(a.name, upstreamStatus5xx).Inc()
+		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", relayed to the client: no other target to try")
 	}
 	in := x.in
 	in.SetStatusCode(resp.StatusCode)
@@ -231,7 +254,7 @@ func (a *attempt) answer() {
 // atFirstByte takes d's flight f back from the tail at its first byte
 // and settles what it expects of the pod, as the prompt is known now,
 // which it returns.
-func (r *Router) atFirstByte(d *decision, tail *promptTail, f *health.Flight) promptView {
+func (dc *decider) atFirstByte(d *decision, tail *promptTail, f *health.Flight) promptView {
 	tail.release()
 	v := d.view(tail, d.chosen)
 	switch {
@@ -239,7 +262,7 @@ func (r *Router) atFirstByte(d *decision, tail *promptTail, f *health.Flight) pr
 		// The flight stands corrected (or never needed it): the pod is
 		// expected to announce the blocks it really had to compute.
 		f.Revise(v.prompt.count, v.prompt.count-v.predicted)
-		r.ch.observeUncached(v.prompt.count - v.predicted)
+		dc.ch.observeUncached(v.prompt.count - v.predicted)
 	case d.settled:
 		// The run read so far is only a lower bound of what the pod
 		// holds: until the tail knows the whole run nothing is expected
@@ -248,7 +271,7 @@ func (r *Router) atFirstByte(d *decision, tail *promptTail, f *health.Flight) pr
 		// uncached size is not fed a guess.
 		f.Revise(v.prompt.count, 0)
 	default:
-		r.ch.observeUncached(v.prompt.count - v.predicted)
+		dc.ch.observeUncached(v.prompt.count - v.predicted)
 	}
 	f.FirstByte()
 	return v
@@ -271,8 +294,8 @@ func (a *attempt) relayBuffered() {
 			in.SetConnectionClose()
 			return
 		}
-		a.r.log.Warn("target's answer broke off", "target", a.name, "err", err)
-		errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off").write(in)
+		a.r.log.Warn("target's answer broke off", "request_id", a.x.id, "target", a.name, "err", err)
+		a.fail(errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off"))
 		in.Response.Header.Set("X-Request-Id", a.x.id)
 		return
 	}
@@ -315,7 +338,7 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 		a.label = "canceled"
 	case rerr != nil && !errors.Is(rerr, io.EOF):
 		a.label = a.failureLabel()
-		a.r.met.upstreamErrors.WithLabelValues(a.name, upstreamStreamBroken).Inc()
+		a.upstreamFailed(upstreamStreamBroken, rerr.Error())
 	default:
 		a.label = statusLabel(a.status)
 	}

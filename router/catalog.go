@@ -156,24 +156,42 @@ func (c *catalog) fetchOne(ctx context.Context, endpoint string) ([]modelEntry, 
 	return out, nil
 }
 
-// union renders the router's /v1/models: the live union of the routable
-// targets' lists, or, when none answers, the model names health knows.
-func (c *catalog) union(ctx context.Context) []byte {
+// listing is the live union of the routable targets' lists, or, when none
+// answers, the model names health knows.
+func (c *catalog) listing(ctx context.Context) []modelEntry {
 	entries, answered := c.fetch(ctx)
-	data := make([]json.RawMessage, 0, len(entries))
 	if answered > 0 {
-		for _, e := range entries {
-			data = append(data, e.raw)
-		}
-	} else {
-		for _, name := range c.mon.Snapshot().ModelNames() {
-			b, _ := json.Marshal(map[string]any{"id": name, "object": "model", "owned_by": "vllm"})
-			data = append(data, b)
-		}
+		return entries
+	}
+	names := c.mon.Snapshot().ModelNames()
+	entries = make([]modelEntry, 0, len(names))
+	for _, name := range names {
+		b, _ := json.Marshal(map[string]any{"id": name, "object": "model", "owned_by": "vllm"})
+		entries = append(entries, modelEntry{ID: name, raw: b})
+	}
+	return entries
+}
+
+// union renders the router's /v1/models from the listing.
+func (c *catalog) union(ctx context.Context) []byte {
+	entries := c.listing(ctx)
+	data := make([]json.RawMessage, 0, len(entries))
+	for _, e := range entries {
+		data = append(data, e.raw)
 	}
 	b, _ := json.Marshal(struct {
 		Object string            `json:"object"`
 		Data   []json.RawMessage `json:"data"`
 	}{"list", data})
 	return b
+}
+
+// entry is the listing's entry of id, as GET /v1/models/{id} answers it.
+func (c *catalog) entry(ctx context.Context, id string) (json.RawMessage, bool) {
+	for _, e := range c.listing(ctx) {
+		if e.ID == id {
+			return e.raw, true
+		}
+	}
+	return nil, false
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
@@ -46,6 +48,11 @@ type Config struct {
 	// DebugHeaders adds X-Prefixrouter-* headers naming the chosen target
 	// (--debug-headers).
 	DebugHeaders bool
+	// AccessLog is where one JSON line per API request goes, once the
+	// request has ended (--access-log): a file, appended to, or "-" for
+	// standard output (the process log stays on standard error); empty:
+	// off.
+	AccessLog string
 
 	// ConnectTimeout bounds dialing a target (--connect-timeout);
 	// FirstByteTimeout the wait for the first response byte, a non-streaming
@@ -145,6 +152,11 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes <= 0 {
 		bad("--max-body-bytes must be positive")
 	}
+	if c.AccessLog != "" && c.AccessLog != "-" {
+		if err := checkLogPath(c.AccessLog); err != nil {
+			bad("--access-log %q: %v", c.AccessLog, err)
+		}
+	}
 	if c.MaxResponseBytes <= 0 {
 		bad("--max-response-bytes must be positive")
 	}
@@ -172,4 +184,17 @@ func checkAddr(addr string) error {
 	}
 	_, _, err := net.SplitHostPort(addr)
 	return err
+}
+
+// checkLogPath refuses a log path that cannot be a file: a directory, or
+// one in a directory that does not exist. It only looks.
+func checkLogPath(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return errors.New("is a directory (want a file path, or - for standard output)")
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("directory %s does not exist", dir)
+	}
+	return nil
 }

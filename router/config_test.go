@@ -2,6 +2,8 @@ package router
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,12 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative shutdown timeout", edit: func(c *Config) { c.ShutdownTimeout = -time.Second }, wantErr: []string{"--shutdown-timeout must not be negative"}},
 		{name: "body bytes", edit: func(c *Config) { c.MaxBodyBytes = 0 }, wantErr: []string{"--max-body-bytes must be positive"}},
 		{name: "response bytes", edit: func(c *Config) { c.MaxResponseBytes = -1 }, wantErr: []string{"--max-response-bytes must be positive"}},
+		{name: "access log on standard output", edit: func(c *Config) { c.AccessLog = "-" }},
+		{name: "access log file", edit: func(c *Config) { c.AccessLog = filepath.Join(os.TempDir(), "access.jsonl") }},
+		{name: "access log a directory", edit: func(c *Config) { c.AccessLog = os.TempDir() },
+			wantErr: []string{`--access-log "` + os.TempDir() + `": is a directory`}},
+		{name: "access log in no directory", edit: func(c *Config) { c.AccessLog = "/nonexistent-dir/access.jsonl" },
+			wantErr: []string{`--access-log "/nonexistent-dir/access.jsonl": directory /nonexistent-dir does not exist`}},
 		{name: "health problems come along", edit: func(c *Config) {
 			c.MaxRetries = -1
 			c.Health.Endpoints = []string{"10.0.0.1:8000"}

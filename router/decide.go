@@ -18,12 +18,18 @@ import (
 // benchmark's engines all decide through it.
 type decider struct {
 	policy Policy
-	ch     *chooser
+	// policyName labels the metrics of the requests it decides.
+	policyName string
+	ch         *chooser
 	// plane says what each target's KV-event stream reports: the
 	// confirmed placement index, the fleet's block keys (nil until the
 	// block size, and in exact mode the hash algorithm, are known) and
 	// how far each stream is trusted.
 	plane *eventplane.Plane
+}
+
+func newDecider(p Policy, cost CostConfig, plane *eventplane.Plane) *decider {
+	return &decider{policy: p, policyName: p.String(), ch: newChooser(p, cost), plane: plane}
 }
 
 // decisionInput is everything one decision reads.

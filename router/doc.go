@@ -1,13 +1,16 @@
 // Package router owns the HTTP front door of prefixrouter: the
-// OpenAI-compatible API on fasthttp (/v1/completions, /v1/chat/completions,
-// /v1/models, /tokenize, /detokenize, /health, /ready), parsing only the
+// OpenAI-compatible API on fasthttp (/v1/completions, /v1/chat/completions
+// and /v1/responses, routed by the prompt; /v1/embeddings, vLLM's pooling,
+// classify, score and rerank endpoints, /tokenize, /detokenize and
+// /version, forwarded to the least loaded pod; /v1/models and
+// /v1/models/{id}; /health, /ready), parsing only the
 // request fields that decide a target, the choice of target (round-robin,
 // least-load, approximate prefix hashing, and precise scoring on the
 // confirmed KV-block index with load), the proxy with streaming pass-through,
 // client-cancel propagation and retry before the first byte, outcome capture
 // (the cached prompt tokens the pod reports against the router's
-// prediction), and the admin listener (/metrics, /debug/targets and the dry
-// run /debug/route/...).
+// prediction), the access log (accesslog.go), and the admin listener
+// (/metrics, /debug/targets and the dry run /debug/route/...).
 //
 // It composes the leaves and nothing imports it: health says which targets
 // exist, can take work and how busy they are; tokenize turns prompts into the
@@ -33,5 +36,6 @@
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:
 // it is answered with an OpenAI-shaped error ({"error": {"message", "type",
 // "param", "code"}}) and the right status (400, 404 unknown model, 413,
-// 503 with Retry-After when no target can take the request).
+// 503 with Retry-After when no target can take the request). No answer of
+// the router's own names a pod (errors.go).
 package router

@@ -2,13 +2,22 @@ package router
 
 import (
 	"encoding/json"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
 
 // apiError is an OpenAI-shaped error: {"error": {"message", "type", "param",
 // "code"}} with the HTTP status that goes with it.
+//
+// What the router says to a client never names a pod: no URL, address,
+// KV-event endpoint or target id, in a body or a header (the X-Prefixrouter
+// headers of --debug-headers aside, which say they expose them). The
+// detail goes to the log and, for upstream failures, to GET /debug/targets
+// on the admin listener (failures.go), under the request id the client
+// got. A pod's own answers are relayed byte for byte.
 type apiError struct {
 	Status  int
 	Message string
@@ -93,4 +102,43 @@ func (e *apiError) write(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
 	ctx.SetBody(e.body())
+}
+
+// podMessage is what a client hears of a pod's error body when the router
+// answers in its own words (a render call that rejected the prompt): the
+// message of an OpenAI, vLLM or FastAPI error, else the body, with the
+// pod's address (its base URL, host:port and host) taken out.
+func podMessage(body, baseURL string) string {
+	msg := strings.TrimSpace(body)
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+		Detail  json.RawMessage `json:"detail"`
+	}
+	if json.Unmarshal([]byte(msg), &e) == nil {
+		var inner struct {
+			Message string `json:"message"`
+		}
+		var text string
+		switch {
+		case json.Unmarshal(e.Error, &inner) == nil && inner.Message != "":
+			msg = inner.Message
+		case json.Unmarshal(e.Error, &text) == nil && text != "":
+			msg = text
+		case e.Message != "":
+			msg = e.Message
+		case json.Unmarshal(e.Detail, &text) == nil && text != "":
+			msg = text
+		}
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return msg
+	}
+	for _, addr := range []string{strings.TrimRight(baseURL, "/"), u.Scheme + "://" + u.Host, u.Host, u.Hostname()} {
+		if addr != "" {
+			msg = strings.ReplaceAll(msg, addr, "[model server]")
+		}
+	}
+	return msg
 }

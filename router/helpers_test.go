@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -137,6 +138,11 @@ type fakePod struct {
 	// render answers /v1/completions/render when set; without it the
 	// pod answers 404 there, as vLLM before the render endpoints did.
 	render atomic.Pointer[http.HandlerFunc]
+	// forward answers the endpoints the router forwards by load
+	// (embeddings, pooling, classify, score, rerank, detokenize, version);
+	// forwardHits counts the requests that reach them.
+	forward     atomic.Pointer[http.HandlerFunc]
+	forwardHits atomic.Int64
 }
 
 func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, models ...string) *fakePod {
@@ -175,6 +181,15 @@ func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, model
 	}
 	mux.HandleFunc("/v1/completions", api)
 	mux.HandleFunc("/v1/chat/completions", api)
+	mux.HandleFunc("/v1/responses", api)
+	p.setForward(p.echoForward)
+	for _, path := range []string{"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
+		"/rerank", "/v1/rerank", "/v2/rerank", "/detokenize", "/version"} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			p.forwardHits.Add(1)
+			(*p.forward.Load())(w, r)
+		})
+	}
 	mux.HandleFunc("/v1/completions/render", func(w http.ResponseWriter, r *http.Request) {
 		if h := p.render.Load(); h != nil {
 			(*h)(w, r)
@@ -195,6 +210,29 @@ func newFakePod(t testing.TB, name string, blockSize int, withEvents bool, model
 }
 
 func (p *fakePod) setHandler(h http.HandlerFunc) { p.handle.Store(&h) }
+
+func (p *fakePod) setForward(h http.HandlerFunc) { p.forward.Store(&h) }
+
+// forwardEcho is echoForward's answer: the pod, and the request as it
+// arrived.
+type forwardEcho struct {
+	Pod    string `json:"pod"`
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Body   string `json:"body"`
+}
+
+// echoForward answers a forwarded endpoint with what it received, and a
+// usage as vLLM's pooling endpoints report it.
+func (p *fakePod) echoForward(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	out, _ := json.Marshal(struct {
+		forwardEcho
+		Usage map[string]int `json:"usage"`
+	}{forwardEcho{p.name, r.Method, r.URL.Path, string(b)}, map[string]int{"prompt_tokens": 5, "total_tokens": 5}})
+	_, _ = w.Write(out)
+}
 
 // echo answers like vLLM without streaming, naming the pod in the text.
 func (p *fakePod) echo(w http.ResponseWriter, r *http.Request) {
@@ -300,4 +338,42 @@ func chatKeysAsPodsSee(t testing.TB, r *Router, spec string) func(body []byte) [
 		}
 		return keys
 	}
+}
+
+// firstLine reads a streamed answer's first line while the pod holds the
+// rest back until release is closed, which it does once the line is in (or
+// when it gives up: a buffering proxy never delivers it).
+func firstLine(t testing.TB, br *bufio.Reader, release chan struct{}) string {
+	t.Helper()
+	first := make(chan string, 1)
+	go func() {
+		line, _ := br.ReadString('\n')
+		first <- line
+	}()
+	defer close(release)
+	select {
+	case line := <-first:
+		return line
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first chunk never arrived while the pod held the rest: the proxy buffers")
+	}
+	return ""
+}
+
+// holdingStream is a pod handler that streams first as an event stream and
+// holds rest back until release is closed.
+func holdingStream(first, rest string) (h http.HandlerFunc, release chan struct{}) {
+	release = make(chan struct{})
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, first)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, rest)
+	}, release
 }

@@ -141,15 +141,31 @@ func usageFromBody(b []byte) usage {
 	if err != nil {
 		return usage{}
 	}
-	return usageFromValue(v.Get("usage"))
+	return usageOf(v)
 }
 
+// usageOf reads the usage of a response, or of a Responses API stream
+// event, which carries it in its response.
+func usageOf(v *fastjson.Value) usage {
+	if u := usageFromValue(v.Get("usage")); u.known {
+		return u
+	}
+	return usageFromValue(v.Get("response", "usage"))
+}
+
+// usageFromValue reads a usage object: completions' and chat's
+// prompt_tokens, or the Responses API's input_tokens, with their details'
+// cached_tokens.
 func usageFromValue(u *fastjson.Value) usage {
 	if u == nil || u.Type() != fastjson.TypeObject {
 		return usage{}
 	}
-	out := usage{known: true, promptTokens: int64(u.GetInt("prompt_tokens"))}
-	if d := u.Get("prompt_tokens_details"); d != nil && d.Type() == fastjson.TypeObject {
+	prompt, details := "prompt_tokens", "prompt_tokens_details"
+	if u.Get(prompt) == nil && u.Get("input_tokens") != nil {
+		prompt, details = "input_tokens", "input_tokens_details"
+	}
+	out := usage{known: true, promptTokens: int64(u.GetInt(prompt))}
+	if d := u.Get(details); d != nil && d.Type() == fastjson.TypeObject {
 		if c := d.Get("cached_tokens"); c != nil && c.Type() == fastjson.TypeNumber {
 			out.cachedKnown, out.cachedTokens = true, int64(c.GetInt())
 		}
@@ -216,7 +232,7 @@ func (s *usageScanner) handleLine(l []byte) {
 	if err != nil {
 		return
 	}
-	if u := usageFromValue(v.Get("usage")); u.known {
+	if u := usageOf(v); u.known {
 		s.last = u
 	}
 }
@@ -224,33 +240,47 @@ func (s *usageScanner) handleLine(l []byte) {
 func (s *usageScanner) usage() usage { return s.last }
 
 // recordOutcome records how an attempt's request ended and, for an
-// answered one, its times and what it says about the prompt and the
-// router's prediction of its cached tokens. The prompt may still be being
-// encoded: the response does not wait for it.
+// answered one, its times and, for a routed endpoint, what it says about
+// the prompt and the router's prediction of its cached tokens; with
+// --access-log, the request's line. The prompt may still be being encoded:
+// the response does not wait for it, the line and the prediction's
+// numbers do.
 func (r *Router) recordOutcome(a *attempt) {
-	m, pol, model := r.met, r.cfg.Policy.String(), a.x.model
+	x := a.x
+	m, pol, model := r.met, x.dec.policyName, x.model
 	m.requests.WithLabelValues(model, pol, a.label).Inc()
-	if !a.answered {
+	var took time.Duration
+	if a.answered || r.alog != nil {
+		took = time.Since(x.start)
+	}
+	if a.answered {
+		m.ttft.WithLabelValues(model, pol).Observe(a.ttft.Seconds())
+		m.duration.WithLabelValues(model, pol).Observe(took.Seconds())
+	}
+	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: x.tail, usage: a.usage,
+		measure: a.answered && a.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
+	if r.alog != nil {
+		rec.alog, rec.line = r.alog, a.attemptLine(took)
+	}
+	if !rec.measure && rec.line == nil {
 		return
 	}
-	m.ttft.WithLabelValues(model, pol).Observe(a.ttft.Seconds())
-	m.duration.WithLabelValues(model, pol).Observe(time.Since(a.x.start).Seconds())
-	if a.status >= 300 {
-		return
-	}
-	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: a.x.tail, usage: a.usage}
-	if a.x.tail.finished() {
+	if x.tail.finished() {
 		rec.record()
 		return
 	}
+	// Counted with the tails: a clean shutdown waits for it, and closes
+	// the access log after it.
+	r.tails.Add(1)
 	go func() {
+		defer r.tails.Done()
 		rec.tail.wait()
 		rec.record()
 	}()
 }
 
-// promptOutcome is what an answered request says about its prompt; it
-// holds nothing of the request, which is recycled when its handler ends.
+// promptOutcome is what a request says about its prompt; it holds nothing
+// of the request, which is recycled when its handler ends.
 type promptOutcome struct {
 	m             *metrics
 	policy, model string
@@ -258,17 +288,59 @@ type promptOutcome struct {
 	d             *decision
 	tail          *promptTail
 	usage         usage
+	// measure: an answered request of a routed endpoint, whose numbers
+	// feed the prediction metrics. predicts: the router predicted its
+	// cached tokens (a routed endpoint).
+	measure, predicts bool
+	// line is the request's access line, written once the prompt is known.
+	line *accessLine
+	alog *accessLog
 }
 
 // record compares the cached tokens the pod reported with the router's
-// prediction over the whole prompt.
+// prediction over the whole prompt, and writes the request's access line.
 func (o *promptOutcome) record() {
-	m, pol, u := o.m, o.policy, o.usage
+	u := o.usage
 	v := o.d.view(o.tail, o.d.chosen)
 	prompt := int64(v.prompt.count)
 	if v.prompt.ids == nil && u.known {
 		prompt = u.promptTokens
 	}
+	if o.measure {
+		o.measureCache(v, prompt)
+	}
+	if o.line != nil {
+		o.fillLine(v)
+		o.alog.write(o.line)
+	}
+}
+
+// fillLine puts the prompt's numbers in the access line: only those the
+// router or the pod counted, never an estimate.
+func (o *promptOutcome) fillLine(v promptView) {
+	l, u := o.line, o.usage
+	switch {
+	case v.prompt.ids != nil:
+		n := int64(v.prompt.count)
+		l.PromptTokens, l.PromptSource = &n, v.prompt.source
+	case u.known:
+		n := u.promptTokens
+		l.PromptTokens, l.PromptSource = &n, "usage"
+	}
+	if o.predicts {
+		n := int64(v.predicted)
+		l.PredictedCachedTokens = &n
+	}
+	if u.cachedKnown {
+		n := u.cachedTokens
+		l.ReportedCachedTokens = &n
+	}
+}
+
+// measureCache feeds the prediction metrics with the prompt's count and
+// the cached tokens predicted and reported.
+func (o *promptOutcome) measureCache(v promptView, prompt int64) {
+	m, pol, u := o.m, o.policy, o.usage
 	m.promptTokens.WithLabelValues(o.target, o.model, pol).Add(float64(prompt))
 	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(v.predicted))
 	if !u.cachedKnown {

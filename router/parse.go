@@ -14,33 +14,6 @@ import (
 	"github.com/prefixrouter/prefixrouter/tokenize/jsonspan"
 )
 
-// Endpoint is the OpenAI API a routed request was sent to.
-type Endpoint uint8
-
-// Routed endpoints.
-const (
-	EndpointCompletions Endpoint = iota + 1
-	EndpointChat
-)
-
-func (e Endpoint) String() string {
-	switch e {
-	case EndpointCompletions:
-		return "completions"
-	case EndpointChat:
-		return "chat"
-	}
-	return "unknown"
-}
-
-// Path is the upstream path of the endpoint.
-func (e Endpoint) Path() string {
-	if e == EndpointChat {
-		return "/v1/chat/completions"
-	}
-	return "/v1/completions"
-}
-
 // Request is what the router needs to know about one OpenAI request. The
 // body itself is forwarded unchanged; these fields only decide the target.
 type Request struct {
@@ -67,6 +40,14 @@ type Request struct {
 	// CustomTemplate is set when the request brings its own chat_template:
 	// local rendering would not match what the pod renders.
 	CustomTemplate bool
+	// PromptUnknown is set when the router cannot derive the prompt the pod
+	// renders (a Responses body with tools, a previous response or items
+	// other than text messages): the request is routed on load.
+	PromptUnknown bool
+	// TextBytes is the size of the text the router does not read (a
+	// forwarded body, a Responses input it does not convert), the basis of
+	// its token estimate.
+	TextBytes int
 }
 
 // BadRequest is a client error found while parsing: it maps to an
@@ -107,8 +88,10 @@ func releaseRequest(r *Request) {
 	reqPool.Put(r)
 }
 
-// ParseRequest extracts the routing fields of a completions or chat body
-// into r (which it resets). Only the fields the router needs are looked at
+// ParseRequest extracts the routing fields of a completions, chat or
+// responses body into r (which it resets); of a forwarded endpoint's body
+// (embeddings, score, ...) it reads only the model, which those endpoints
+// may leave out. Only the fields the router needs are looked at
 // and validated; unknown fields are the pod's business.
 //
 // The body is read once: one strict pass (RFC 8259, as the pod's parser
@@ -131,13 +114,21 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 
 	switch p.kind(fModel) {
 	case 0, 'n':
-		return badParam("model", "you must provide a model parameter")
+		if ep.modelRequired() {
+			return badParam("model", "you must provide a model parameter")
+		}
 	case '"':
+		if r.Model = p.str(fModel); r.Model == "" && ep.modelRequired() {
+			return badParam("model", "must not be empty")
+		}
 	default:
 		return badParam("model", "must be a string")
 	}
-	if r.Model = p.str(fModel); r.Model == "" {
-		return badParam("model", "must not be empty")
+	if !ep.routed() {
+		// The pod reads the rest; the router only needs the model, and
+		// the body's size as a guess at the work.
+		r.TextBytes = len(body)
+		return nil
 	}
 
 	var err error
@@ -174,6 +165,8 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 			return err
 		}
 		return p.chat(r)
+	case EndpointResponses:
+		return p.responses(r)
 	}
 	return fmt.Errorf("router: unknown endpoint %d", ep)
 }
@@ -194,6 +187,9 @@ const (
 	fAddGenerationPrompt
 	fContinueFinalMessage
 	fChatTemplate
+	fInput
+	fInstructions
+	fPreviousResponseID
 	nFields
 	fOther = nFields
 )
@@ -224,6 +220,12 @@ func fieldOf(name []byte) field {
 		return fContinueFinalMessage
 	case "chat_template":
 		return fChatTemplate
+	case "input":
+		return fInput
+	case "instructions":
+		return fInstructions
+	case "previous_response_id":
+		return fPreviousResponseID
 	}
 	return fOther
 }
@@ -925,29 +927,6 @@ var strSpecial = func() (str [256]bool) {
 	str['"'], str['\\'] = true, true
 	return
 }()
-
-// ParseModelField reads only "model" from a /tokenize or /detokenize body;
-// an absent model is "" (vLLM accepts it there and uses its only model).
-func ParseModelField(body []byte) (string, error) {
-	p := parserPool.Get()
-	defer parserPool.Put(p)
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return "", &BadRequest{Message: "request body is not valid JSON: " + err.Error()}
-	}
-	if v.Type() != fastjson.TypeObject {
-		return "", &BadRequest{Message: "request body must be a JSON object"}
-	}
-	mv := member(v.GetObject(), "model")
-	if mv == nil || mv.Type() == fastjson.TypeNull {
-		return "", nil
-	}
-	b, err := mv.StringBytes()
-	if err != nil {
-		return "", badParam("model", "must be a string")
-	}
-	return string(b), nil
-}
 
 // afterElement reads what follows an object member or an array element: a
 // ',' (more to come, returned past it and its white space) or the closing

@@ -2,12 +2,10 @@ package router
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -60,7 +58,11 @@ func copyResponseHeaders(dst, src *fasthttp.ResponseHeader) {
 
 // upstreamRequest is the request to one target.
 func upstreamRequest(t *health.Target, path string, body []byte, in *fasthttp.RequestCtx, id string) *upRequest {
-	rq := &upRequest{method: fasthttp.MethodPost, endpoint: t.ID.Endpoint, path: path, body: body,
+	method := fasthttp.MethodPost
+	if in.IsGet() {
+		method = fasthttp.MethodGet
+	}
+	rq := &upRequest{method: method, endpoint: t.ID.Endpoint, path: path, body: body,
 		in: &in.Request.Header, clientIP: in.RemoteIP(), id: id}
 	if t.Spec.DP > 1 {
 		rq.dpRank = strconv.Itoa(t.ID.Rank)
@@ -108,30 +110,6 @@ func readAllLimit(r io.Reader, first []byte, limit int64) ([]byte, error) {
 			return nil, err
 		}
 	}
-}
-
-// forwardSimple proxies a small request/response pair (tokenize,
-// detokenize) without routing logic.
-func (r *Router) forwardSimple(ctx *fasthttp.RequestCtx, life *clientLife, t *health.Target, path, id string) {
-	cctx, cancel := context.WithTimeout(life.ctx, 30*time.Second)
-	defer cancel()
-	resp, err := r.up.do(cctx, upstreamRequest(t, path, ctx.PostBody(), ctx, id))
-	if err != nil {
-		r.log.Warn("forwarding failed", "path", path, "target", t.ID.String(), "err", err)
-		errUpstream(fasthttp.StatusBadGateway, "the model server failed to answer").write(ctx)
-		return
-	}
-	defer resp.Body.Close()
-	b, err := readAllLimit(resp.Body, nil, r.cfg.MaxResponseBytes)
-	if err != nil {
-		r.log.Warn("forwarding failed", "path", path, "target", t.ID.String(), "err", err)
-		errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off").write(ctx)
-		return
-	}
-	ctx.SetStatusCode(resp.StatusCode)
-	copyResponseHeaders(&ctx.Response.Header, resp.Header)
-	ctx.Response.Header.Set("X-Request-Id", id)
-	ctx.SetBody(b)
 }
 
 // sseErrorFirst reports whether a stream's first bytes are an SSE event

@@ -3,55 +3,101 @@ package router
 import (
 	"context"
 	"errors"
-	"time"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
-// handleRouted serves /v1/completions and /v1/chat/completions: parse,
-// tokenize, decide, dispatch.
-func (r *Router) handleRouted(in *fasthttp.RequestCtx, ep Endpoint) {
-	start := time.Now()
-	id := requestID(in)
-	in.Response.Header.Set("X-Request-Id", id)
+// handleRouted serves the endpoints the router's policy routes from their
+// prompt (completions, chat, responses): parse, tokenize, decide,
+// dispatch.
+func (r *Router) handleRouted(x *exchange) {
 	req := acquireRequest()
 	defer releaseRequest(req)
-	if err := ParseRequest(ep, in.PostBody(), req); err != nil {
-		r.reject(in, err)
+	if err := ParseRequest(x.ep, x.in.PostBody(), req); err != nil {
+		r.reject(x, err)
 		return
 	}
-	life := r.beginLife(in)
+	life := r.beginLife(x.in)
 	defer life.release()
+	x.life, x.dec, x.stream = life, r.dec, req.Stream
 	d, aerr := r.route(life.ctx, req, false)
+	x.model = req.Model
 	switch {
 	case aerr != nil:
-		r.met.rejected.WithLabelValues(rejectReason(aerr)).Inc()
-		aerr.write(in)
+		r.refuse(x, aerr, rejectReason(aerr))
 		return
 	case life.clientGone():
 		// The client left while its prompt was being tokenized.
-		r.met.requests.WithLabelValues(req.Model, r.cfg.Policy.String(), "canceled").Inc()
-		in.SetConnectionClose()
+		r.met.requests.WithLabelValues(req.Model, x.dec.policyName, "canceled").Inc()
+		x.in.SetConnectionClose()
+		r.logAnswered(x, "canceled")
 		return
 	}
-	x := &exchange{in: in, life: life, model: req.Model, path: ep.Path(), stream: req.Stream, id: id, start: start,
-		tail: startTail(d, r.ev.Index(), &r.tails)}
+	x.tail = startTail(d, r.ev.Index(), &r.tails)
+	r.dispatch(x, d)
+}
+
+// handleForwarded serves the endpoints forwarded to the least loaded
+// routable pod of the body's model (embeddings, pooling, classify, score,
+// rerank, tokenize, detokenize) or of any model (version), through the
+// same attempts as the routed ones: retried before the first byte,
+// streamed or buffered as the pod answers.
+func (r *Router) handleForwarded(x *exchange) {
+	req := acquireRequest()
+	defer releaseRequest(req)
+	if x.ep.method() == "POST" {
+		if err := ParseRequest(x.ep, x.in.PostBody(), req); err != nil {
+			r.reject(x, err)
+			return
+		}
+	}
+	snap := r.mon.Snapshot()
+	if req.Model == "" && x.ep != EndpointVersion {
+		model, aerr := r.defaultModel(snap)
+		if aerr != nil {
+			r.refuse(x, aerr, rejectReason(aerr))
+			return
+		}
+		req.Model = model
+	}
+	x.model, x.dec = req.Model, r.fwd
+	targets, aerr := r.targetsFor(snap, req.Model)
+	if aerr != nil {
+		r.refuse(x, aerr, rejectReason(aerr))
+		return
+	}
+	d, err := r.fwd.decide(decisionInput{model: req.Model, targets: targets,
+		prompt: promptTokens{count: estimateTokens(req), source: "estimate"}})
+	if err != nil {
+		msg := "no routable target for model " + req.Model
+		if req.Model == "" {
+			msg = "no routable target"
+		}
+		aerr := errNoTarget(msg, r.retryAfter())
+		r.refuse(x, aerr, rejectReason(aerr))
+		return
+	}
+	x.life = r.beginLife(x.in)
+	defer x.life.release()
 	r.dispatch(x, d)
 }
 
 // route resolves the model's targets, tokenizes the prompt and decides.
 // With peek (the dry run) nothing is recorded: round-robin does not
-// advance. ctx bounds a remote tokenization.
+// advance. ctx bounds a remote tokenization. A request that names no
+// model (responses may leave it out) takes the fleet's only one.
 func (r *Router) route(ctx context.Context, req *Request, peek bool) (*decision, *apiError) {
 	snap := r.mon.Snapshot()
-	targets := snap.ForModel(req.Model)
-	if len(targets) == 0 {
-		if len(snap.Models) == 0 && len(snap.Targets) > 0 {
-			return nil, errNoTarget("no target has reported its models yet", r.retryAfter())
+	if req.Model == "" {
+		model, aerr := r.defaultModel(snap)
+		if aerr != nil {
+			return nil, aerr
 		}
-		return nil, errUnknownModel(req.Model)
+		req.Model = model
+	}
+	targets, aerr := r.targetsFor(snap, req.Model)
+	if aerr != nil {
+		return nil, aerr
 	}
 	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
 	defer cancel()

@@ -97,7 +97,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 				return &f
 			}
 			early := dispatch()
-			if v := r.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {
+			if v := r.dec.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {
 				t.Fatalf("tail not done: final %v, predicted %d, queued uncached %d; want false, %d and 0", v.final, v.predicted, queued(), atDispatch.predicted)
 			}
 			early.Finish(health.OutcomeSuccess)
@@ -120,7 +120,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			if v.predicted != cached || queued() != int64(count-cached) {
 				t.Fatalf("tail done: predicted %d, queued uncached %d, want %d and %d", v.predicted, queued(), cached, count-cached)
 			}
-			if v := r.atFirstByte(d, tail, waiting); v.predicted != cached || queued() != 0 {
+			if v := r.dec.atFirstByte(d, tail, waiting); v.predicted != cached || queued() != 0 {
 				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and 0", v.predicted, queued(), cached)
 			}
 			waiting.Finish(health.OutcomeSuccess)

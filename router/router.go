@@ -40,7 +40,8 @@ type Router struct {
 	tok  *tokenizers
 	ev   *eventplane.Plane
 	ch   *chooser
-	dec  *decider
+	dec  *decider // the routed endpoints', by --policy
+	fwd  *decider // the forwarded endpoints', by least load
 	up   *upstream
 	met  *metrics
 	cat  *catalog
@@ -51,8 +52,14 @@ type Router struct {
 	stop context.CancelFunc
 	bg   sync.WaitGroup
 	// tails counts prompts still being encoded after dispatch
-	// (promptTail); a clean shutdown waits for them.
+	// (promptTail), and the outcomes waiting for them; a clean shutdown
+	// waits for them.
 	tails sync.WaitGroup
+	// alog is the access log (--access-log); nil when off.
+	alog *accessLog
+	// failures holds each target's last upstream failure (target.ID ->
+	// *upstreamFailure), shown on the admin listener.
+	failures sync.Map
 	// reqCtx parents every request's life: it outlives the servers'
 	// shutdown so that draining requests finish, and then ends with
 	// errShutdown.
@@ -89,14 +96,23 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		treg = tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization)
-	r.ch = newChooser(cfg.Policy, cfg.Cost)
-	r.dec = &decider{policy: cfg.Policy, ch: r.ch, plane: r.ev}
+	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev)
+	r.ch = r.dec.ch
+	// The forwarded endpoints' bodies are no prompt the router keys:
+	// embeddings, scores and the like go to the least loaded pod.
+	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev)
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
 	if err := reg.Register(wiringCollector{r}); err != nil {
 		return nil, fmt.Errorf("router: metrics: %w", err)
 	}
 	r.cat = newCatalog(r.up, r.mon)
+	if cfg.AccessLog != "" {
+		// Opened last: nothing after it can fail and leave the file open.
+		if r.alog, err = openAccessLog(cfg.AccessLog, reg, log); err != nil {
+			return nil, fmt.Errorf("router: %w", err)
+		}
+	}
 	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	r.srv = &fasthttp.Server{
 		Handler:               r.handle,
@@ -180,6 +196,7 @@ func (r *Router) onChange(c health.Change) {
 		r.met.addTarget(c.Target.ID.String())
 	case health.Removed:
 		r.met.forgetTarget(c.Target.ID.String())
+		r.failures.Delete(c.Target.ID)
 	}
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)
@@ -229,6 +246,9 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	}
 	r.bg.Wait()
 	r.up.close()
+	if r.alog != nil {
+		r.alog.close()
+	}
 	return errors.Join(errs...)
 }
 

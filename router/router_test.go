@@ -162,7 +162,15 @@ func TestBadInputNeverReachesPod(t *testing.T) {
 		{"both generation flags", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"continue_final_message":true}`, 400, "continue_final_message"},
 		{"unknown model", "/v1/completions", `{"model":"nope","prompt":"hi"}`, 404, "model"},
 		{"oversized body", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 5000) + `"}`, 413, ""},
-		{"unknown path", "/v1/embeddings", `{"model":"m","input":"x"}`, 404, ""},
+		{"unknown path", "/v1/audio/transcriptions", `{"model":"m"}`, 404, ""},
+		{"embeddings bad JSON", "/v1/embeddings", `{"model":"m","input":`, 400, ""},
+		{"embeddings model not a string", "/v1/embeddings", `{"model":["m"],"input":"x"}`, 400, "model"},
+		{"embeddings unknown model", "/v1/embeddings", `{"model":"nope","input":"x"}`, 404, "model"},
+		{"rerank unknown model", "/v2/rerank", `{"model":"nope","query":"q","documents":["d"]}`, 404, "model"},
+		{"responses without input", "/v1/responses", `{"model":"m"}`, 400, "input"},
+		{"responses input wrong type", "/v1/responses", `{"model":"m","input":5}`, 400, "input"},
+		{"responses instructions wrong type", "/v1/responses", `{"model":"m","input":"x","instructions":[]}`, 400, "instructions"},
+		{"responses unknown model", "/v1/responses", `{"model":"nope","input":"x"}`, 404, "model"},
 		{"tokenize bad JSON", "/tokenize", `{`, 400, ""},
 		{"tokenize unknown model", "/tokenize", `{"model":"nope","prompt":"x"}`, 404, "model"},
 	}
@@ -236,21 +244,11 @@ func TestBadInputNeverReachesPod(t *testing.T) {
 // would deadlock here (and fail on the wait's deadline).
 func TestStreamingPassesThroughIncrementally(t *testing.T) {
 	p := newFakePod(t, "A", 16, false)
-	release := make(chan struct{})
-	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"first\"}]}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"second\"}]}\n\n")
-		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n")
-		fmt.Fprint(w, "data: [DONE]\n\n")
-	})
+	h, release := holdingStream("data: {\"choices\":[{\"text\":\"first\"}]}\n\n",
+		"data: {\"choices\":[{\"text\":\"second\"}]}\n\n"+
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n"+
+			"data: [DONE]\n\n")
+	p.setHandler(h)
 	cfg := DefaultConfig()
 	cfg.Health = fastHealth(p.endpoint())
 	r := startRouter(t, cfg)
@@ -266,21 +264,9 @@ func TestStreamingPassesThroughIncrementally(t *testing.T) {
 		t.Fatalf("content type %q", ct)
 	}
 	br := bufio.NewReader(resp.Body)
-	first := make(chan string, 1)
-	go func() {
-		line, _ := br.ReadString('\n')
-		first <- line
-	}()
-	select {
-	case line := <-first:
-		if !strings.Contains(line, "first") {
-			t.Fatalf("first line %q", line)
-		}
-	case <-time.After(15 * time.Second):
-		close(release)
-		t.Fatal("first chunk never arrived while the pod held the rest: the proxy buffers")
+	if line := firstLine(t, br, release); !strings.Contains(line, "first") {
+		t.Fatalf("first line %q", line)
 	}
-	close(release)
 	rest, err := io.ReadAll(br)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,29 +16,12 @@ import (
 
 // handle is the API server's only handler.
 func (r *Router) handle(ctx *fasthttp.RequestCtx) {
-	path := string(ctx.Path())
-	switch path {
-	case "/v1/completions":
-		if r.requirePost(ctx) {
-			r.handleRouted(ctx, EndpointCompletions)
-		}
-	case "/v1/chat/completions":
-		if r.requirePost(ctx) {
-			r.handleRouted(ctx, EndpointChat)
-		}
-	case "/v1/models":
-		if ctx.IsGet() {
-			r.handleModels(ctx)
-		} else {
-			methodNotAllowed(ctx, "GET")
-		}
-	case "/tokenize", "/detokenize":
-		if r.requirePost(ctx) {
-			r.handleForward(ctx, path)
-		}
+	path := ctx.Path()
+	switch string(path) {
 	case "/health":
 		// Process liveness: answering at all is the signal.
 		ctx.SetStatusCode(fasthttp.StatusOK)
+		return
 	case "/ready":
 		if snap := r.mon.Snapshot(); snap.Routable() {
 			ctx.SetStatusCode(fasthttp.StatusOK)
@@ -45,38 +29,73 @@ func (r *Router) handle(ctx *fasthttp.RequestCtx) {
 		} else {
 			errNoTarget("no routable target", r.retryAfter()).write(ctx)
 		}
+		return
+	}
+	ap, known := apiPaths[string(path)]
+	x := newExchange(ctx, ap.path)
+	switch {
+	case known:
+		x.ep = ap.ep
+		if r.requireMethod(x, ap.ep.method()) {
+			if ap.ep.routed() {
+				r.handleRouted(x)
+			} else {
+				r.handleForwarded(x)
+			}
+		}
+	case string(path) == "/v1/models":
+		x.path = "/v1/models"
+		if r.requireMethod(x, fasthttp.MethodGet) {
+			r.handleModels(x)
+		}
+	case bytes.HasPrefix(path, modelPrefix):
+		x.path = string(path)
+		if r.requireMethod(x, fasthttp.MethodGet) {
+			r.handleModel(x, string(path[len(modelPrefix):]))
+		}
 	default:
-		(&apiError{Status: fasthttp.StatusNotFound, Message: "no route for " + path, Type: typeNotFound, Code: "not_found"}).write(ctx)
+		x.path = string(path)
+		r.refuse(x, &apiError{Status: fasthttp.StatusNotFound, Message: "no route for " + x.path, Type: typeNotFound, Code: "not_found"}, "not_found")
 	}
 }
 
-func (r *Router) requirePost(ctx *fasthttp.RequestCtx) bool {
-	if ctx.IsPost() {
+// modelPrefix starts GET /v1/models/{id} (the OpenAI SDK's models.retrieve);
+// the id may hold slashes, as Hugging Face names do.
+var modelPrefix = []byte("/v1/models/")
+
+// newExchange starts an API request's exchange: its arrival, and the
+// request id the client sent or a new one, which every answer carries.
+func newExchange(in *fasthttp.RequestCtx, path string) *exchange {
+	x := &exchange{in: in, path: path, start: time.Now(), id: requestID(in)}
+	in.Response.Header.Set("X-Request-Id", x.id)
+	return x
+}
+
+func (r *Router) requireMethod(x *exchange, method string) bool {
+	if string(x.in.Method()) == method {
 		return true
 	}
-	methodNotAllowed(ctx, "POST")
+	x.in.Response.Header.Set("Allow", method)
+	r.refuse(x, &apiError{Status: fasthttp.StatusMethodNotAllowed, Message: "method not allowed; use " + method, Type: typeInvalidRequest}, "method_not_allowed")
 	return false
-}
-
-func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
-	ctx.Response.Header.Set("Allow", allow)
-	(&apiError{Status: fasthttp.StatusMethodNotAllowed, Message: "method not allowed; use " + allow, Type: typeInvalidRequest}).write(ctx)
 }
 
 // handleServerError answers requests fasthttp could not read, most of all
 // bodies above --max-body-bytes, in the OpenAI error shape.
 func (r *Router) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	r.met.rejected.WithLabelValues("read_error").Inc()
+	x := newExchange(ctx, string(ctx.Path()))
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		errTooLarge(r.cfg.MaxBodyBytes).write(ctx)
+		r.refuse(x, errTooLarge(r.cfg.MaxBodyBytes), "read_error")
 	default:
 		var small *fasthttp.ErrSmallBuffer
 		if errors.As(err, &small) {
-			(&apiError{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Message: "request headers too large", Type: typeInvalidRequest}).write(ctx)
+			r.refuse(x, &apiError{Status: fasthttp.StatusRequestHeaderFieldsTooLarge, Message: "request headers too large", Type: typeInvalidRequest}, "read_error")
 			return
 		}
-		errBadRequest("", "cannot read request: "+err.Error()).write(ctx)
+		// fasthttp's message quotes the bytes it read; the client has them.
+		r.log.Debug("cannot read request", "request_id", x.id, "err", err)
+		r.refuse(x, errBadRequest("", "cannot read the request: malformed HTTP"), "read_error")
 	}
 }
 
@@ -95,15 +114,23 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 	return hex.EncodeToString(b[:])
 }
 
-func (r *Router) reject(ctx *fasthttp.RequestCtx, err error) {
+// reject answers a body the parser refused.
+func (r *Router) reject(x *exchange, err error) {
 	var br *BadRequest
 	if errors.As(err, &br) {
-		r.met.rejected.WithLabelValues("bad_request").Inc()
-		errBadRequest(br.Param, br.Message).write(ctx)
+		r.refuse(x, errBadRequest(br.Param, br.Message), "bad_request")
 		return
 	}
-	r.log.Error("request parsing failed", "err", err)
-	(&apiError{Status: fasthttp.StatusInternalServerError, Message: "internal error", Type: typeServer}).write(ctx)
+	r.log.Error("request parsing failed", "request_id", x.id, "err", err)
+	r.refuse(x, &apiError{Status: fasthttp.StatusInternalServerError, Message: "internal error", Type: typeServer}, "other")
+}
+
+// refuse answers a request the router will not send to a pod, counted by
+// reason in prefixrouter_requests_rejected_total.
+func (r *Router) refuse(x *exchange, e *apiError, reason string) {
+	r.met.rejected.WithLabelValues(reason).Inc()
+	e.write(x.in)
+	r.logAnswered(x, reason)
 }
 
 func rejectReason(e *apiError) string {
@@ -118,18 +145,40 @@ func rejectReason(e *apiError) string {
 	return "other"
 }
 
-// pickAny returns a routable target serving model (or any model when model
-// is empty), rotating so that forwarded calls spread.
-func (r *Router) pickAny(snap *health.Snapshot, model string) (*health.Target, *apiError) {
-	ts := snap.Targets
-	if model != "" {
-		ts = snap.ForModel(model)
-		if len(ts) == 0 {
-			if len(snap.Models) == 0 && len(snap.Targets) > 0 {
-				return nil, errNoTarget("no target has reported its models yet", r.retryAfter())
-			}
-			return nil, errUnknownModel(model)
+// targetsFor is the snapshot's targets of model, or every target when
+// model is empty, or why the router answers itself.
+func (r *Router) targetsFor(snap *health.Snapshot, model string) ([]*health.Target, *apiError) {
+	if model == "" {
+		return snap.Targets, nil
+	}
+	ts := snap.ForModel(model)
+	if len(ts) == 0 {
+		if len(snap.Models) == 0 && len(snap.Targets) > 0 {
+			return nil, errNoTarget("no target has reported its models yet", r.retryAfter())
 		}
+		return nil, errUnknownModel(model)
+	}
+	return ts, nil
+}
+
+// defaultModel is the model of a body that names none, as vLLM takes it:
+// the only one the fleet serves.
+func (r *Router) defaultModel(snap *health.Snapshot) (string, *apiError) {
+	switch names := snap.ModelNames(); {
+	case len(names) == 1:
+		return names[0], nil
+	case len(names) > 1:
+		return "", errBadRequest("model", "you must provide a model parameter: this router serves several models")
+	}
+	return "", errNoTarget("no target has reported its models yet", r.retryAfter())
+}
+
+// pickAny returns a routable target serving model, rotating so that calls
+// spread.
+func (r *Router) pickAny(snap *health.Snapshot, model string) (*health.Target, *apiError) {
+	ts, aerr := r.targetsFor(snap, model)
+	if aerr != nil {
+		return nil, aerr
 	}
 	n := int(r.ch.rr.Add(1))
 	for i := range ts {
@@ -141,44 +190,33 @@ func (r *Router) pickAny(snap *health.Snapshot, model string) (*health.Target, *
 	return nil, errNoTarget("no routable target for this model", r.retryAfter())
 }
 
-// handleForward sends /tokenize and /detokenize to a target of the body's
-// model, unchanged.
-func (r *Router) handleForward(ctx *fasthttp.RequestCtx, path string) {
-	id := requestID(ctx)
-	ctx.Response.Header.Set("X-Request-Id", id)
-	model, err := ParseModelField(ctx.PostBody())
-	if err != nil {
-		r.reject(ctx, err)
-		return
-	}
-	snap := r.mon.Snapshot()
-	if model == "" {
-		if names := snap.ModelNames(); len(names) == 1 {
-			model = names[0]
-		} else if len(names) > 1 {
-			errBadRequest("model", "you must provide a model parameter: this router serves several models").write(ctx)
-			return
-		}
-	}
-	t, aerr := r.pickAny(snap, model)
-	if aerr != nil {
-		aerr.write(ctx)
-		return
-	}
-	life := r.beginLife(ctx)
-	defer life.release()
-	r.forwardSimple(ctx, life, t, path, id)
-}
-
 // handleModels answers the union of the targets' /v1/models.
-func (r *Router) handleModels(ctx *fasthttp.RequestCtx) {
-	life := r.beginLife(ctx)
+func (r *Router) handleModels(x *exchange) {
+	life := r.beginLife(x.in)
 	defer life.release()
 	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
 	defer cancel()
-	body := r.cat.union(cctx)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	x.in.SetContentType("application/json")
+	x.in.SetBody(r.cat.union(cctx))
+	r.logAnswered(x, "ok")
+}
+
+// handleModel answers GET /v1/models/{id}: the entry of that id in the
+// union of the targets' lists, or an OpenAI-shaped 404.
+func (r *Router) handleModel(x *exchange, id string) {
+	x.model = id
+	life := r.beginLife(x.in)
+	defer life.release()
+	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
+	defer cancel()
+	entry, ok := r.cat.entry(cctx, id)
+	if !ok {
+		r.refuse(x, errUnknownModel(id), "unknown_model")
+		return
+	}
+	x.in.SetContentType("application/json")
+	x.in.SetBody(entry)
+	r.logAnswered(x, "ok")
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -71,12 +71,15 @@ func (t *tokenizers) model(name string, cat *catalog) *tokenize.Model {
 	return m
 }
 
+// estimateTokens guesses a prompt's tokens at about four bytes each.
 func estimateTokens(req *Request) int {
 	switch {
 	case req.HasIDs:
 		return len(req.PromptIDs)
-	case req.Endpoint == EndpointChat:
+	case req.Chat.Messages != nil:
 		return max(1, len(req.Chat.Messages)/4)
+	case req.TextBytes > 0:
+		return max(1, req.TextBytes/4)
 	}
 	return max(1, len(req.PromptText)/4)
 }
@@ -90,16 +93,17 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 		return promptTokens{ids: req.PromptIDs, count: len(req.PromptIDs), source: "ids"}, nil
 	}
 	est := promptTokens{count: estimateTokens(req), source: "estimate"}
-	if req.Endpoint == EndpointChat && req.CustomTemplate {
-		// The pod renders the request's own template; a local render would
-		// be wrong and a remote one is not worth a round trip here.
+	chat := req.Endpoint.rendersChat()
+	if req.PromptUnknown || (chat && req.CustomTemplate) {
+		// The pod renders the request's own template, or a prompt the
+		// router cannot derive: a local render would be wrong and a
+		// remote one is not worth a round trip here.
 		return est, nil
 	}
 	m := t.model(req.Model, cat)
 	if m == nil {
 		return est, nil
 	}
-	chat := req.Endpoint == EndpointChat
 	local := m.EffectiveMode(chat) != tokenize.ModeRemote
 	if !need && !local {
 		return est, nil
@@ -134,10 +138,14 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 	}
 	if err != nil {
 		var re *tokenize.RemoteError
-		if errors.As(err, &re) && re.Status >= 400 && re.Status < 500 && re.Status != 404 && re.Status != 405 {
+		if errors.As(err, &re) && re.Status >= 400 && re.Status < 500 && re.Status != 404 && re.Status != 405 &&
+			req.Endpoint != EndpointResponses {
 			// The pod rejects the request itself (a template that raises,
 			// a prompt too long): it would reject it when proxied too.
-			return est, errBadRequest("", "the model server rejected the prompt: "+re.Body)
+			// Not so a Responses request, which the pod renders from the
+			// client's body, not from the messages the router derived.
+			slog.Info("the model server rejected the prompt when rendering it", "model", req.Model, "err", err)
+			return est, errBadRequest("", "the model server rejected the prompt: "+podMessage(re.Body, url))
 		}
 		// A local render or encode that fails (a template raising, say) is
 		// left for the pod to judge: it routes on load and the pod answers.

@@ -63,6 +63,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
 		serving.int("max-body-bytes", "largest accepted request body (413 beyond)", &s.MaxBodyBytes),
 		serving.bool("debug-headers", "add X-Prefixrouter-* headers naming the chosen target (exposes internal addresses)", &s.DebugHeaders),
+		serving.str("access-log", "one JSON line per API request, written when it ends: a file (appended to) or - for standard output (empty: off)", &s.AccessLog),
 		serving.dur("shutdown-timeout", "how long in-flight requests may drain on SIGTERM", &s.ShutdownTimeout),
 		choice(serving, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
 		choice(serving, "log-format", "text or json", &s.LogFormat, identity, oneOf("text", "json")),
