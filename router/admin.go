@@ -105,7 +105,7 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		writeAPIError(w, &apiError{Status: 500, Message: err.Error(), Type: typeServer})
 		return
 	}
-	d, aerr := r.route(q.Context(), req, true)
+	d, aerr := r.route(q.Context(), nil, req, true)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return

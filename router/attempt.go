@@ -135,6 +135,7 @@ func (a *attempt) run() attemptResult {
 	defer a.endUnlessHandedOff()
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
+	x.life.watchClient()
 	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.in.PostBody(), x.in, x.id))
 	if err != nil {
 		return a.failedBeforeByte(err)

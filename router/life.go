@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"net"
 	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
@@ -28,23 +29,38 @@ var (
 // at server shutdown, and it is recycled after the handler returns. So
 // nothing derives from it.
 //
+// The disconnect watch starts only before the request first waits on the
+// network (watchClient): a decision made on local tokens alone takes
+// microseconds, and a client that leaves during it is seen as the upstream
+// call starts, which then closes the pod's request at once.
+//
 // The handler owns the life and releases it when it returns; a streamed
 // response outlives the handler, so its relay retains the life first and
 // releases it when the stream ends. The last release ends it.
 type clientLife struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	watch  *disconnectWatch
+	conn   net.Conn
+	watch  *disconnectWatch // set by watchClient, on the handler's goroutine
 	refs   atomic.Int32
 }
 
 // beginLife starts the lifetime of the request in rc.
 func (r *Router) beginLife(rc *fasthttp.RequestCtx) *clientLife {
 	ctx, cancel := context.WithCancelCause(r.reqCtx)
-	l := &clientLife{ctx: ctx, cancel: cancel}
+	l := &clientLife{ctx: ctx, cancel: cancel, conn: rc.Conn()}
 	l.refs.Store(1)
-	l.watch = watchDisconnect(rc.Conn(), func() { cancel(errClientGone) })
 	return l
+}
+
+// watchClient starts watching the client connection, once; from then on a
+// disconnect cancels ctx with errClientGone. Call it on the handler's
+// goroutine before a wait on the network: a remote tokenization, an
+// upstream call.
+func (l *clientLife) watchClient() {
+	if l.watch == nil {
+		l.watch = watchDisconnect(l.conn, func() { l.cancel(errClientGone) })
+	}
 }
 
 // retain keeps the life going past the handler's release.

@@ -20,7 +20,7 @@ func (r *Router) handleRouted(x *exchange) {
 	life := r.beginLife(x.in)
 	defer life.release()
 	x.life, x.dec, x.stream = life, r.dec, req.Stream
-	d, aerr := r.route(life.ctx, req, false)
+	d, aerr := r.route(life.ctx, life.watchClient, req, false)
 	x.model = req.Model
 	switch {
 	case aerr != nil:
@@ -84,9 +84,10 @@ func (r *Router) handleForwarded(x *exchange) {
 
 // route resolves the model's targets, tokenizes the prompt and decides.
 // With peek (the dry run) nothing is recorded: round-robin does not
-// advance. ctx bounds a remote tokenization. A request that names no
+// advance. ctx bounds a remote tokenization, and beforeWait (may be nil)
+// runs before one. A request that names no
 // model (responses may leave it out) takes the fleet's only one.
-func (r *Router) route(ctx context.Context, req *Request, peek bool) (*decision, *apiError) {
+func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, peek bool) (*decision, *apiError) {
 	snap := r.mon.Snapshot()
 	if req.Model == "" {
 		model, aerr := r.defaultModel(snap)
@@ -99,15 +100,13 @@ func (r *Router) route(ctx context.Context, req *Request, peek bool) (*decision,
 	if aerr != nil {
 		return nil, aerr
 	}
-	tctx, cancel := context.WithTimeout(ctx, r.cfg.TokenizeTimeout)
-	defer cancel()
-	pt, aerr := r.tok.prompt(tctx, req, r.cat, r.cfg.Policy == PolicyPrecise, func() string {
+	pt, aerr := r.tok.prompt(ctx, req, r.cat, r.cfg.Policy == PolicyPrecise, func() string {
 		// Remote tokenization asks a routable pod of the model.
 		if t, e := r.pickAny(snap, req.Model); e == nil {
 			return t.ID.Endpoint
 		}
 		return ""
-	})
+	}, beforeWait)
 	if aerr != nil {
 		return nil, aerr
 	}

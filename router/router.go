@@ -95,7 +95,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if treg == nil {
 		treg = tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
 	}
-	r.tok = newTokenizers(treg, cfg.Tokenization)
+	r.tok = newTokenizers(treg, cfg.Tokenization, cfg.TokenizeTimeout)
 	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev)
 	r.ch = r.dec.ch
 	// The forwarded endpoints' bodies are no prompt the router keys:

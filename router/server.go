@@ -194,6 +194,7 @@ func (r *Router) pickAny(snap *health.Snapshot, model string) (*health.Target, *
 func (r *Router) handleModels(x *exchange) {
 	life := r.beginLife(x.in)
 	defer life.release()
+	life.watchClient()
 	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
 	defer cancel()
 	x.in.SetContentType("application/json")
@@ -207,6 +208,7 @@ func (r *Router) handleModel(x *exchange, id string) {
 	x.model = id
 	life := r.beginLife(x.in)
 	defer life.release()
+	life.watchClient()
 	cctx, cancel := context.WithTimeout(life.ctx, 3*time.Second)
 	defer cancel()
 	entry, ok := r.cat.entry(cctx, id)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
@@ -30,14 +31,16 @@ type promptTokens struct {
 type tokenizers struct {
 	reg  *tokenize.Registry
 	mode tokenize.Mode
-	mu   sync.Mutex
+	// timeout bounds a call that may wait on a pod (--tokenize-timeout).
+	timeout time.Duration
+	mu      sync.Mutex
 	// noLocal remembers models the router will not tokenize (mode local
 	// without a tokenizer), so the registry is not asked every request.
 	noLocal map[string]bool
 }
 
-func newTokenizers(reg *tokenize.Registry, mode tokenize.Mode) *tokenizers {
-	return &tokenizers{reg: reg, mode: mode, noLocal: make(map[string]bool)}
+func newTokenizers(reg *tokenize.Registry, mode tokenize.Mode, timeout time.Duration) *tokenizers {
+	return &tokenizers{reg: reg, mode: mode, timeout: timeout, noLocal: make(map[string]bool)}
 }
 
 func (t *tokenizers) model(name string, cat *catalog) *tokenize.Model {
@@ -87,8 +90,9 @@ func estimateTokens(req *Request) int {
 // prompt returns the request's prompt tokens. need says the policy needs
 // exact ids; without it a remote round trip is not worth it and the count is
 // estimated unless a local tokenizer makes ids cheap. A local tokenizer
-// returns a stream the caller reads as far as it needs.
-func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string) (promptTokens, *apiError) {
+// returns a stream the caller reads as far as it needs. beforeCall (may be
+// nil) runs before a call that may wait on a pod.
+func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string, beforeCall func()) (promptTokens, *apiError) {
 	if req.HasIDs {
 		return promptTokens{ids: req.PromptIDs, count: len(req.PromptIDs), source: "ids"}, nil
 	}
@@ -129,6 +133,12 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 		// A local render that fails takes the call path below, which in
 		// auto mode asks the pod.
 	}
+	if beforeCall != nil {
+		beforeCall()
+	}
+	// The bound covers the call only: local encoding never waits.
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
 	var res tokenize.Result
 	var err error
 	if chat {
