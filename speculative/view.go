@@ -137,13 +137,14 @@ type Percentiles struct {
 
 // ExposureView is the live unconfirmed predictions and the λ·p·T estimate
 // of live failed ones: λ the recent rate of requests that inserted
-// predictions, p one minus the posterior confirmation rate, T the TTL.
+// predictions, p one minus the posterior confirmation rate, T the TTL
+// (p and T per target only; overall, the sums).
 type ExposureView struct {
-	Live               int64   `json:"live"`
-	RatePerS           float64 `json:"rate_per_s"`
-	FailureProbability float64 `json:"failure_probability"`
-	TTLS               float64 `json:"ttl_s"`
-	Estimate           float64 `json:"estimate"`
+	Live               int64    `json:"live"`
+	RatePerS           float64  `json:"rate_per_s"`
+	FailureProbability *float64 `json:"failure_probability,omitempty"`
+	TTLS               *float64 `json:"ttl_s,omitempty"`
+	Estimate           float64  `json:"estimate"`
 }
 
 // FunnelView follows predictions from insertion to the cached tokens of
@@ -279,8 +280,9 @@ func (s *Store) targetView(t *targetState) (TargetView, targetCounts) {
 	tv.Mature = cohortView(&c.recent)
 	tv.MatureTotal = cohortView(&c.total)
 	tv.Latency = LatencyView{Confirmed: percentiles(c.confirmed), Late: percentiles(c.late)}
-	tv.Exposure = ExposureView{Live: int64(len(t.pending)), RatePerS: t.rate.perSec, FailureProbability: 1 - post, TTLS: ttl.Seconds()}
-	tv.Exposure.Estimate = Exposure(tv.Exposure.RatePerS, tv.Exposure.FailureProbability, ttl)
+	fail, ttlS := 1-post, ttl.Seconds()
+	tv.Exposure = ExposureView{Live: int64(len(t.pending)), RatePerS: t.rate.perSec, FailureProbability: &fail, TTLS: &ttlS,
+		Estimate: Exposure(t.rate.perSec, fail, ttl)}
 	f := &t.funnel
 	tv.Funnel = FunnelView{Inserted: f.inserted, Confirmed: f.confirmed, ConfirmedLate: f.late, Referenced: t.referenced.Load(),
 		Followed: f.followed, FollowerRoutes: f.followerRoutes, FollowerReported: f.followerReported,
