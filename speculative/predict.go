@@ -39,7 +39,6 @@ type prediction struct {
 	// inserted it and those that repeated it while it was pending. It is
 	// withdrawn only when every claim is.
 	claims int32
-	qi     int // index in the deadline queue; -1 when out of it
 	// inserted and deadline (= inserted + TTL) are when it was inserted
 	// and until when it counts; routed is its placement's dispatch, from
 	// which confirmation latency runs; endedAt is when it ended
@@ -169,23 +168,15 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 	if h.withdrawn || h.gen != t.gen || t.removed {
 		return
 	}
-	fresh := 0
-	for _, k := range keys {
-		if t.pending[k] == nil {
-			fresh++
-		}
-	}
-	var c *cohort
-	if fresh > 0 {
-		if c = h.cohort; c == nil || c.mature {
-			c = t.cohorts.current(now)
-		}
-	}
 	deadline := now + t.ttl.Load()
-	// One allocation for the call's new predictions: they die together.
-	slab := make([]prediction, fresh)
-	n := 0
-	for _, k := range keys {
+	var c *cohort
+	// New predictions are allocated together, from the first new key to
+	// the end of keys (claims of pending ones come first in a follower's
+	// prompt, new blocks after them); each allocation is one batch of the
+	// deadline queue.
+	var slab []prediction
+	inserted := 0
+	for i, k := range keys {
 		if p := t.pending[k]; p != nil {
 			if p.owner != h {
 				p.claims++
@@ -193,18 +184,29 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 			}
 			continue
 		}
-		p := &slab[n]
-		n++
-		*p = prediction{key: k, claims: 1, inserted: now, deadline: deadline, routed: h.routed, owner: h, cohort: c}
+		if len(slab) == cap(slab) {
+			if len(slab) > 0 {
+				heap.Push(&t.queue, &batch{deadline: deadline, preds: slab})
+			}
+			slab = make([]prediction, 0, len(keys)-i)
+		}
+		if c == nil {
+			if c = h.cohort; c == nil || c.mature {
+				c = t.cohorts.current(now)
+			}
+		}
+		slab = append(slab, prediction{key: k, claims: 1, inserted: now, deadline: deadline, routed: h.routed, owner: h, cohort: c})
+		p := &slab[len(slab)-1]
 		t.pending[k] = p
-		heap.Push(&t.queue, p)
 		h.preds = append(h.preds, p)
 		c.add(outcomeInserted, p.tokens())
-		t.funnel.inserted++
+		inserted++
 	}
-	if n == 0 {
+	if inserted == 0 {
 		return
 	}
+	heap.Push(&t.queue, &batch{deadline: deadline, preds: slab})
+	t.funnel.inserted += uint64(inserted)
 	c.lastDeadline = max(c.lastDeadline, deadline)
 	if h.cohort == nil {
 		h.cohort = c
@@ -254,7 +256,6 @@ func (s *Store) Confirm(id target.ID, keys []kvindex.Key, at time.Time) {
 
 func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
 	delete(t.pending, p.key)
-	heap.Remove(&t.queue, p.qi)
 	p.state = stateConfirmed
 	p.followers = nil
 	p.cohort.add(outcomeConfirmed, p.tokens())
@@ -288,14 +289,19 @@ func (s *Store) expireLocked(t *targetState, now int64) {
 	if len(t.queue) > 0 && t.queue[0].deadline < now {
 		s.pollLocked(t, now)
 		for len(t.queue) > 0 && t.queue[0].deadline < now {
-			p := heap.Pop(&t.queue).(*prediction)
-			delete(t.pending, p.key)
-			p.qi = -1
-			st := stateExpired
-			if t.unfreshSince(p.inserted) {
-				st = stateUnknown
+			b := heap.Pop(&t.queue).(*batch)
+			for i := range b.preds {
+				p := &b.preds[i]
+				if p.state != statePending {
+					continue
+				}
+				delete(t.pending, p.key)
+				st := stateExpired
+				if t.unfreshSince(p.inserted) {
+					st = stateUnknown
+				}
+				s.finishLocked(t, p, st, p.deadline)
 			}
-			s.finishLocked(t, p, st, p.deadline)
 		}
 	}
 	grace := s.grace()
@@ -314,12 +320,10 @@ func (s *Store) expireLocked(t *targetState, now int64) {
 	t.publishCounts()
 }
 
-// endLocked ends a pending prediction that is still in the queue.
+// endLocked ends a pending prediction before its deadline; its batch
+// passes it by when the deadline comes.
 func (s *Store) endLocked(t *targetState, p *prediction, st state, at int64) {
 	delete(t.pending, p.key)
-	if p.qi >= 0 {
-		heap.Remove(&t.queue, p.qi)
-	}
 	s.finishLocked(t, p, st, at)
 }
 
@@ -347,27 +351,27 @@ func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) 
 	p.followers = nil
 }
 
-// deadlineQueue orders a target's pending predictions by deadline: one
-// heap per target, drained by Run and on access, instead of a timer per
-// prediction.
-type deadlineQueue []*prediction
+// batch is the predictions one Predict or Extend call inserted: they
+// share a deadline.
+type batch struct {
+	deadline int64
+	preds    []prediction
+}
+
+// deadlineQueue orders a target's batches by deadline: one heap per
+// target, drained by Run and on access, instead of a timer per prediction.
+// A batch stays until its deadline; predictions that ended before it are
+// passed by.
+type deadlineQueue []*batch
 
 func (q deadlineQueue) Len() int           { return len(q) }
 func (q deadlineQueue) Less(i, j int) bool { return q[i].deadline < q[j].deadline }
-func (q deadlineQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].qi, q[j].qi = i, j
-}
-func (q *deadlineQueue) Push(x any) {
-	p := x.(*prediction)
-	p.qi = len(*q)
-	*q = append(*q, p)
-}
+func (q deadlineQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *deadlineQueue) Push(x any)        { *q = append(*q, x.(*batch)) }
 func (q *deadlineQueue) Pop() any {
 	old := *q
-	p := old[len(old)-1]
+	b := old[len(old)-1]
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
-	p.qi = -1
-	return p
+	return b
 }

@@ -271,10 +271,8 @@ func (s *Store) Invalidate(id target.ID, reason Reason) {
 	if reason < numReasons {
 		t.invalidations[reason]++
 	}
-	for k, p := range t.pending {
-		delete(t.pending, k)
-		p.qi = -1
-		s.finishLocked(t, p, stateInvalidated, now)
+	for _, p := range t.pending {
+		s.endLocked(t, p, stateInvalidated, now)
 	}
 	clear(t.queue)
 	t.queue = t.queue[:0]
