@@ -16,12 +16,7 @@ import (
 // checks that every prediction is accounted for exactly once.
 func TestConcurrentUse(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := &rig{clock: newRig(t, DefaultConfig()).clock, streams: &fakeStreams{}}
-	s, err := New(DefaultConfig(), Deps{Now: r.clock.Now, Stream: r.streams.get, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Store = s
+	r := newRigOn(t, DefaultConfig(), reg)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg, requestPath sync.WaitGroup
 	const workers, requests = 4, 300

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
@@ -43,10 +45,13 @@ type rig struct {
 	streams *fakeStreams
 }
 
-func newRig(t testing.TB, cfg Config) *rig {
+func newRig(t testing.TB, cfg Config) *rig { return newRigOn(t, cfg, nil) }
+
+// newRigOn is newRig with its metrics registered on reg.
+func newRigOn(t testing.TB, cfg Config, reg prometheus.Registerer) *rig {
 	t.Helper()
 	r := &rig{clock: manualclock.New(), streams: &fakeStreams{}}
-	s, err := New(cfg, Deps{Now: r.clock.Now, Stream: r.streams.get})
+	s, err := New(cfg, Deps{Now: r.clock.Now, Stream: r.streams.get, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,12 +88,7 @@ func TestViewGolden(t *testing.T) {
 // key.
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := &rig{clock: newRig(t, DefaultConfig()).clock, streams: &fakeStreams{}}
-	s, err := New(DefaultConfig(), Deps{Now: r.clock.Now, Stream: r.streams.get, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Store = s
+	r := newRigOn(t, DefaultConfig(), reg)
 	if _, err := New(DefaultConfig(), Deps{Registerer: reg}); err == nil {
 		t.Fatal("a second store registered on the same registry")
 	}
