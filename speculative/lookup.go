@@ -40,8 +40,12 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 	if t == nil || confirmed < 0 || confirmed >= len(keys) || t.live.Load() == 0 {
 		return Extension{}
 	}
-	now := s.clock()
 	t.mu.RLock()
+	if t.pending[keys[confirmed]] == nil {
+		t.mu.RUnlock()
+		return Extension{}
+	}
+	now := s.clock()
 	n := 0
 	for _, k := range keys[confirmed:] {
 		p := t.pending[k]

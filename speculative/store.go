@@ -219,12 +219,17 @@ func (s *Store) forget(id target.ID) {
 // reports a target added; Predict adds unknown targets too.
 func (s *Store) AddTarget(id target.ID) { s.targetOrAdd(id) }
 
-// TTL is the target's current prediction lifetime. Lock-free.
+// TTL is the target's current prediction lifetime (the initial one for a
+// target it does not know). Lock-free. The router's dry run shows it
+// beside each candidate's predicted run.
 func (s *Store) TTL(id target.ID) time.Duration {
 	if t := s.target(id); t != nil {
 		return time.Duration(t.ttl.Load())
 	}
-	return newTTLController(&s.cfg).ttl
+	if s.cfg.TTL > 0 {
+		return s.cfg.TTL
+	}
+	return min(InitialTTL, s.cfg.MaxStale)
 }
 
 // Reason says why a target's predictions were invalidated.

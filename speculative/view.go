@@ -197,7 +197,9 @@ type ArmView struct {
 	TTFTP90          *float64 `json:"ttft_p90_s"`
 }
 
-// View is the debug view now. It takes each target's lock in turn.
+// View is the debug view now; the router serves it as JSON at GET
+// /debug/speculative on the admin listener. It takes each target's lock in
+// turn.
 func (s *Store) View() View {
 	v := View{
 		Config: ConfigView{
