@@ -32,7 +32,7 @@ func TestConcurrentUse(t *testing.T) {
 				prompt := keyRange((i%40)*10, 12) // prompts overlap, so predictions repeat
 				c := r.Assign(Conversation{Model: "m", RequestID: fmt.Sprint(w, i), Keys: prompt})
 				ext := r.Lookup(id, prompt, 2)
-				f := r.Follow(ext.Ref)
+				f := r.Follow(ext.Ref, "follower")
 				h := r.Predict(dispatch(id, "r"), prompt[2:8])
 				h.Extend(prompt[8:])
 				if i%17 == 0 {

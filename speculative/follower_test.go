@@ -1,8 +1,12 @@
 package speculative
 
 import (
+	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/logbuf"
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 )
 
 // TestFalseWarm: a follower routed on predictions is false-warm when one
@@ -40,7 +44,7 @@ func TestFalseWarm(t *testing.T) {
 			h := r.Predict(dispatch(podA, "leader"), keys)
 			r.step(100 * time.Millisecond)
 			ext := r.Lookup(podA, keys, 0)
-			f := r.Follow(ext.Ref)
+			f := r.Follow(ext.Ref, "follower")
 			if f == nil {
 				t.Fatal("no follower")
 			}
@@ -80,7 +84,7 @@ func TestFollowAfterTheLookup(t *testing.T) {
 	// A new prediction of the same keys made since is not what it saw.
 	r.clock.Advance(time.Millisecond)
 	r.Predict(dispatch(podA, "other"), keys)
-	f := r.Follow(ext.Ref)
+	f := r.Follow(ext.Ref, "follower")
 	if f == nil {
 		t.Fatal("the withdrawn predictions were forgotten")
 	}
@@ -93,10 +97,10 @@ func TestFollowAfterTheLookup(t *testing.T) {
 	r2.Predict(dispatch(podA, "leader"), keys)
 	ext = r2.Lookup(podA, keys, 0)
 	r2.Invalidate(podA, ReasonCleared)
-	if f := r2.Follow(ext.Ref); f != nil {
+	if f := r2.Follow(ext.Ref, "follower"); f != nil {
 		t.Fatal("a follower of invalidated predictions")
 	}
-	if f := r2.Follow(Ref{}); f != nil {
+	if f := r2.Follow(Ref{}, "follower"); f != nil {
 		t.Fatal("a follower of nothing")
 	}
 }
@@ -176,5 +180,25 @@ func TestExposureEstimate(t *testing.T) {
 	}
 	if !near(e.Estimate, Exposure(e.RatePerS, val(e.FailureProbability), time.Duration(val(e.TTLS)*float64(time.Second)))) || val(e.FailureProbability) <= 0 || e.Live != 0 {
 		t.Fatalf("exposure %+v", e)
+	}
+}
+
+// TestDebugLogsCorrelate: a withdrawal and a false-warm route are logged
+// at debug level with the requests' correlation ids, which no metric
+// carries.
+func TestDebugLogsCorrelate(t *testing.T) {
+	var buf logbuf.Buffer
+	clock := manualclock.New()
+	s, err := New(DefaultConfig(), Deps{Now: clock.Now, Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Predict(dispatch(podA, "req-leader"), keyRange(0, 3))
+	f := s.Follow(s.Lookup(podA, keyRange(0, 3), 0).Ref, "req-follower")
+	h.Withdraw()
+	s.Record(Outcome{Model: "m", PredictedCached: 48, CachedReported: true, Follower: f})
+	if len(buf.Lines("predictions withdrawn", "request_id=req-leader", "blocks=3")) != 1 ||
+		len(buf.Lines("false-warm route", "request_id=req-follower")) != 1 {
+		t.Fatalf("log:\n%s", buf.String())
 	}
 }

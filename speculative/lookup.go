@@ -88,7 +88,8 @@ func (s *Store) posterior(id target.ID) float64 {
 // accounting: its route is false-warm when a prediction it was routed on
 // later expires unconfirmed or is withdrawn.
 type Follower struct {
-	t *targetState
+	t  *targetState
+	id string // the follower's correlation id: in debug logs, never a label
 	// Guarded by t.mu.
 	failed bool // false-warm: counted in routes
 	// The request's outcome, once recorded.
@@ -99,13 +100,13 @@ type Follower struct {
 	tokensCounted bool
 }
 
-// Follow records that a request was routed on the predictions ref refers
-// to (the chosen candidate's Extension.Ref, when its predicted run counted
-// in the choice: Blocks > 0 and Trust > 0), and returns the follower to
-// pass to Record with the request's outcome; nil when ref refers to
-// nothing still known (the target was invalidated since the lookup). The
-// router calls it at dispatch.
-func (s *Store) Follow(ref Ref) *Follower {
+// Follow records that a request (its correlation id) was routed on the
+// predictions ref refers to (the chosen candidate's Extension.Ref, when its
+// predicted run counted in the choice: Blocks > 0 and Trust > 0), and
+// returns the follower to pass to Record with the request's outcome; nil
+// when ref refers to nothing still known (the target was invalidated
+// since the lookup). The router calls it at dispatch.
+func (s *Store) Follow(ref Ref, requestID string) *Follower {
 	t := ref.t
 	if t == nil || len(ref.keys) == 0 {
 		return nil
@@ -115,7 +116,7 @@ func (s *Store) Follow(ref Ref) *Follower {
 	if t.removed || t.gen != ref.gen {
 		return nil
 	}
-	f := &Follower{t: t}
+	f := &Follower{t: t, id: requestID}
 	found := false
 	for _, k := range ref.keys {
 		p := t.pending[k]
@@ -155,6 +156,7 @@ func (t *targetState) failFollower(f *Follower) {
 	f.failed = true
 	t.funnel.falseWarmRoutes++
 	t.countFalseWarmTokens(f)
+	t.log.Debug("false-warm route: a prediction it was routed on failed", "target", t.name, "request_id", f.id)
 }
 
 // countFalseWarmTokens adds a false-warm route's cost once both its failure

@@ -80,7 +80,7 @@ type Placement struct {
 	s      *Store
 	t      *targetState
 	gen    uint64
-	id     string // correlation id (kept for debugging, never a label)
+	id     string // the request's correlation id: in debug logs, never a label
 	ns     Namespace
 	routed int64
 	// Guarded by t.mu.
@@ -151,6 +151,7 @@ func (h *Placement) Withdraw() {
 		return
 	}
 	h.withdrawn = true
+	ended := 0
 	for _, p := range h.preds {
 		if p.state != statePending {
 			continue
@@ -159,8 +160,10 @@ func (h *Placement) Withdraw() {
 			continue
 		}
 		h.s.endLocked(t, p, stateWithdrawn, now)
+		ended++
 	}
 	t.publishCounts()
+	h.s.log.Debug("predictions withdrawn: the pod rejected the request", "target", t.name, "request_id", h.id, "blocks", ended)
 }
 
 // insertLocked adds h's keys to its target.

@@ -116,6 +116,7 @@ func (s *Store) grace() int64 { return int64(s.cfg.MaxStale) }
 type targetState struct {
 	id   target.ID
 	name string
+	log  *slog.Logger
 
 	// Read without the lock on the request path and the event path.
 	live       atomic.Int64  // pending predictions
@@ -159,7 +160,7 @@ type targetState struct {
 
 func (s *Store) newTargetState(id target.ID) *targetState {
 	t := &targetState{
-		id: id, name: id.String(),
+		id: id, name: id.String(), log: s.log,
 		pending:   make(map[kvindex.Key]*prediction),
 		ended:     make(map[kvindex.Key]*prediction),
 		unfreshAt: math.MinInt64,

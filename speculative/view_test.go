@@ -24,7 +24,7 @@ func scenario(r *rig) {
 	leader := r.Predict(dispatch(podA, "secret-request-id"), keyRange(7777000, 8))
 	r.step(200 * time.Millisecond)
 	ext := r.Lookup(podA, keyRange(7777000, 8), 0)
-	f := r.Follow(ext.Ref)
+	f := r.Follow(ext.Ref, "follower")
 	r.confirm(podA, keyRange(7777000, 5))
 	rejected := r.Predict(dispatch(podA, "rejected"), keyRange(7777100, 2))
 	rejected.Withdraw()
