@@ -69,13 +69,15 @@ func BenchmarkLookup(b *testing.B) {
 func BenchmarkPredict(b *testing.B) {
 	const blocksPerSecond = 20480 / 16
 	for _, c := range []struct {
-		name   string
-		blocks int
-		load   int
+		name    string
+		blocks  int
+		load    int
+		confirm bool // each request's blocks are confirmed about half a second later
 	}{
-		{"8 new blocks", 8, 1},
-		{"125 new blocks", 125, 1},
-		{"125 new blocks, ten pods' worth", 125, 10},
+		{"8 new blocks, all expire", 8, 1, false},
+		{"125 new blocks, all expire", 125, 1, false},
+		{"125 new blocks, ten pods' worth, all expire", 125, 10, false},
+		{"125 new blocks, confirmed, with the confirmations", 125, 1, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			r := newRig(b, DefaultConfig())
@@ -84,6 +86,9 @@ func BenchmarkPredict(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				r.Predict(dispatch(podA, "r"), keyRange(i*c.blocks, c.blocks))
+				if j := i - 5; c.confirm && j >= 0 {
+					r.confirm(podA, keyRange(j*c.blocks, c.blocks))
+				}
 				r.clock.Advance(step)
 				if i%100 == 99 {
 					r.tick()
