@@ -5,30 +5,17 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixrouter/prefixrouter/internal/logbuf"
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// manualClock is a clock that moves only when told.
-type manualClock struct{ ns atomic.Int64 }
-
-func newManualClock() *manualClock {
-	c := &manualClock{}
-	c.ns.Store(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
-	return c
-}
-
-func (c *manualClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *manualClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // fakeEvents is a settable subscriber status per target, standing in for
 // the subscribers (Plane.statusFn).
@@ -58,7 +45,7 @@ func (f *fakeEvents) set(id target.ID, fn func(*kvindex.SubscriberStatus)) {
 
 type testEnv struct {
 	p      *Plane
-	clock  *manualClock
+	clock  *manualclock.Clock
 	events *fakeEvents
 	reg    *prometheus.Registry
 	logs   *logbuf.Buffer
@@ -71,7 +58,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // manual clock and fake subscriber statuses; evaluate judges on demand.
 func newTestPlane(t testing.TB, cfg Config) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: newManualClock(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
+	env := &testEnv{clock: manualclock.New(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
 		logs: &logbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p, err := New(cfg, Deps{Registerer: env.reg, Logger: log, Now: env.clock.Now})

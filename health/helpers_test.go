@@ -15,30 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// fakeClock is a manual clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // fakePod is a vLLM-shaped HTTP server: /health, /v1/models, /metrics.
 type fakePod struct {
@@ -170,7 +149,7 @@ func (r *fakeResolver) set(host string, addrs ...string) {
 
 type testEnv struct {
 	m     *Monitor
-	clock *fakeClock
+	clock *manualclock.Clock
 	reg   *prometheus.Registry
 	ctx   context.Context
 }
@@ -179,7 +158,7 @@ type testEnv struct {
 // defaults.
 func newTestMonitor(t testing.TB, cfg Config, deps Deps) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: newFakeClock(), reg: prometheus.NewRegistry(), ctx: t.Context()}
+	env := &testEnv{clock: manualclock.New(), reg: prometheus.NewRegistry(), ctx: t.Context()}
 	if deps.Now == nil {
 		deps.Now = env.clock.Now
 	}

@@ -58,7 +58,7 @@ func TestUnknownFlagsAndCommandsNameWhatWasMeant(t *testing.T) {
 		{[]string{"serve", "--bogus"}, "unknown flag --bogus"},
 		{[]string{"serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"evnets"}, "unknown command evnets (did you mean events?)"},
-		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, sim, events, tokenize, version, help, h)"},
+		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, sim, events, tokenize, ttl-advise, version, help, h)"},
 		{[]string{"help", "serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"help", "serve", "sim"}, `unexpected argument "sim" (help takes one command)`},
 		{[]string{"serve", "http://h:8000"}, `unexpected argument "http://h:8000" (give every value with its flag, e.g. --NAME VALUE)`},

@@ -74,6 +74,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			simCommand(),
 			eventsCommand(),
 			tokenizeCommand(stderr),
+			ttlAdviseCommand(stderr),
 			versionCommand(),
 			helpCommand(),
 		},

@@ -1,0 +1,319 @@
+package speculative
+
+import (
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// Arm is how a request is routed: with predictions, or without them (the
+// holdback, against which the benefit is measured).
+type Arm uint8
+
+// Arms.
+const (
+	ArmSpeculative Arm = iota
+	ArmHoldback
+	numArms
+)
+
+var armNames = [numArms]string{"speculative", "holdback"}
+
+func (a Arm) String() string {
+	if a < numArms {
+		return armNames[a]
+	}
+	return "unknown"
+}
+
+// Basis says what a conversation's arm was derived from.
+type Basis uint8
+
+// Bases, in the order they are tried.
+const (
+	// BasisOff: the holdback is off; every request is speculative.
+	BasisOff Basis = iota
+	// BasisSession: the X-Session-Id header.
+	BasisSession
+	// BasisUser: the OpenAI user field.
+	BasisUser
+	// BasisPrompt: the first block where the prompt parts from the
+	// prefixes the model's recent traffic shares.
+	BasisPrompt
+	// BasisRequest: none of the above could be read (every block read is
+	// shared, or there are none): the request alone, so the holdback's
+	// share stays right though such a conversation may change arms.
+	BasisRequest
+	numBases
+)
+
+var basisNames = [numBases]string{"off", "session", "user", "prompt", "request"}
+
+func (b Basis) String() string {
+	if b < numBases {
+		return basisNames[b]
+	}
+	return "unknown"
+}
+
+// Conversation is what a request's arm is derived from.
+type Conversation struct {
+	Model     string
+	SessionID string // the X-Session-Id header
+	User      string // the OpenAI user field
+	RequestID string // the last resort (BasisRequest)
+	// Keys are the prompt's block keys as the decision read them; they
+	// must reach past the prefixes the model's traffic shares for the
+	// prompt to be the basis.
+	Keys []kvindex.Key
+}
+
+// Assignment is a request's arm and what it was derived from.
+type Assignment struct {
+	Arm   Arm
+	Basis Basis
+}
+
+// Assign gives a request its arm, stably per conversation: by its session
+// or user when the client names one, otherwise by the first block where
+// the prompt parts from the prefixes the model's recent traffic shares
+// (the first block of the conversation's own content: the same block in
+// every later turn), never by a block every request shares. The share of
+// conversations in the holdback is --holdback. The router calls it before
+// the decision of a request it would route with predictions; a holdback
+// request is decided without them. Every call also feeds the model's
+// record of shared prefixes.
+func (s *Store) Assign(c Conversation) Assignment {
+	hb := s.arms
+	if hb.threshold == 0 {
+		return Assignment{Arm: ArmSpeculative, Basis: BasisOff}
+	}
+	m := hb.model(c.Model)
+	var h uint64
+	basis := BasisRequest
+	part := m.sharing.parting(c.Keys, s.clock())
+	switch {
+	case c.SessionID != "":
+		basis, h = BasisSession, hashString("session", c.SessionID)
+	case c.User != "":
+		basis, h = BasisUser, hashString("user", c.User)
+	case part < len(c.Keys):
+		basis, h = BasisPrompt, mix64(uint64(c.Keys[part]))
+	case c.RequestID != "":
+		h = hashString("request", c.RequestID)
+	default:
+		h = rand.Uint64()
+	}
+	a := Assignment{Arm: ArmSpeculative, Basis: basis}
+	if h < hb.threshold {
+		a.Arm = ArmHoldback
+	}
+	m.mu.Lock()
+	m.bases[basis]++
+	m.mu.Unlock()
+	return a
+}
+
+// hashString hashes a kind and a value (FNV-1a, then mixed): the same
+// conversation gets the same arm in every router replica and after a
+// restart.
+func hashString(kind, v string) uint64 {
+	f := fnv.New64a()
+	f.Write([]byte(kind))
+	f.Write([]byte{0})
+	f.Write([]byte(v))
+	return mix64(f.Sum64())
+}
+
+// mix64 is SplitMix64's finalizer: every input bit moves every output bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Outcome is what the router learned of one routed request once it
+// ended, for the holdback's comparison and the follower's accounting.
+type Outcome struct {
+	Model string
+	Arm   Arm
+	// PromptTokens is the prompt's length as the router counted it;
+	// PredictedCached the tokens it expected the pod to serve from cache.
+	PromptTokens    int
+	PredictedCached int
+	// ReportedCached is usage.prompt_tokens_details.cached_tokens, when
+	// CachedReported.
+	ReportedCached int
+	CachedReported bool
+	// TTFT is the time to the first response byte (0: none).
+	TTFT time.Duration
+	// Follower is what Follow returned at dispatch, or nil.
+	Follower *Follower
+}
+
+// Record takes a request's outcome: its arm's requests, prompt tokens,
+// reported cached tokens and TTFT, and for a follower the funnel's
+// reported cached tokens and, if a prediction it was routed on failed, the
+// prefill tokens its false-warm route cost. The router calls it once per
+// request that reached a pod, when its usage is known.
+func (s *Store) Record(o Outcome) {
+	if o.Follower != nil {
+		o.Follower.record(o.PredictedCached, o.ReportedCached, o.CachedReported)
+	}
+	if o.Arm >= numArms {
+		return
+	}
+	m := s.arms.model(o.Model)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := &m.arms[o.Arm]
+	a.requests++
+	a.promptTokens += int64(max(0, o.PromptTokens))
+	if o.CachedReported {
+		a.reportedRequests++
+		a.cachedTokens += int64(max(0, o.ReportedCached))
+	}
+	if o.TTFT > 0 {
+		a.ttft.add(o.TTFT, false)
+		a.ttftHist.observe(o.TTFT.Seconds())
+	}
+}
+
+// IncrementalReuse is the benefit of speculation in cached tokens: the
+// speculative arm's cached tokens minus the holdback's scaled to the same
+// number of requests (each arm's requests with reported cached tokens).
+// 360,000 cached tokens against a holdback's 210,000 at equal volume give
+// 150,000. ok is false while either arm has no reported request.
+func IncrementalReuse(specCached, specRequests, holdCached, holdRequests int64) (tokens float64, ok bool) {
+	if specRequests <= 0 || holdRequests <= 0 {
+		return 0, false
+	}
+	return float64(specCached) - float64(holdCached)*float64(specRequests)/float64(holdRequests), true
+}
+
+// holdback holds the arms' assignment and numbers per model.
+type holdback struct {
+	fraction  float64
+	threshold uint64 // a conversation hashing below it is held back
+	models    sync.Map
+}
+
+func newHoldback(fraction float64) *holdback {
+	return &holdback{fraction: fraction, threshold: uint64(fraction * math.Exp2(64))}
+}
+
+func (hb *holdback) model(name string) *modelArms {
+	if m, ok := hb.models.Load(name); ok {
+		return m.(*modelArms)
+	}
+	m, _ := hb.models.LoadOrStore(name, &modelArms{arms: [numArms]armStats{newArmStats(), newArmStats()}})
+	return m.(*modelArms)
+}
+
+// modelArms is one model's arms.
+type modelArms struct {
+	sharing sharing
+	mu      sync.Mutex
+	arms    [numArms]armStats
+	bases   [numBases]uint64
+}
+
+// armStats are one arm's numbers.
+type armStats struct {
+	requests, promptTokens         int64
+	reportedRequests, cachedTokens int64
+	ttft                           latencies
+	ttftHist                       histogram
+}
+
+func newArmStats() armStats { return armStats{ttftHist: newHistogram(ttftBuckets)} }
+
+// Recent prefix sharing, per model. A block is shared when the traffic
+// parts after it (recent prompts continued it with at least two different
+// next blocks), and so is every block before it. A conversation's later
+// turns extend its earlier ones and do not part, so the first block after
+// the shared ones on its path stays the same turn after turn; a count of
+// how often each block was seen would not do, since a long conversation's
+// own blocks are seen as often as a shared prompt's.
+const (
+	// sharingWindow: a generation of the record lasts this long (or until
+	// it holds sharingMaxNodes blocks); the record is the current
+	// generation and the last one.
+	sharingWindow   = 5 * time.Minute
+	sharingMaxNodes = 1 << 16
+	// sharingAhead is how many blocks past the last shared block each
+	// prompt records: a deeper parting point (a tenant's few-shot prefix
+	// after a fleet-wide system prompt) is found up to this far beyond.
+	sharingAhead = 32
+)
+
+type sharing struct {
+	mu        sync.Mutex
+	cur, prev map[kvindex.Key]sharedNode
+	started   int64
+}
+
+// sharedNode is what the record knows of a block: the first next block
+// seen, and whether it is shared. Shared blocks are closed under
+// ancestry: a block is marked shared with every block before it.
+type sharedNode struct {
+	next    kvindex.Key
+	hasNext bool
+	shared  bool
+}
+
+// parting records a prompt's blocks and returns the index of its first
+// block after the blocks recent traffic shares: 0 when none is shared,
+// len(keys) when every block read is. Before the second prompt with a
+// given first block arrives nothing is known to be shared, so the first
+// conversation behind a new system prompt is placed by block 0.
+func (sh *sharing) parting(keys []kvindex.Key, now int64) int {
+	if len(keys) == 0 {
+		return 0
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.cur == nil || now-sh.started >= int64(sharingWindow) || len(sh.cur) >= sharingMaxNodes {
+		sh.prev, sh.cur, sh.started = sh.cur, make(map[kvindex.Key]sharedNode), now
+	}
+	// lead: the shared blocks at the start of the path; deepest: the last
+	// shared block on it (a new parting point may lie past lead).
+	lead, deepest := 0, -1
+	for i := 0; i < len(keys) && i <= deepest+1+sharingAhead; i++ {
+		n, ok := sh.cur[keys[i]]
+		changed := !ok
+		if !ok {
+			n = sh.prev[keys[i]]
+		}
+		if i+1 < len(keys) {
+			switch {
+			case !n.hasNext:
+				n.next, n.hasNext, changed = keys[i+1], true, true
+			case !n.shared && n.next != keys[i+1]:
+				n.shared, changed = true, true
+			}
+		}
+		if changed {
+			sh.cur[keys[i]] = n
+		}
+		if n.shared {
+			deepest = i
+			if lead == i {
+				lead++
+			}
+		}
+	}
+	for i := lead; i < deepest; i++ {
+		n := sh.cur[keys[i]]
+		n.shared = true
+		sh.cur[keys[i]] = n
+	}
+	return deepest + 1
+}

@@ -1,0 +1,380 @@
+package speculative
+
+import (
+	"container/heap"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// state is where a prediction stands. Every state but pending is terminal.
+type state uint8
+
+const (
+	statePending state = iota
+	stateConfirmed
+	// stateExpired: the deadline passed unconfirmed on a fresh stream.
+	// A confirmation within the grace window makes it early (p.early),
+	// otherwise it is stale.
+	stateExpired
+	stateInvalidated
+	stateWithdrawn
+	// stateUnknown: the deadline passed unconfirmed while, or after, the
+	// stream was not fresh: the event may have been lost, so it is no
+	// expiry.
+	stateUnknown
+)
+
+// prediction is one (target, key) placement.
+type prediction struct {
+	key   kvindex.Key
+	state state
+	early bool // expired, then confirmed within the grace window
+	// followed: a follower was routed on it (funnel).
+	followed   bool
+	referenced atomic.Bool
+	// claims counts the live placements that predicted it: the one that
+	// inserted it and those that repeated it while it was pending. It is
+	// withdrawn only when every claim is.
+	claims int32
+	// inserted and deadline (= inserted + TTL) are when it was inserted
+	// and until when it counts; routed is its placement's dispatch, from
+	// which confirmation latency runs; endedAt is when it ended
+	// unconfirmed (its deadline for an expiry).
+	inserted, deadline, routed, endedAt int64
+	owner                               *Placement
+	cohort                              *cohort
+	followers                           []*Follower
+}
+
+func (p *prediction) tokens() int64 { return int64(p.owner.ns.BlockSize) }
+
+// Namespace is what a prediction's block belongs to: the request's model,
+// LoRA adapter and cache_salt, and the block geometry. Block keys already
+// fold in what vLLM hashes (adapter, salt, block size), so uniqueness is
+// per (target, key); the namespace labels the accounting.
+type Namespace struct {
+	Model     string
+	LoRA      string
+	CacheSalt string
+	// BlockSize is the tokens in each predicted block (only full blocks
+	// are keyed): the weight of a block in token-weighted rates.
+	BlockSize int
+}
+
+// Dispatch is a routing decision that committed: the target that computes
+// the prompt's prefill (the prefill pod of a disaggregated pair), the
+// request's correlation id and its namespace.
+type Dispatch struct {
+	Target    target.ID
+	RequestID string
+	Namespace Namespace
+}
+
+// Placement is one request's predictions on its target: the handle Predict
+// returns for Extend and Withdraw. A nil *Placement is valid and does
+// nothing. It is safe for concurrent use.
+type Placement struct {
+	s      *Store
+	t      *targetState
+	gen    uint64
+	id     string // the request's correlation id: in debug logs, never a label
+	ns     Namespace
+	routed int64
+	// Guarded by t.mu.
+	preds     []*prediction // inserted or claimed
+	cohort    *cohort       // where the request counts: its first insertion's
+	withdrawn bool
+	// own predictions by outcome, for the request-weighted rate.
+	confirmed, expired int
+}
+
+// Predict records, when a routing decision commits, the blocks the chosen
+// target does not hold yet: keys are the prompt's block keys beyond the
+// target's confirmed run, in prompt order. Each new (target, key) is a
+// prediction with deadline now + TTL(target); a key already pending on the
+// target is not a new prediction (the placement only claims it). The
+// router calls it at dispatch, for every attempt and in both holdback
+// arms, with the keys the decision read (possibly none: Extend adds the
+// rest).
+func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
+	t := s.targetOrAdd(d.Target)
+	now := s.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.expireLocked(t, now)
+	h := &Placement{s: s, t: t, gen: t.gen, id: d.RequestID, ns: d.Namespace, routed: now,
+		preds: make([]*prediction, 0, len(keys))}
+	if d.Namespace.Model != "" {
+		t.model = d.Namespace.Model
+	}
+	s.insertLocked(t, h, keys, now)
+	return h
+}
+
+// Extend adds the keys of the rest of the prompt, once the prompt's tail
+// has keyed it: the blocks beyond those given to Predict, each a new
+// prediction (deadline now + TTL) unless already pending. Lookups made
+// before the extension never saw it. A withdrawn placement, or one made
+// before the target was invalidated, adds nothing. The router's prompt
+// tail calls it when it finishes.
+func (h *Placement) Extend(keys []kvindex.Key) {
+	if h == nil || len(keys) == 0 {
+		return
+	}
+	t := h.t
+	now := h.s.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h.s.expireLocked(t, now)
+	h.s.insertLocked(t, h, keys, now)
+}
+
+// Withdraw ends the placement's pending predictions at once: the pod
+// rejected the request before computing anything (a 4xx or 5xx before the
+// first byte), so no event will confirm them. A prediction another live
+// placement repeated stays. Followers routed on a withdrawn prediction are
+// false-warm. The router calls it from the attempt that got the
+// rejection; a client cancel must not withdraw (the pod may have stored
+// blocks already).
+func (h *Placement) Withdraw() {
+	if h == nil {
+		return
+	}
+	t := h.t
+	now := h.s.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h.withdrawn {
+		return
+	}
+	h.withdrawn = true
+	ended := 0
+	for _, p := range h.preds {
+		if p.state != statePending {
+			continue
+		}
+		if p.claims--; p.claims > 0 {
+			continue
+		}
+		h.s.endLocked(t, p, stateWithdrawn, now)
+		ended++
+	}
+	t.publishCounts()
+	h.s.log.Debug("predictions withdrawn: the pod rejected the request", "target", t.name, "request_id", h.id, "blocks", ended)
+}
+
+// insertLocked adds h's keys to its target.
+func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, now int64) {
+	if h.withdrawn || h.gen != t.gen || t.removed {
+		return
+	}
+	deadline := now + t.ttl.Load()
+	var c *cohort
+	// New predictions are allocated together, from the first new key to
+	// the end of keys (claims of pending ones come first in a follower's
+	// prompt, new blocks after them); each allocation is one batch of the
+	// deadline queue.
+	var slab []prediction
+	inserted := 0
+	for i, k := range keys {
+		if p := t.pending[k]; p != nil {
+			if p.owner != h {
+				p.claims++
+				h.preds = append(h.preds, p)
+			}
+			continue
+		}
+		if len(slab) == cap(slab) {
+			if len(slab) > 0 {
+				heap.Push(&t.queue, &batch{deadline: deadline, preds: slab})
+			}
+			slab = make([]prediction, 0, len(keys)-i)
+		}
+		if c == nil {
+			if c = h.cohort; c == nil || c.mature {
+				c = t.cohorts.current(now)
+			}
+		}
+		slab = append(slab, prediction{key: k, claims: 1, inserted: now, deadline: deadline, routed: h.routed, owner: h, cohort: c})
+		p := &slab[len(slab)-1]
+		t.pending[k] = p
+		h.preds = append(h.preds, p)
+		c.add(outcomeInserted, p.tokens())
+		inserted++
+	}
+	if inserted == 0 {
+		return
+	}
+	heap.Push(&t.queue, &batch{deadline: deadline, preds: slab})
+	t.funnel.inserted += uint64(inserted)
+	c.lastDeadline = max(c.lastDeadline, deadline)
+	if h.cohort == nil {
+		h.cohort = c
+		c.reqs = append(c.reqs, h)
+		t.rate.requests++
+	}
+	t.publishCounts()
+}
+
+// Confirm is the event path: the target stored keys (a BlockStored in any
+// tier) and the router applied the event at at. A pending prediction of
+// one of them whose deadline has not passed is confirmed, with its
+// route-to-confirmation latency; one that expired within the grace window
+// before becomes an early expiry (its latency recorded as late). A
+// prediction of the target's previous generation is never confirmed. The
+// kvindex.Observer from Observer calls it for every stored batch.
+func (s *Store) Confirm(id target.ID, keys []kvindex.Key, at time.Time) {
+	t := s.target(id)
+	if t == nil || t.live.Load() == 0 && t.lateable.Load() == 0 {
+		return
+	}
+	ts := s.since(at)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.expireLocked(t, ts)
+	polled := false
+	for _, k := range keys {
+		p := t.pending[k]
+		if p == nil {
+			p = t.ended[k]
+			if p == nil || p.state != stateExpired || p.early || p.cohort.mature || ts-p.deadline > s.grace() {
+				continue
+			}
+		}
+		if !polled {
+			s.pollLocked(t, ts)
+			polled = true
+		}
+		if p.state == statePending {
+			s.confirmLocked(t, p, ts)
+		} else {
+			s.lateLocked(t, p, ts)
+		}
+	}
+	t.publishCounts()
+}
+
+func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
+	delete(t.pending, p.key)
+	p.state = stateConfirmed
+	p.followers = nil
+	p.cohort.add(outcomeConfirmed, p.tokens())
+	p.owner.confirmed++
+	t.funnel.confirmed++
+	if !t.unfreshSince(p.inserted) {
+		lat := time.Duration(ts - p.routed)
+		t.lat.add(lat, false)
+		t.latHist[0].observe(lat.Seconds())
+	}
+}
+
+// lateLocked makes an expiry early: its confirmation came within the
+// grace window after the deadline.
+func (s *Store) lateLocked(t *targetState, p *prediction, ts int64) {
+	p.early = true
+	p.cohort.add(outcomeEarly, p.tokens())
+	t.funnel.late++
+	if !t.unfreshSince(p.inserted) {
+		lat := time.Duration(ts - p.routed)
+		t.lat.add(lat, true)
+		t.latHist[1].observe(lat.Seconds())
+	}
+}
+
+// expireLocked ends every prediction whose deadline passed before now, in
+// deadline order: expired on a fresh stream, unknown when the stream was
+// not fresh at some time since it was inserted. It also forgets ended
+// predictions past the grace window.
+func (s *Store) expireLocked(t *targetState, now int64) {
+	if len(t.queue) > 0 && t.queue[0].deadline < now {
+		s.pollLocked(t, now)
+		for len(t.queue) > 0 && t.queue[0].deadline < now {
+			b := heap.Pop(&t.queue).(*batch)
+			for i := range b.preds {
+				p := &b.preds[i]
+				if p.state != statePending {
+					continue
+				}
+				delete(t.pending, p.key)
+				st := stateExpired
+				if t.unfreshSince(p.inserted) {
+					st = stateUnknown
+				}
+				s.finishLocked(t, p, st, p.deadline)
+			}
+		}
+	}
+	grace := s.grace()
+	for t.endedHead < len(t.endedFIFO) && now-t.endedFIFO[t.endedHead].endedAt > grace {
+		p := t.endedFIFO[t.endedHead]
+		t.endedFIFO[t.endedHead] = nil
+		t.endedHead++
+		if t.ended[p.key] == p {
+			delete(t.ended, p.key)
+		}
+	}
+	if t.endedHead > 64 && t.endedHead*2 > len(t.endedFIFO) {
+		t.endedFIFO = append(t.endedFIFO[:0], t.endedFIFO[t.endedHead:]...)
+		t.endedHead = 0
+	}
+	t.publishCounts()
+}
+
+// endLocked ends a pending prediction before its deadline; its batch
+// passes it by when the deadline comes.
+func (s *Store) endLocked(t *targetState, p *prediction, st state, at int64) {
+	delete(t.pending, p.key)
+	s.finishLocked(t, p, st, at)
+}
+
+// finishLocked records a prediction's unconfirmed end.
+func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) {
+	p.state, p.endedAt = st, at
+	switch st {
+	case stateExpired:
+		p.cohort.add(outcomeExpired, p.tokens())
+		p.owner.expired++
+	case stateWithdrawn:
+		p.cohort.add(outcomeWithdrawn, p.tokens())
+	case stateInvalidated:
+		p.cohort.add(outcomeInvalidated, p.tokens())
+	case stateUnknown:
+		p.cohort.add(outcomeUnknown, p.tokens())
+	}
+	if st == stateExpired || st == stateWithdrawn {
+		t.ended[p.key] = p
+		t.endedFIFO = append(t.endedFIFO, p)
+		for _, f := range p.followers {
+			t.failFollower(f)
+		}
+	}
+	p.followers = nil
+}
+
+// batch is the predictions one Predict or Extend call inserted: they
+// share a deadline.
+type batch struct {
+	deadline int64
+	preds    []prediction
+}
+
+// deadlineQueue orders a target's batches by deadline: one heap per
+// target, drained by Run and on access, instead of a timer per prediction.
+// A batch stays until its deadline; predictions that ended before it are
+// passed by.
+type deadlineQueue []*batch
+
+func (q deadlineQueue) Len() int           { return len(q) }
+func (q deadlineQueue) Less(i, j int) bool { return q[i].deadline < q[j].deadline }
+func (q deadlineQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *deadlineQueue) Push(x any)        { *q = append(*q, x.(*batch)) }
+func (q *deadlineQueue) Pop() any {
+	old := *q
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return b
+}
