@@ -66,6 +66,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock; nil: time.Now.
 	Now func() time.Time
+	// Observer is told of every placement change once the index has it
+	// (the speculative placements confirm and invalidate from it); its
+	// callbacks run on the subscribers' goroutines.
+	Observer kvindex.Observer
 }
 
 // Plane owns what each target's KV-event stream says and how far to trust
@@ -90,6 +94,8 @@ type Plane struct {
 	metrics *kvindex.Metrics
 	index   *kvindex.Index
 	algo    kvindex.HashAlgo // from the configuration; 0: learn
+	// observer is Deps.Observer, handed to the ingestor.
+	observer kvindex.Observer
 
 	keys atomic.Pointer[Keys]
 	// view is what request goroutines read without locks, rebuilt by
@@ -166,6 +172,8 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 		streams: make(map[target.ID]*stream),
 		caches:  make(map[target.ID]Cache),
 		caps:    make(map[target.ID]int),
+
+		observer: deps.Observer,
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -442,7 +450,7 @@ func (p *Plane) configureLocked(blockSize int, algo string) (bool, error) {
 		ks.Keyer, ks.Mode, ks.Algo = tk, kvindex.ModeTokenDerived, "token-derived"
 		icfg.Mode, icfg.TokenKeyer = kvindex.ModeTokenDerived, tk
 	}
-	in, err := kvindex.NewIngestor(p.index, icfg, kvindex.Observer{})
+	in, err := kvindex.NewIngestor(p.index, icfg, p.observer)
 	if err != nil {
 		return false, fmt.Errorf("event plane: ingestor: %w", err)
 	}

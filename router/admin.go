@@ -21,6 +21,7 @@ func (r *Router) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /debug/targets", r.handleDebugTargets)
+	mux.HandleFunc("GET /debug/speculative", r.handleDebugSpeculative)
 	mux.HandleFunc("POST /debug/route/v1/completions", func(w http.ResponseWriter, q *http.Request) {
 		r.handleDryRun(w, q, EndpointCompletions)
 	})
@@ -63,10 +64,12 @@ type DryCandidate struct {
 	// ConfirmedBlocks is the candidate's run over the whole prompt, looked
 	// up once the rest was encoded; Cost is the decision's, on the blocks
 	// it looked up.
-	ConfirmedBlocks   int      `json:"confirmed_blocks"`
-	SpeculativeBlocks int      `json:"speculative_blocks"`
-	Cost              float64  `json:"cost"`
-	Load              LoadView `json:"load"`
+	ConfirmedBlocks   int `json:"confirmed_blocks"`
+	SpeculativeBlocks int `json:"speculative_blocks"`
+	// PredictionTrust weighs the speculative blocks (speculative policy).
+	PredictionTrust float64  `json:"prediction_trust"`
+	Cost            float64  `json:"cost"`
+	Load            LoadView `json:"load"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -105,7 +108,7 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		writeAPIError(w, &apiError{Status: 500, Message: err.Error(), Type: typeServer})
 		return
 	}
-	d, aerr := r.route(q.Context(), nil, req, true)
+	d, aerr := r.route(q.Context(), nil, req, "", true)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
@@ -128,7 +131,7 @@ func dryRunOf(d *decision, tail *promptTail) DryRun {
 	for i, c := range d.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{
 			Target: c.Target.ID.Endpoint, Rank: c.Target.ID.Rank, Routable: c.Routable,
-			ConfirmedBlocks: d.view(tail, i).confirmed, SpeculativeBlocks: c.SpeculativeBlocks,
+			ConfirmedBlocks: d.view(tail, i).confirmed, SpeculativeBlocks: c.SpeculativeBlocks, PredictionTrust: c.PredictionWeight,
 			Cost: c.Cost, Load: c.Load,
 		})
 	}
@@ -191,4 +194,16 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 		v.Health.Targets = append(v.Health.Targets, dt)
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// handleDebugSpeculative serves the predicted placements' view: every
+// target's TTL and why, trust, pending and mature predictions, rates,
+// latencies, exposure, funnel, false-warm routes and the holdback arms.
+func (r *Router) handleDebugSpeculative(w http.ResponseWriter, _ *http.Request) {
+	if r.spec == nil {
+		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: typeNotFound, Code: "not_found",
+			Message: "no predicted placements: the router runs --policy " + r.cfg.Policy.String() + ", not speculative"})
+		return
+	}
+	writeJSON(w, http.StatusOK, r.spec.View())
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
 // exchange is one client request on the API listener, and for one sent to
@@ -82,13 +83,18 @@ type attempt struct {
 	n    int // 0 for the first attempt, then retries
 	name string
 
-	flight  health.Flight
-	expect  eventplane.Expectation
-	call    *call
-	resp    *upResponse
-	bufp    *[]byte
-	first   []byte
-	decided time.Duration // arrival to dispatch
+	flight health.Flight
+	expect eventplane.Expectation
+	// placement is the blocks this attempt's target is predicted to
+	// store (speculative policy); follower says the choice leaned on
+	// predicted blocks, for the false-warm accounting.
+	placement *speculative.Placement
+	follower  *speculative.Follower
+	call      *call
+	resp      *upResponse
+	bufp      *[]byte
+	first     []byte
+	decided   time.Duration // arrival to dispatch
 
 	// What the client got, set before end.
 	answered  bool // the pod's answer (status and first bytes) was relayed
@@ -116,6 +122,9 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 		a.expect = r.ev.Dispatch(c.Target.ID)
 	}
 	x.tail.hold(&a.flight, d.chosen)
+	if d.predicting && x.ep.routed() {
+		a.predict(c)
+	}
 	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
 		ap.record(c.Target.ID, d.approxChunks)
 	}
@@ -127,6 +136,22 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	r.met.overhead.WithLabelValues(x.dec.policyName).Observe(a.decided.Seconds())
 	a.call = newCall(x.life.ctx)
 	return a
+}
+
+// predict records the blocks the chosen candidate does not hold yet as
+// predicted placements on it (the rest of the prompt follows when the
+// tail has keyed it), and, when its predicted run counted in the choice,
+// the request as a follower of those predictions.
+func (a *attempt) predict(c *Candidate) {
+	d, x, spec := a.d, a.x, a.x.dec.spec
+	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
+	a.placement = spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: x.id,
+		Namespace: speculative.Namespace{Model: x.model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize}},
+		d.chain.Keys[from:])
+	x.tail.predict(a.placement)
+	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
+		a.follower = spec.Follow(c.predicted, x.id)
+	}
 }
 
 // run sends the request and answers the client, or reports that another
@@ -150,6 +175,7 @@ func (a *attempt) run() attemptResult {
 	}
 	a.first = (*a.bufp)[:n]
 	if reason := a.retryableAnswer(); reason != "" {
+		a.placement.Withdraw() // the pod computed nothing
 		a.label = "upstream_error"
 		a.upstreamFailed(reason, "HTTP "+itoa(resp.StatusCode)+", tried on another target: "+string(a.first[:min(len(a.first), 256)]))
 		return attemptRetryable
@@ -210,6 +236,9 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 		return attemptDone
 	}
 	a.label = "upstream_error"
+	// Refused, reset or closed before any answer: the pod stored nothing
+	// of this request.
+	a.placement.Withdraw()
 	a.upstreamFailed(upstreamBeforeFirstByte, err.Error())
 	r.log.Warn("target failed before the first byte", "request_id", a.x.id, "target", a.name, "err", err)
 	return attemptRetryable
@@ -231,6 +260,12 @@ func (a *attempt) answer() {
 		a.predicted = v.predicted
 	}
 	a.answered, a.status, a.sent, a.ttft = true, resp.StatusCode, resp.StatusCode, time.Since(x.start)
+	if resp.StatusCode >= 400 {
+		// Rejected before computing anything: its predictions will not
+		// be confirmed. (A client that cancels keeps them: the pod may
+		// have stored blocks already.)
+		a.placement.Withdraw()
+	}
 	if resp.StatusCode >= 500 {
 		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", relayed to the client: no other target to try")
 	}

@@ -5,24 +5,28 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // Policy is how the router picks a target among the routable candidates.
 type Policy uint8
 
-// Policies. Speculative is precise plus predicted placements; it arrives with
-// the speculative package and has its seam in Candidate.SpeculativeBlocks.
+// Policies. Speculative is precise plus predicted placements: the blocks
+// a target was just sent and has not announced yet count, weighted by how
+// often that target's predictions were confirmed.
 const (
 	PolicyRoundRobin Policy = iota + 1
 	PolicyLeastLoad
 	PolicyApproximate
 	PolicyPrecise
+	PolicySpeculative
 )
 
 var policyNames = map[Policy]string{
@@ -30,26 +34,28 @@ var policyNames = map[Policy]string{
 	PolicyLeastLoad:   "least-load",
 	PolicyApproximate: "approximate",
 	PolicyPrecise:     "precise",
+	PolicySpeculative: "speculative",
 }
 
 func (p Policy) String() string { return policyNames[p] }
 
-// ParsePolicy accepts round-robin, least-load, approximate or precise.
+// readsPrompt reports whether the policy routes on the prompt's blocks.
+func (p Policy) readsPrompt() bool { return p == PolicyPrecise || p == PolicySpeculative }
+
+// ParsePolicy accepts the names PolicyNames lists.
 func ParsePolicy(s string) (Policy, error) {
 	for p, n := range policyNames {
 		if n == s {
 			return p, nil
 		}
 	}
-	if s == "speculative" {
-		return 0, fmt.Errorf("policy speculative is not available yet (it needs the speculative package); use precise")
-	}
-	return 0, fmt.Errorf("unknown policy %q (want round-robin, least-load, approximate or precise)", s)
+	names := PolicyNames()
+	return 0, fmt.Errorf("unknown policy %q (want %s or %s)", s, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
 }
 
 // PolicyNames lists the accepted policy names.
 func PolicyNames() []string {
-	return []string{"round-robin", "least-load", "approximate", "precise"}
+	return []string{"round-robin", "least-load", "approximate", "precise", "speculative"}
 }
 
 // CostConfig weights the terms of the precise cost, all in prefill-token
@@ -103,19 +109,23 @@ type Candidate struct {
 	// says the target holds; Weighted is the same run weighted by tier.
 	ConfirmedBlocks int
 	Weighted        float64
-	// SpeculativeBlocks extends the run with predicted placements (the seam
-	// for the speculative policy; zero for now).
+	// SpeculativeBlocks extends the run with predicted placements
+	// (speculative policy): blocks sent to the target and not announced
+	// yet; PredictionWeight weighs them (speculative.Store.Trust: the
+	// target's confirmation rate, 0 while its event stream is not fresh).
 	SpeculativeBlocks int
+	PredictionWeight  float64
 	// Trust weights the confirmed run by the verdict on the target's event
-	// stream (eventplane.Verdict.ConfirmedWeight); Trusted says predictions
-	// may count (Verdict.Trusted).
-	Trust   float64
-	Trusted bool
+	// stream (eventplane.Verdict.ConfirmedWeight).
+	Trust float64
 	// ApproxChunks is the approximate policy's matched prefix chunks.
 	ApproxChunks int
 	Cost         float64
 	Load         LoadView
 	excluded     bool
+	// predicted refers to the predictions SpeculativeBlocks counted, for
+	// the follower accounting.
+	predicted speculative.Ref
 }
 
 // choice is the chooser's answer: a candidate and why.
@@ -171,10 +181,7 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 		}
 		running = math.Max(running, float64(l.Running))
 	}
-	blocks := cd.Weighted * cd.Trust
-	if cd.Trusted {
-		blocks += float64(cd.SpeculativeBlocks)
-	}
+	blocks := cd.Weighted*cd.Trust + float64(cd.SpeculativeBlocks)*cd.PredictionWeight
 	cached := blocks * float64(blockSize)
 	cached = math.Min(cached, float64(promptTokens))
 	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
@@ -242,7 +249,11 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	}
 	i := minCost(cands, usable)
 	cd := &cands[i]
+	predicted := cd.SpeculativeBlocks > 0 && cd.PredictionWeight > 0
 	switch {
+	case predicted:
+		return choice{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks and %d predicted (trust %.2f)",
+			cd.ConfirmedBlocks, cd.SpeculativeBlocks, cd.PredictionWeight)}
 	case cd.ConfirmedBlocks > 0 && cd.Trust > 0:
 		return choice{idx: i, reason: fmt.Sprintf("lowest cost; confirmed run of %d blocks", cd.ConfirmedBlocks)}
 	case blockSize == 0:

@@ -18,8 +18,8 @@ func cand(name string, confirmed int, verdict eventplane.Verdict, l LoadView) Ca
 		Target:          &health.Target{ID: target.ID{Endpoint: name}},
 		Routable:        true,
 		ConfirmedBlocks: confirmed, Weighted: float64(confirmed),
-		Trust: verdict.ConfirmedWeight(), Trusted: verdict.Trusted(),
-		Load: l,
+		Trust: verdict.ConfirmedWeight(),
+		Load:  l,
 	}
 }
 

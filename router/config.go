@@ -12,6 +12,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/positive"
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -81,6 +82,10 @@ type Config struct {
 	// --hash-seed, --block-size) and how the targets' KV-event streams are
 	// judged (--events-*).
 	Events eventplane.Config
+	// Speculative configures the predicted placements of the speculative
+	// policy (--speculative-ttl, --speculative-ttl-percentile,
+	// --speculative-max-stale, --holdback); other policies ignore it.
+	Speculative speculative.Config
 }
 
 // DefaultConfig returns the defaults, which are also the serve command's.
@@ -102,6 +107,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:  30 * time.Second,
 		Health:           health.DefaultConfig(),
 		Events:           eventplane.DefaultConfig(),
+		Speculative:      speculative.DefaultConfig(),
 	}
 }
 
@@ -168,6 +174,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Events.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Speculative.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if h := c.Health; len(h.Endpoints) == 0 && h.EndpointsFile == "" && len(h.DiscoverDNS) == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -26,10 +27,13 @@ type decider struct {
 	// block size, and in exact mode the hash algorithm, are known) and
 	// how far each stream is trusted.
 	plane *eventplane.Plane
+	// spec holds the predicted placements (speculative policy; nil
+	// otherwise): a target's predicted run extends its confirmed one.
+	spec *speculative.Store
 }
 
-func newDecider(p Policy, cost CostConfig, plane *eventplane.Plane) *decider {
-	return &decider{policy: p, policyName: p.String(), ch: newChooser(p, cost), plane: plane}
+func newDecider(p Policy, cost CostConfig, plane *eventplane.Plane, spec *speculative.Store) *decider {
+	return &decider{policy: p, policyName: p.String(), ch: newChooser(p, cost), plane: plane, spec: spec}
 }
 
 // decisionInput is everything one decision reads.
@@ -44,8 +48,11 @@ type decisionInput struct {
 	// approxText is what the approximate policy hashes (its policy only).
 	approxText []byte
 	// peek leaves policy state untouched (the dry run): round-robin does
-	// not advance.
+	// not advance, and no holdback arm is drawn.
 	peek bool
+	// conversation names the request's conversation for its holdback arm
+	// (speculative policy): the client's session and user, the request id.
+	conversation speculative.Conversation
 }
 
 // errNoRoutable: no candidate can take the request.
@@ -85,6 +92,12 @@ type decision struct {
 	settled      bool
 	asOf         kvindex.StoreMark
 	approxChunks []uint64
+	// arm is the request's holdback arm (speculative policy): the
+	// holdback decides without predictions. predicting says the request
+	// records predicted placements (both arms), so the whole prompt is
+	// keyed, its tail after dispatch.
+	arm        speculative.Arm
+	predicting bool
 }
 
 // target is the chosen candidate.
@@ -113,12 +126,13 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 	if ks != nil {
 		d.blockSize = ks.BlockSize
 	}
-	precise := dc.policy == PolicyPrecise
+	precise := dc.policy.readsPrompt()
 	pt := in.prompt
+	d.extras = in.extras
 	if ks != nil && (pt.ids != nil || (pt.stream != nil && precise)) {
 		var err error
 		if pt.stream != nil {
-			d.keyer, d.extras = ks.Keyer, in.extras
+			d.keyer = ks.Keyer
 			err = dc.readUntilDecided(d)
 		} else {
 			err = ks.Keyer.Extend(&d.chain, pt.ids, in.extras)
@@ -131,6 +145,10 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 			var mbuf [16]kvindex.Match
 			matchInto(d.cands, dc.plane.Index().Lookup(mbuf[:0], keys))
 		}
+	}
+	if dc.spec != nil && d.blockSize > 0 {
+		d.predicting = true
+		dc.predict(d, in)
 	}
 	if dc.ch.approx != nil {
 		d.approxChunks = approxChunks(nil, in.approxText)
@@ -146,6 +164,43 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 			d.cands[d.chosen].ConfirmedBlocks)
 	}
 	return d, nil
+}
+
+// predict draws the request's holdback arm and, in the speculative arm,
+// extends each routable candidate's confirmed run with its pending
+// predictions, weighted by the target's trust in them.
+func (dc *decider) predict(d *decision, in decisionInput) {
+	d.arm = speculative.ArmSpeculative
+	if !in.peek {
+		conv := in.conversation
+		conv.Model, conv.Keys = in.model, d.chain.Keys
+		d.arm = dc.spec.Assign(conv).Arm
+	}
+	if d.arm != speculative.ArmSpeculative {
+		return
+	}
+	for i := range d.cands {
+		c := &d.cands[i]
+		if !c.Routable || c.Trust == 0 {
+			continue
+		}
+		ext := dc.spec.Lookup(c.Target.ID, d.chain.Keys, c.ConfirmedBlocks)
+		if ext.Blocks > 0 {
+			c.SpeculativeBlocks, c.PredictionWeight, c.predicted = ext.Blocks, dc.spec.Trust(c.Target.ID), ext.Ref
+		}
+	}
+}
+
+// predictedHere reports whether some routable candidate has a pending
+// prediction of the block key: a predicted run may reach it even where no
+// confirmed one does.
+func (dc *decider) predictedHere(d *decision, key kvindex.Key) bool {
+	for i := range d.cands {
+		if c := &d.cands[i]; c.Routable && dc.spec.Pending(c.Target.ID, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // without decides again after the chosen target failed before its first
@@ -175,7 +230,7 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 // not at all while its keys are found to disagree with the pod's).
 func (dc *decider) candidate(t *health.Target) Candidate {
 	tr := dc.plane.Trust(t.ID)
-	return Candidate{Target: t, Routable: t.CanRoute(), Trusted: tr.Predictions, Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
+	return Candidate{Target: t, Routable: t.CanRoute(), Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
 }
 
 // hasAlternative reports whether a retry could find another routable
@@ -226,10 +281,13 @@ func (dc *decider) readUntilDecided(d *decision) error {
 			return err
 		}
 		if n := len(d.chain.Keys); n > before {
-			if !ix.Extend(&reach, d.chain.Keys[before:]) {
+			if !ix.Extend(&reach, d.chain.Keys[before:]) && (dc.spec == nil || !dc.predictedHere(d, d.chain.Keys[n-1])) {
 				break
 			}
-			if n >= checkFrom && !st.Done() {
+			// With predictions a run may reach past any confirmed
+			// holder's, and the settle check knows only the index: read
+			// on to the first block no one holds, confirmed or predicted.
+			if dc.spec == nil && n >= checkFrom && !st.Done() {
 				done, looked := dc.settles(d, &reach, st.EstimateCount())
 				if done {
 					d.settled, d.asOf = true, ix.MarkStores()
@@ -308,15 +366,13 @@ func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, 
 
 // predictedFor is the number of prompt tokens the router expects candidate
 // c to serve from its cache, given its confirmed run of blocks and a
-// prompt of count tokens: the trusted run (plus trusted predictions).
+// prompt of count tokens: the trusted run, plus the predicted blocks
+// weighted by the trust in them.
 func (d *decision) predictedFor(c *Candidate, blocks, count int) int {
 	if c.Trust == 0 || d.blockSize == 0 {
 		return 0
 	}
-	n := blocks * d.blockSize
-	if c.Trusted {
-		n += c.SpeculativeBlocks * d.blockSize
-	}
+	n := blocks*d.blockSize + int(float64(c.SpeculativeBlocks*d.blockSize)*c.PredictionWeight)
 	// vLLM never serves the whole prompt from cache: the last token is
 	// always computed, so hits stop at the last full block before it.
 	if count > 0 {

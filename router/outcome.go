@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fastjson"
 )
@@ -259,10 +260,13 @@ func (r *Router) recordOutcome(a *attempt) {
 	}
 	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: x.tail, usage: a.usage,
 		measure: a.answered && a.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
+	if a.answered && a.d.predicting && x.ep.routed() {
+		rec.spec, rec.follower, rec.ttft = x.dec.spec, a.follower, a.ttft
+	}
 	if r.alog != nil {
 		rec.alog, rec.line = r.alog, a.attemptLine(took)
 	}
-	if !rec.measure && rec.line == nil {
+	if !rec.measure && rec.line == nil && rec.spec == nil {
 		return
 	}
 	if x.tail.finished() {
@@ -295,6 +299,11 @@ type promptOutcome struct {
 	// line is the request's access line, written once the prompt is known.
 	line *accessLine
 	alog *accessLog
+	// spec takes the outcome of a request routed with predicted
+	// placements in mind (either holdback arm), with its follower.
+	spec     *speculative.Store
+	follower *speculative.Follower
+	ttft     time.Duration
 }
 
 // record compares the cached tokens the pod reported with the router's
@@ -308,6 +317,11 @@ func (o *promptOutcome) record() {
 	}
 	if o.measure {
 		o.measureCache(v, prompt)
+	}
+	if o.spec != nil {
+		o.spec.Record(speculative.Outcome{Model: o.model, Arm: o.d.arm, PromptTokens: int(prompt),
+			PredictedCached: v.predicted, ReportedCached: int(u.cachedTokens), CachedReported: u.cachedKnown,
+			TTFT: o.ttft, Follower: o.follower})
 	}
 	if o.line != nil {
 		o.fillLine(v)

@@ -35,8 +35,11 @@ type Request struct {
 	// completions, false for chat.
 	AddSpecialTokens bool
 	CacheSalt        string
-	Stream           bool
-	IncludeUsage     bool
+	// User is the OpenAI "user" field, when a string; SessionID the
+	// X-Session-Id header. Both name a conversation (holdback arms).
+	User, SessionID string
+	Stream          bool
+	IncludeUsage    bool
 	// CustomTemplate is set when the request brings its own chat_template:
 	// local rendering would not match what the pod renders.
 	CustomTemplate bool
@@ -144,6 +147,11 @@ func ParseRequest(ep Endpoint, body []byte, r *Request) error {
 			return err
 		}
 	}
+	if p.kind(fUser) == '"' {
+		// Only to keep a conversation in one holdback arm; the pod judges
+		// the field.
+		r.User = p.str(fUser)
+	}
 	if k := p.kind(fCacheSalt); k != 0 && k != 'n' {
 		if k != '"' {
 			return badParam("cache_salt", "must be a string")
@@ -190,6 +198,7 @@ const (
 	fInput
 	fInstructions
 	fPreviousResponseID
+	fUser
 	nFields
 	fOther = nFields
 )
@@ -226,6 +235,8 @@ func fieldOf(name []byte) field {
 		return fInstructions
 	case "previous_response_id":
 		return fPreviousResponseID
+	case "user":
+		return fUser
 	}
 	return fOther
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
 // handleRouted serves the endpoints the router's policy routes from their
@@ -20,7 +21,8 @@ func (r *Router) handleRouted(x *exchange) {
 	life := r.beginLife(x.in)
 	defer life.release()
 	x.life, x.dec, x.stream = life, r.dec, req.Stream
-	d, aerr := r.route(life.ctx, life.watchClient, req, false)
+	req.SessionID = string(x.in.Request.Header.Peek("X-Session-Id"))
+	d, aerr := r.route(life.ctx, life.watchClient, req, x.id, false)
 	x.model = req.Model
 	switch {
 	case aerr != nil:
@@ -87,7 +89,7 @@ func (r *Router) handleForwarded(x *exchange) {
 // advance. ctx bounds a remote tokenization, and beforeWait (may be nil)
 // runs before one. A request that names no
 // model (responses may leave it out) takes the fleet's only one.
-func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, peek bool) (*decision, *apiError) {
+func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, requestID string, peek bool) (*decision, *apiError) {
 	snap := r.mon.Snapshot()
 	if req.Model == "" {
 		model, aerr := r.defaultModel(snap)
@@ -111,7 +113,8 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, pee
 		return nil, aerr
 	}
 	in := decisionInput{model: req.Model, targets: targets, prompt: pt, peek: peek,
-		extras: kvindex.RequestExtras{CacheSalt: req.CacheSalt}}
+		extras:       kvindex.RequestExtras{CacheSalt: req.CacheSalt},
+		conversation: speculative.Conversation{SessionID: req.SessionID, User: req.User, RequestID: requestID}}
 	if r.cat.isAdapter(req.Model) {
 		in.extras.LoRAName = req.Model
 	}

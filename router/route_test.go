@@ -68,7 +68,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			r.ev.Index().Store(other, kvindex.TierGPU, keys[:8])
 			r.ev.Index().Store(holder, kvindex.TierGPU, keys[:held])
 
-			d, aerr := r.route(context.Background(), nil, req, false)
+			d, aerr := r.route(context.Background(), nil, req, "", false)
 			if aerr != nil {
 				t.Fatal(aerr)
 			}

@@ -15,6 +15,9 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/speculative"
+	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -33,12 +36,15 @@ type Deps struct {
 // Router is the front door. Create it with New, bind with Start, stop with
 // Shutdown.
 type Router struct {
-	cfg  Config
-	log  *slog.Logger
-	reg  *prometheus.Registry
-	mon  *health.Monitor
-	tok  *tokenizers
-	ev   *eventplane.Plane
+	cfg Config
+	log *slog.Logger
+	reg *prometheus.Registry
+	mon *health.Monitor
+	tok *tokenizers
+	ev  *eventplane.Plane
+	// spec holds the predicted placements (speculative policy; nil
+	// otherwise).
+	spec *speculative.Store
 	ch   *chooser
 	dec  *decider // the routed endpoints', by --policy
 	fwd  *decider // the forwarded endpoints', by least load
@@ -82,7 +88,19 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: log, reg: reg}
 	var err error
-	if r.ev, err = eventplane.New(cfg.Events, eventplane.Deps{Registerer: reg, Logger: log}); err != nil {
+	var observer kvindex.Observer
+	if cfg.Policy == PolicySpeculative {
+		// The store reads each stream's state from the plane, made next;
+		// the plane tells the store of every placement change.
+		stream := func(id target.ID) speculative.Stream {
+			return speculative.Stream{Fresh: r.ev.Trust(id).Predictions}
+		}
+		if r.spec, err = speculative.New(cfg.Speculative, speculative.Deps{Registerer: reg, Logger: log, Stream: stream}); err != nil {
+			return nil, fmt.Errorf("router: %w", err)
+		}
+		observer = r.spec.Observer()
+	}
+	if r.ev, err = eventplane.New(cfg.Events, eventplane.Deps{Registerer: reg, Logger: log, Observer: observer}); err != nil {
 		return nil, err
 	}
 	hcfg := cfg.Health
@@ -96,11 +114,11 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		treg = tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
 	}
 	r.tok = newTokenizers(treg, cfg.Tokenization, cfg.TokenizeTimeout)
-	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev)
+	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev, r.spec)
 	r.ch = r.dec.ch
 	// The forwarded endpoints' bodies are no prompt the router keys:
 	// embeddings, scores and the like go to the least loaded pod.
-	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev)
+	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev, nil)
 	r.up = newUpstream(cfg)
 	r.met = newMetrics(reg)
 	if err := reg.Register(wiringCollector{r}); err != nil {
@@ -158,6 +176,13 @@ func (r *Router) Start(ctx context.Context) error {
 			r.log.Error("event plane stopped", "err", err)
 		}
 	})
+	if r.spec != nil {
+		r.goBG(func() {
+			if err := r.spec.Run(bctx); err != nil && !errors.Is(err, context.Canceled) {
+				r.log.Error("speculative placements stopped", "err", err)
+			}
+		})
+	}
 	cancelSub := r.mon.Subscribe(r.onChange)
 	r.goBG(func() { <-bctx.Done(); cancelSub() })
 	r.goBG(func() {
@@ -194,9 +219,21 @@ func (r *Router) onChange(c health.Change) {
 	switch c.Kind {
 	case health.Added:
 		r.met.addTarget(c.Target.ID.String())
+		if r.spec != nil {
+			r.spec.AddTarget(c.Target.ID)
+		}
+	case health.Restarted:
+		if r.spec != nil {
+			// A new process generation never confirms the old one's
+			// predictions, even before its events say it restarted.
+			r.spec.Invalidate(c.Target.ID, speculative.ReasonRestarted)
+		}
 	case health.Removed:
 		r.met.forgetTarget(c.Target.ID.String())
 		r.failures.Delete(c.Target.ID)
+		if r.spec != nil {
+			r.spec.Invalidate(c.Target.ID, speculative.ReasonRemoved)
+		}
 	}
 	if c.Kind == health.Removed && r.ch.approx != nil {
 		r.ch.approx.forget(c.Target.ID)

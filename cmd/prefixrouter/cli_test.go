@@ -148,7 +148,7 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 	wantUsageLine(t, `PREFIXROUTER_HASH_ALGO (--hash-algo): unknown hash algorithm "md5" (want one of sha256, sha256_cbor, xxhash, xxhash_cbor); `+
 		`PREFIXROUTER_IDLE_TIMEOUT (--idle-timeout): "soon" is not a duration (like 500ms, 30s or 2m); `+
 		`PREFIXROUTER_MAX_RETRIES (--max-retries): "two" is not an integer; `+
-		`PREFIXROUTER_POLICY (--policy): unknown policy "fastest" (want round-robin, least-load, approximate or precise)`,
+		`PREFIXROUTER_POLICY (--policy): unknown policy "fastest" (want round-robin, least-load, approximate, precise or speculative)`,
 		"serve", "--endpoint", "http://127.0.0.1:1")
 	// An empty variable of a value learned from the pods is that value.
 	clearEnv(t)
@@ -157,7 +157,7 @@ func TestMalformedEnvironmentExitsTwo(t *testing.T) {
 	t.Setenv("PREFIXROUTER_POLICY", "")
 	t.Setenv("PREFIXROUTER_DEBUG_HEADERS", "")
 	t.Setenv("PREFIXROUTER_MAX_RETRIES", "")
-	wantUsageLine(t, `PREFIXROUTER_POLICY (--policy): unknown policy "" (want round-robin, least-load, approximate or precise)`,
+	wantUsageLine(t, `PREFIXROUTER_POLICY (--policy): unknown policy "" (want round-robin, least-load, approximate, precise or speculative)`,
 		"serve", "--endpoint", "http://127.0.0.1:1")
 	// A flag on the command line wins: its variable is not read.
 	clearEnv(t)

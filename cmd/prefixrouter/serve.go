@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 	"github.com/prefixrouter/prefixrouter/tokenize/hub"
 )
@@ -58,6 +59,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	upstream := t.group("Requests to the pods")
 	health := t.group("Health and load")
 	events := t.group("KV-event streams")
+	spec := t.group("Speculative placements")
+	sp := &s.Speculative
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -114,6 +117,13 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		events.int("events-max-queue-depth", "subscriber backlog beyond which a target is stale", &ev.MaxQueueDepth),
 		events.dur("events-eval-interval", "how often each target's event stream is judged", &ev.EvalInterval),
 		events.dur("health-routing-window", "window of the recent routing volume shown per target", &ev.RoutingWindow),
+
+		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per target from measured confirmation latency) or a duration (--policy speculative)",
+			&sp.TTL, speculative.FormatTTL, speculative.ParseTTL),
+		bind(spec, &cli.FloatFlag{Name: "speculative-ttl-percentile", Usage: "share of confirmation latencies the automatic TTL covers, in (0, 1)", Destination: &sp.TTLPercentile},
+			speculative.CheckPercentile),
+		spec.dur("speculative-max-stale", "cap on every TTL: a prediction never counts longer without its KV event", &sp.MaxStale),
+		spec.float("holdback", "share of conversations routed without predictions, to measure what they save (0 to 0.5; 0: off)", &sp.Holdback),
 	}
 }
 

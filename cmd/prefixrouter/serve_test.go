@@ -24,7 +24,9 @@ func TestServeUsageErrors(t *testing.T) {
 	}{
 		{"no targets", nil, "no targets"},
 		{"bad policy", []string{"--endpoint", "http://127.0.0.1:1", "--policy", "random"}, "--policy"},
-		{"speculative not yet", []string{"--endpoint", "http://127.0.0.1:1", "--policy", "speculative"}, "speculative"},
+		{"holdback beyond half", []string{"--endpoint", "http://127.0.0.1:1", "--policy", "speculative", "--holdback", "0.7"}, "--holdback"},
+		{"bad speculative ttl", []string{"--endpoint", "http://127.0.0.1:1", "--speculative-ttl", "soon"}, "--speculative-ttl"},
+		{"percentile of one", []string{"--endpoint", "http://127.0.0.1:1", "--speculative-ttl-percentile", "1"}, "--speculative-ttl-percentile"},
 		{"bad endpoint", []string{"--endpoint", "ftp://x?dp=zero"}, "--endpoint"},
 		{"bad hash algo", []string{"--endpoint", "http://127.0.0.1:1", "--hash-algo", "md5"}, "--hash-algo"},
 		{"bad block size", []string{"--endpoint", "http://127.0.0.1:1", "--block-size", "-1"}, "--block-size"},

@@ -66,6 +66,8 @@ func otherValue(t *testing.T, f cli.Flag) string {
 			return "json"
 		case "hash-algo":
 			return "xxhash"
+		case "speculative-ttl":
+			return "1.5s"
 		}
 		return f.Value + "x"
 	case *cli.StringSliceFlag:
@@ -77,6 +79,12 @@ func otherValue(t *testing.T, f cli.Flag) string {
 	case *cli.Int64Flag:
 		return strconv.FormatInt(f.Value+1, 10)
 	case *cli.FloatFlag:
+		switch f.Name {
+		case "speculative-ttl-percentile":
+			return "0.95"
+		case "holdback":
+			return "0.1"
+		}
 		return strconv.FormatFloat(f.Value+0.5, 'g', -1, 64)
 	case *cli.BoolFlag:
 		return strconv.FormatBool(!f.Value)
