@@ -71,6 +71,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			hashCommand(stderr),
 			serveCommand(),
 			demoCommand(),
+			benchCommand(stderr),
 			simCommand(),
 			eventsCommand(),
 			tokenizeCommand(stderr),
