@@ -71,13 +71,13 @@ var quickPresets = map[string]Preset{
 	// llm-d's regime on a small cache: 4,000-token system prompts filling
 	// 73% of four pods of 1,027 blocks (16,432 tokens) when partitioned,
 	// i.e. 12 groups of 5 users, 200-token questions, 100 output tokens,
-	// Poisson arrivals stepping 10, 20, 30 per second: a miss costs a
+	// Poisson arrivals stepping 8, 16, 24 per second: a miss costs a
 	// whole 4,200-token prefill, so a policy that spreads a group over the
 	// pods runs out of prefill throughput where one that keeps it together
 	// does not.
 	workload.KindSharedPrefix: {
 		Spec: workload.Spec{Users: 5, SystemTokens: 4000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
-			Rates: []float64{10, 20, 30}, StageDuration: 6 * time.Second, Arrival: workload.Poisson},
+			Rates: []float64{8, 16, 24}, StageDuration: 8 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
 	},
 	workload.KindMultiTurn: {

@@ -70,7 +70,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Commands: []*cli.Command{
 			hashCommand(stderr),
 			serveCommand(),
-			demoCommand(),
+			demoCommand(stderr),
 			benchCommand(stderr),
 			simCommand(),
 			eventsCommand(),
