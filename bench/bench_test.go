@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,30 +18,41 @@ import (
 )
 
 // smallRun is a live run small enough for `make test` under -race: two
-// groups on two tiny pods, round-robin, precise and the oracle.
+// groups on two tiny pods, round-robin, precise and the oracle. It runs
+// once for the tests that read it.
 func smallRun(t *testing.T) *report.Results {
 	t.Helper()
+	small.once.Do(func() { small.res, small.err = runSmall() })
+	if small.err != nil {
+		t.Fatal(small.err)
+	}
+	return small.res
+}
+
+var small struct {
+	once sync.Once
+	res  *report.Results
+	err  error
+}
+
+func runSmall() (*report.Results, error) {
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	w, err := workload.SharedPrefix{Common: workload.Common{Seed: 1, Vocab: workload.Bytes}, Groups: 2, Users: 3,
 		SystemTokens: 600, QuestionTokens: 40, OutputTokens: 8,
 		Stages: workload.Ladder([]float64{20, 40}, time.Second), Arrival: workload.Poisson}.Generate()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Options{
+	return Run(ctx, Options{
 		Workload: w, Policies: []string{"round-robin", "precise", Oracle}, Seed: 1,
 		Fleet: sim.Config{Pods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 2, StreamInterval: 10 * time.Millisecond},
 		Drain: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
 }
 
 func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
