@@ -42,7 +42,7 @@ func runSmall() (*report.Results, error) {
 	}
 	w, err := workload.SharedPrefix{Common: workload.Common{Seed: 1, Vocab: workload.Bytes}, Groups: 2, Users: 3,
 		SystemTokens: 600, QuestionTokens: 40, OutputTokens: 8,
-		Stages: workload.Ladder([]float64{20, 40}, time.Second), Arrival: workload.Poisson}.Generate()
+		Stages: workload.Ladder([]float64{40, 80}, 500*time.Millisecond), Arrival: workload.Poisson}.Generate()
 	if err != nil {
 		return nil, err
 	}
@@ -50,14 +50,14 @@ func runSmall() (*report.Results, error) {
 	defer cancel()
 	return Run(ctx, Options{
 		Workload: w, Policies: []string{"round-robin", "precise", Oracle}, Seed: 1,
-		Fleet: sim.Config{Pods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 2, StreamInterval: 10 * time.Millisecond},
+		Fleet: sim.Config{Pods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond},
 		Drain: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 }
 
 func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
 	res := smallRun(t)
-	if res.Engine != EngineLive || res.TimeScale != 2 || strings.Join(res.Order, ",") != "round-robin,precise,oracle" {
+	if res.Engine != EngineLive || res.TimeScale != 10 || strings.Join(res.Order, ",") != "round-robin,precise,oracle" {
 		t.Fatalf("run %s at %v: %v", res.Engine, res.TimeScale, res.Order)
 	}
 	want := res.Workload["requests"].(int)

@@ -184,7 +184,7 @@ func TestServeEndToEnd(t *testing.T) {
 func TestDemoCommand(t *testing.T) {
 	out := t.TempDir()
 	stdout, errOut, code := runCLI(t, "", "demo", "--pods", "2", "--policies", "round-robin,precise", "--kv-blocks", "256",
-		"--system-tokens", "400", "--groups", "3", "--rates", "20", "--stage-duration", "1s", "--output-tokens", "8", "--out", out)
+		"--system-tokens", "400", "--groups", "3", "--rates", "20", "--stage-duration", "1s", "--output-tokens", "8", "--time-scale", "20", "--out", out)
 	if code != 0 {
 		t.Fatalf("demo exited %d: %s", code, errOut)
 	}
