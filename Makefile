@@ -97,9 +97,10 @@ parity-refs: testdata
 bench-tokenize: testdata
 	./scripts/bench-tokenize.sh
 
-# demo builds the binary and runs `prefixrouter demo`: simulated pods on
-# loopback, the router in front, the same shared-prefix workload under the
-# precise and round-robin policies, one table. It stops everything it starts.
+# demo builds the binary and runs `prefixrouter demo` (`bench --quick` on
+# the shared-prefix workload): simulated pods on loopback, the router in
+# front, every policy available one after another on a fresh fleet, a table,
+# and bench-out/report.html. It stops everything it starts.
 demo: build
 	./$(BIN) demo
 

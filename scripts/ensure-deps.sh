@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs the system packages the build needs when they are missing.
+# Installs the system packages the build and the tests need when they are missing.
 # CI and new developer machines start from a bare Debian with Go and gcc.
 set -euo pipefail
 
 need=()
 if ! pkg-config --exists libzmq 2>/dev/null; then
   need+=(libzmq3-dev pkg-config)
+fi
+# The benchmark report's test opens report.html in headless Chromium
+# (bench/browser_test.go): Debian's chromium, not a browser a tool downloads.
+if ! command -v chromium >/dev/null 2>&1; then
+  need+=(chromium)
 fi
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -86,6 +86,13 @@ type Config struct {
 	// the X-Sim-Time-Scale header.
 	TimeScale float64
 
+	// StreamInterval is the least model time between two chunks of a
+	// stream after its first (default 0: a chunk per engine step that
+	// produced a token). The first token always leaves at once; a longer
+	// interval coalesces later tokens into fewer chunks, which keeps a
+	// small machine from spending itself on SSE writes.
+	StreamInterval time.Duration
+
 	// Faults is the initial fault state of every pod.
 	Faults Faults
 	// RestartDowntime is how long (model time) a restarting pod answers 503.
@@ -185,6 +192,8 @@ func (c *Config) withDefaults() (Config, error) {
 		// The offloading connector's handling of several groups is not
 		// modelled; refuse rather than publish events vLLM would not.
 		return out, fmt.Errorf("CPU offloading with the hybrid KV-cache spec is not simulated")
+	case out.StreamInterval < 0:
+		return out, fmt.Errorf("stream interval %v must not be negative", out.StreamInterval)
 	case out.DefaultMaxTokens < 1:
 		return out, fmt.Errorf("default max tokens %d must be positive", out.DefaultMaxTokens)
 	}

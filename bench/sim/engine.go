@@ -50,9 +50,17 @@ type engine struct {
 	cpu     *cpuTier
 	cpuLoad time.Duration
 
+	// streamEvery is the least model time between two wake-ups of a
+	// stream's writer after its first token (Config.StreamInterval): the
+	// tokens of the steps in between reach the client in one chunk.
+	streamEvery time.Duration
+
 	inbox chan engineMsg
-	done  chan struct{}
-	start time.Time
+	// probes are answered between steps and while a step's time passes,
+	// never in the middle of one (Pod.Probe).
+	probes chan probeMsg
+	done   chan struct{}
+	start  time.Time
 
 	// Owned by run.
 	pool    *blockPool
@@ -106,12 +114,15 @@ type engineSetup struct {
 	cpuBlocks int
 	cpuLoad   time.Duration
 	newHasher func() (*kvindex.Hasher, error)
+	// streamEvery is Config.StreamInterval.
+	streamEvery time.Duration
 }
 
 // configure applies setup; call it before run.
 func (e *engine) configure(c engineSetup) {
 	e.enc = c.enc
 	e.newHasher = c.newHasher
+	e.streamEvery = c.streamEvery
 	e.specKind = c.kvSpec
 	if c.kvSpec == KVSpecHybrid {
 		e.specKind = events.SpecFullAttention
@@ -172,6 +183,7 @@ func newEngine(prof Profile, rank int, hasher *kvindex.Hasher, scale float64, ou
 		specKind: events.SpecFullAttention,
 		rng:      rand.New(rand.NewPCG(seed, uint64(rank)+1)),
 		inbox:    make(chan engineMsg, 1024),
+		probes:   make(chan probeMsg, 64),
 		done:     make(chan struct{}),
 		pool:     newBlockPool(prof.NumGPUBlocks),
 	}
@@ -231,6 +243,9 @@ func (e *engine) run(ctx context.Context) {
 				e.vnow = max(e.vnow, e.modelNow())
 				e.stats.lagNanos.Store(0)
 				e.handle(m)
+			case q := <-e.probes:
+				e.answer(q)
+				continue
 			case <-ctx.Done():
 				return
 			}
@@ -240,6 +255,8 @@ func (e *engine) run(ctx context.Context) {
 			select {
 			case m := <-e.inbox:
 				e.handle(m)
+			case q := <-e.probes:
+				e.answer(q)
 			default:
 				break drain
 			}
@@ -253,11 +270,17 @@ func (e *engine) run(ctx context.Context) {
 		if d := time.Until(e.wallAt(e.vnow)); d > 0 {
 			e.stats.lagNanos.Store(0)
 			timer.Reset(d)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				timer.Stop()
-				return
+		sleep:
+			for {
+				select {
+				case <-timer.C:
+					break sleep
+				case q := <-e.probes:
+					e.answer(q)
+				case <-ctx.Done():
+					timer.Stop()
+					return
+				}
 			}
 		} else {
 			e.stats.lagNanos.Store(int64(-d))
@@ -286,6 +309,7 @@ func (e *engine) handle(m engineMsg) {
 		}
 		s.arrival = min(e.modelNow(), e.vnow)
 		s.state = stateWaiting
+		s.expectHits = e.cachedRun(s.hashes, s.promptLen)
 		e.waiting = append(e.waiting, s)
 	case msgAbort:
 		e.abort(m.s)
@@ -642,7 +666,12 @@ func (e *engine) sample(s *seq) {
 		e.finish(s, "length", nil)
 		return
 	}
-	o.poke()
+	// The first token leaves at once; later ones wake the writer at most
+	// once per streamEvery, which coalesces them into fewer chunks.
+	if gen == 1 || e.vnow >= s.nextPoke {
+		s.nextPoke = e.vnow + e.streamEvery
+		o.poke()
+	}
 }
 
 // finish ends s: its blocks return to the free queue tail first, so the

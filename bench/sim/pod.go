@@ -106,6 +106,7 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 		setup := engineSetup{
 			enc: cfg.EventEncoding, kvSpec: cfg.KVSpec, window: cfg.SlidingWindow,
 			cpuBlocks: cfg.CPUOffloadBlocks, cpuLoad: cfg.CPULoadPerBlock,
+			streamEvery: cfg.StreamInterval,
 		}
 		if cfg.RandomHashSeed {
 			setup.newHasher = newHasher

@@ -34,6 +34,8 @@ type seq struct {
 	numComputed     int
 	numCachedBlocks int // leading blocks already registered in the cache
 	looked          bool
+	expectHits      int           // cached blocks when it joined the queue (Pod.Probe's estimate until it is scheduled)
+	nextPoke        time.Duration // model time before which a new token does not wake the stream's writer
 	failPrefill     bool
 	state           seqState
 	arrival         time.Duration // model time

@@ -58,7 +58,7 @@ func TestUnknownFlagsAndCommandsNameWhatWasMeant(t *testing.T) {
 		{[]string{"serve", "--bogus"}, "unknown flag --bogus"},
 		{[]string{"serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"evnets"}, "unknown command evnets (did you mean events?)"},
-		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, sim, events, tokenize, ttl-advise, version, help, h)"},
+		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, bench, sim, events, tokenize, ttl-advise, version, help, h)"},
 		{[]string{"help", "serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"help", "serve", "sim"}, `unexpected argument "sim" (help takes one command)`},
 		{[]string{"serve", "http://h:8000"}, `unexpected argument "http://h:8000" (give every value with its flag, e.g. --NAME VALUE)`},
@@ -180,7 +180,7 @@ func TestUnreadEnvironmentVariablesAreNamed(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := run(context.Background(), []string{"prefixrouter", "version"}, strings.NewReader(""), &out, &errOut)
 	want := "prefixrouter: warning: PREFIXROUTER_HASHSEED is read by no command (did you mean PREFIXROUTER_HASH_SEED?)\n" +
-		"prefixrouter: warning: PREFIXROUTER_TIME_SCALE is read by no command (did you mean PREFIXROUTER_SIM_TIME_SCALE?)\n"
+		"prefixrouter: warning: PREFIXROUTER_TIME_SCALE is read by no command (did you mean PREFIXROUTER_DEMO_TIME_SCALE or PREFIXROUTER_BENCH_TIME_SCALE or PREFIXROUTER_SIM_TIME_SCALE?)\n"
 	if code != 0 || out.String() != version+"\n" || errOut.String() != want {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want 0, the version, and stderr %q", code, out.String(), errOut.String(), want)
 	}

@@ -70,7 +70,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Commands: []*cli.Command{
 			hashCommand(stderr),
 			serveCommand(),
-			demoCommand(),
+			demoCommand(stderr),
+			benchCommand(stderr),
 			simCommand(),
 			eventsCommand(),
 			tokenizeCommand(stderr),

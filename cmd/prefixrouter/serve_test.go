@@ -181,22 +181,58 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 }
 
-// TestDemoCommand runs a small demo and checks the table.
+// TestDemoCommand runs a small demo (bench --quick with its flags) and
+// checks the table and the report's path.
 func TestDemoCommand(t *testing.T) {
-	out, errOut, code := runCLI(t, "", "demo", "--pods", "2", "--groups", "2", "--requests", "3", "--prefix-tokens", "256", "--concurrency", "2")
+	out := t.TempDir()
+	stdout, errOut, code := runCLI(t, "", "demo", "--pods", "2", "--policies", "round-robin,precise", "--kv-blocks", "256",
+		"--system-tokens", "400", "--groups", "3", "--rates", "20", "--stage-duration", "1s", "--output-tokens", "8", "--time-scale", "20", "--out", out)
 	if code != 0 {
 		t.Fatalf("demo exited %d: %s", code, errOut)
 	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[1], "policy") || !strings.HasPrefix(lines[2], "precise") || !strings.HasPrefix(lines[3], "round-robin") {
-		t.Fatalf("demo output:\n%s", out)
+	var lines []string // notes (a lagging clock under -race) aside
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if !strings.HasPrefix(l, "note: ") {
+			lines = append(lines, l)
+		}
 	}
-	for _, l := range lines[2:] {
-		if f := strings.Fields(l); len(f) < 4 || f[1]+f[2] == "00" {
-			t.Fatalf("demo row routed nothing: %q", l)
+	if len(lines) != 5 || !strings.HasPrefix(lines[1], "policy") || !strings.HasPrefix(lines[2], "round-robin") ||
+		!strings.HasPrefix(lines[3], "precise") || lines[4] != "report: "+out+"/report.html" {
+		t.Fatalf("demo output:\n%s", stdout)
+	}
+	for _, l := range lines[2:4] {
+		if f := strings.Fields(l); len(f) < 10 || f[1] == "0" || f[2] != "0" {
+			t.Fatalf("demo row sent nothing or failed: %q", l)
 		}
-		if !strings.Contains(l, " 0  ") { // failed column
-			t.Fatalf("demo row has failures: %q", l)
-		}
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	clearEnv(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policies", "precise,magic"}, `unknown policy "magic"`},
+		{[]string{"--workload", "chatty"}, `unknown workload "chatty"`},
+		{[]string{"--workload", "trace:"}, "want trace:PATH"},
+		{[]string{"--workload", "paired-gap"}, "workload paired-gap is not available yet"},
+		{[]string{"--workload", "trace:/nonexistent/trace.jsonl"}, "no such file"},
+		{[]string{"--rates", "3,x"}, `rate "x"`},
+		{[]string{"--arrival", "bursty"}, `unknown arrival "bursty"`},
+		{[]string{"--text", "runes"}, `unknown text vocabulary "runes"`},
+		{[]string{"--profile", "a100"}, `unknown profile "a100"`},
+		{[]string{"--target-url", "localhost:8000"}, "--target-url"},
+		{[]string{"--target-url", "http://127.0.0.1:1", "--policies", "precise"}, "--policies: with --target-url"},
+		{[]string{"--model", "m"}, "--model goes with --target-url"},
+		{[]string{"--groups", "-1"}, "--groups must not be negative"},
+		{[]string{"--rates", "1", "--stage-duration", "100ms"}, "no requests"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, errOut, code := runCLI(t, "", append([]string{"bench"}, tc.args...)...)
+			if code != exitUsage || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+				t.Fatalf("code %d stderr %q: want exit 2 and one line with %q", code, errOut, tc.want)
+			}
+		})
 	}
 }

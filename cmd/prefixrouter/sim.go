@@ -74,6 +74,7 @@ func (s *simSettings) flags(t *flagTable) []cli.Flag {
 		pods.int("events-port", "first pod's KV-event PUB port", &s.EventsPort),
 		pods.float("time-scale", "model seconds per wall second", &s.TimeScale),
 		pods.int("default-max-tokens", "max_tokens of requests that give none", &s.DefaultMaxTokens),
+		defaultText(pods.dur("stream-interval", "least model time between two chunks of a stream after its first (coalesces later tokens)", &s.StreamInterval), "0, every step"),
 		pods.bool("disable-prompt-tokens-details", "leave usage.prompt_tokens_details null", &s.DisablePromptTokensDetails),
 		choice(pods, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
 

@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/router"
+)
+
+// Engine names.
+const (
+	EngineLive   = "live"
+	EngineTarget = "target"
+)
+
+// TargetPolicy names the one row of a run against --target-url.
+const TargetPolicy = "target"
+
+// Options is one benchmark run.
+type Options struct {
+	Workload *workload.Workload
+	// Policies run one after another, each on a fresh fleet (live engine).
+	Policies []string
+	Seed     uint64
+	// Fleet is the simulated pods of the live engine: every policy gets a
+	// fleet started from it. Its TimeScale is the run's.
+	Fleet sim.Config
+	// TargetURL, when set, is the engine: an OpenAI-compatible base URL
+	// (http://host:port, with or without /v1) serving Model.
+	TargetURL string
+	Model     string
+	// Drain bounds (wall time) how long requests may still run once the
+	// last session has started; those still running are cancelled and
+	// counted as unfinished errors.
+	Drain time.Duration
+	// Progress receives the progress display (nil: none); Terminal makes
+	// it a bar, otherwise a line every ProgressEvery.
+	Progress      io.Writer
+	Terminal      bool
+	ProgressEvery time.Duration
+	// Logger receives the pods' and the router's logs and the first detail
+	// of each error kind.
+	Logger  *slog.Logger
+	Command string
+}
+
+// PolicyNames lists the policies the live engine knows, in the order a
+// run takes them by default: the router's, then the oracle.
+func PolicyNames() []string { return append(router.PolicyNames(), Oracle) }
+
+// ParsePolicies reads --policies: names of the router's policies or
+// "oracle", each once; an unknown name is refused with the router's word
+// for it.
+func ParsePolicies(s string) ([]string, error) {
+	var out []string
+	for name := range strings.SplitSeq(s, ",") {
+		name = strings.TrimSpace(name)
+		if name != Oracle {
+			if _, err := router.ParsePolicy(name); err != nil {
+				return nil, err
+			}
+		}
+		if slices.Contains(out, name) {
+			return nil, fmt.Errorf("policy %q named twice", name)
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// Run runs the workload under every policy and summarizes each.
+func Run(ctx context.Context, o Options) (*report.Results, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.ProgressEvery <= 0 {
+		o.ProgressEvery = 5 * time.Second
+	}
+	w := o.Workload
+	res := &report.Results{
+		Workload: map[string]any{"name": w.Name}, Seed: o.Seed, Policies: map[string]*report.Policy{},
+		Command: o.Command, Date: time.Now().UTC().Format(time.RFC3339), Notes: slices.Clone(w.Notes),
+	}
+	for k, v := range w.Params {
+		res.Workload[k] = v
+	}
+	res.Workload["requests"] = w.Requests()
+	var base time.Duration
+	for _, st := range w.Stages {
+		res.Stages = append(res.Stages, report.StageSpan{Rate: st.Rate, Start: base.Seconds(), End: (base + st.Duration).Seconds()})
+		base += st.Duration
+	}
+	prog := newProgress(o.Progress, o.Terminal, o.ProgressEvery)
+	if o.TargetURL != "" {
+		res.Engine, res.TimeScale = EngineTarget, 1
+		res.Fleet = map[string]any{"url": o.TargetURL, "model": o.Model}
+		res.Order = []string{TargetPolicy}
+		c := newClient(o.Model)
+		defer c.close()
+		url := completionsURL(o.TargetURL)
+		d := &driver{w: w, scale: 1, client: c, drain: o.Drain, prog: prog,
+			route: func(context.Context, string) (dest, error) { return dest{url: url}, nil },
+			podOf: func(a answer, _ dest) string { return a.target }}
+		prog.begin(TargetPolicy, w.Requests())
+		recs := d.run(ctx)
+		prog.end()
+		o.logErrors(TargetPolicy, prog)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		res.Policies[TargetPolicy] = report.Summarize(recs)
+		res.Notes = append(res.Notes, unfinishedNote(TargetPolicy, res.Policies[TargetPolicy])...)
+		return res, nil
+	}
+
+	fc := o.Fleet
+	res.Engine, res.TimeScale = EngineLive, fc.TimeScale
+	prof := fc.Profile
+	res.Fleet = map[string]any{
+		"pods": fc.Pods, "profile": prof.Name, "model": fc.Model, "kv_tokens_per_pod": prof.KVTokens(),
+		"block_size": prof.BlockSize, "max_num_batched_tokens": prof.MaxNumBatchedTokens, "max_num_seqs": prof.MaxNumSeqs,
+		"stream_interval_s": fc.StreamInterval.Seconds(), "tokenizer": "bytes",
+	}
+	for _, pol := range o.Policies {
+		recs, lag, preempt, err := o.runLive(ctx, pol, prog)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", pol, err)
+		}
+		p := report.Summarize(recs)
+		p.SimLagMaxS = lag.Seconds() * fc.TimeScale
+		p.Preemptions = preempt
+		res.Policies[pol] = p
+		res.Order = append(res.Order, pol)
+		res.Notes = append(res.Notes, unfinishedNote(pol, p)...)
+		if p.SimLagMaxS > 0.05*max(p.TTFT.P50, 0.1) {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: the simulated pods' clock fell up to %s (model time) behind the wall clock; latencies that small are the machine's, not the policy's: lower --time-scale",
+				pol, report.Seconds(p.SimLagMaxS)))
+		}
+	}
+	return res, nil
+}
+
+func (o *Options) runLive(ctx context.Context, policy string, prog *progress) ([]report.Record, time.Duration, int64, error) {
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Logger)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer fr.close()
+	c := newClient(fr.fleet.Config().Model)
+	defer c.close()
+	d := &driver{w: o.Workload, scale: o.Fleet.TimeScale, route: fr.route, client: c, podOf: fr.podOf, drain: o.Drain, prog: prog}
+	prog.begin(policy, o.Workload.Requests())
+	recs := d.run(ctx)
+	prog.end()
+	o.logErrors(policy, prog)
+	if err := ctx.Err(); err != nil {
+		return nil, 0, 0, err
+	}
+	lag, preempt := fr.stats()
+	return recs, lag, preempt, nil
+}
+
+func (o *Options) logErrors(policy string, prog *progress) {
+	for kind, err := range prog.firstErrors() {
+		o.Logger.Warn("requests failed", "policy", policy, "kind", kind, "first", err)
+	}
+}
+
+func unfinishedNote(policy string, p *report.Policy) []string {
+	if n := p.ErrorKinds[errUnfinished]; n > 0 {
+		return []string{fmt.Sprintf("%s: %d requests were still running at the drain bound and count as errors; their latencies are missing from the percentiles (raise --drain)", policy, n)}
+	}
+	return nil
+}
+
+// completionsURL is the completions endpoint under a base URL given with
+// or without /v1.
+func completionsURL(base string) string {
+	base = strings.TrimRight(base, "/")
+	if strings.HasSuffix(base, "/v1/completions") {
+		return base
+	}
+	if !strings.HasSuffix(base, "/v1") {
+		base += "/v1"
+	}
+	return base + "/completions"
+}
+
+// FirstModel asks a target's /v1/models for the first model it serves.
+func FirstModel(ctx context.Context, base string) (string, error) {
+	url := strings.TrimSuffix(completionsURL(base), "/completions") + "/models"
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("models: %w", err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("models: %s answered %d", url, resp.StatusCode)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return "", fmt.Errorf("models: %w", err)
+	}
+	if len(list.Data) == 0 {
+		return "", fmt.Errorf("models: %s lists none", url)
+	}
+	return list.Data[0].ID, nil
+}

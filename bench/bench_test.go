@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+)
+
+// smallRun is a live run small enough for `make test` under -race: two
+// groups on two tiny pods, round-robin, precise and the oracle. It runs
+// once for the tests that read it.
+func smallRun(t *testing.T) *report.Results {
+	t.Helper()
+	small.once.Do(func() { small.res, small.err = runSmall() })
+	if small.err != nil {
+		t.Fatal(small.err)
+	}
+	return small.res
+}
+
+var small struct {
+	once sync.Once
+	res  *report.Results
+	err  error
+}
+
+func runSmall() (*report.Results, error) {
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		return nil, err
+	}
+	w, err := workload.SharedPrefix{Common: workload.Common{Seed: 1, Vocab: workload.Bytes}, Groups: 2, Users: 3,
+		SystemTokens: 600, QuestionTokens: 40, OutputTokens: 8,
+		Stages: workload.Ladder([]float64{40, 80}, 500*time.Millisecond), Arrival: workload.Poisson}.Generate()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return Run(ctx, Options{
+		Workload: w, Policies: []string{"round-robin", "precise", Oracle}, Seed: 1,
+		Fleet: sim.Config{Pods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond},
+		Drain: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+}
+
+func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
+	res := smallRun(t)
+	if res.Engine != EngineLive || res.TimeScale != 10 || strings.Join(res.Order, ",") != "round-robin,precise,oracle" {
+		t.Fatalf("run %s at %v: %v", res.Engine, res.TimeScale, res.Order)
+	}
+	want := res.Workload["requests"].(int)
+	for _, name := range res.Order {
+		p := res.Policies[name]
+		if p.Requests != want || p.Errors != 0 {
+			t.Fatalf("%s: %d requests (%d errors: %v), want %d without errors", name, p.Requests, p.Errors, p.ErrorKinds, want)
+		}
+		// Every pod answers in usage what it served from cache: the second
+		// request of a group on the pod that has its system prompt hits.
+		if p.CachedTokens == 0 || p.PromptTokens < int64(want*600) || p.TTFT.P50 <= 0 || p.E2E.P50 < p.TTFT.P50 {
+			t.Fatalf("%s: %+v", name, p)
+		}
+		share := 0.0
+		for pod, f := range p.PodShare {
+			if pod != "pod-0" && pod != "pod-1" {
+				t.Fatalf("%s: pod %q", name, pod)
+			}
+			share += f
+		}
+		if share < 0.999 || share > 1.001 {
+			t.Fatalf("%s: pod shares add up to %v", name, share)
+		}
+	}
+}
+
+func TestTargetEngineDrivesAnyEndpoint(t *testing.T) {
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sim.StartFleet(context.Background(), sim.Config{Pods: 1, Profile: prof, TimeScale: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := workload.MultiTurn{Common: workload.Common{Seed: 2, Vocab: workload.Words}, Turns: 3, SystemTokens: 100,
+		QuestionTokens: 10, OutputTokens: 4, Think: 10 * time.Millisecond,
+		Stages: workload.Ladder([]float64{20}, 200*time.Millisecond), Arrival: workload.Constant}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	model, err := FirstModel(context.Background(), f.Pods[0].URL())
+	if err != nil || model != prof.Model {
+		t.Fatalf("model %q: %v", model, err)
+	}
+	res, err := Run(context.Background(), Options{Workload: w, TargetURL: f.Pods[0].URL() + "/v1", Model: model, Drain: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := res.Policies[TargetPolicy]
+	if res.Engine != EngineTarget || p.Requests != 12 || p.Errors != 0 || len(p.PodShare) != 0 {
+		t.Fatalf("%s run: %+v", res.Engine, p)
+	}
+	// Later turns resend the conversation: the pod serves it from cache.
+	if p.CacheHitRate < 0.4 {
+		t.Fatalf("multi-turn cache-hit rate %.2f: later turns did not reuse the conversation", p.CacheHitRate)
+	}
+}
+
+func TestParsePolicies(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{"precise,oracle", "precise,oracle", ""},
+		{" round-robin , least-load", "round-robin,least-load", ""},
+		{"speculative,precise", "speculative,precise", ""},
+		{"precise,precise", "", "named twice"},
+		{"random", "", "unknown policy"},
+	} {
+		got, err := ParsePolicies(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: error %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != tc.want {
+			t.Errorf("%q: %v %v", tc.in, got, err)
+		}
+	}
+}
+
+func TestCompletionsURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://h:8000":                 "http://h:8000/v1/completions",
+		"http://h:8000/":                "http://h:8000/v1/completions",
+		"http://h:8000/v1":              "http://h:8000/v1/completions",
+		"http://h:8000/v1/completions":  "http://h:8000/v1/completions",
+		"https://gw.example/openai/v1/": "https://gw.example/openai/v1/completions",
+	} {
+		if got := completionsURL(in); got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestReportRendersInChromium writes a live run's report and opens it in
+// headless Chromium: no console error, no request beyond the file, and
+// every chart an SVG of real size drawing every series it names.
+func TestReportRendersInChromium(t *testing.T) {
+	res := smallRun(t)
+	dir := t.TempDir()
+	path, err := res.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil || !json.Valid(raw) {
+		t.Fatalf("results.json: %v", err)
+	}
+	got := renderInChromium(t, path)
+	if len(got.Problems) > 0 {
+		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
+	}
+	wantCharts := []string{"ttft-cdf", "cache-hit", "throughput", "pod-share", "ttft-over-time"}
+	if len(got.Charts) != len(wantCharts) {
+		t.Fatalf("charts %+v, want %v", got.Charts, wantCharts)
+	}
+	for i, c := range got.Charts {
+		if c.ID != wantCharts[i] || c.Width < 200 || c.Height < 100 {
+			t.Fatalf("chart %d: %+v", i, c)
+		}
+		if strings.Join(c.Expect, ",") != strings.Join(res.Order, ",") {
+			t.Fatalf("chart %s expects %v, want every policy %v", c.ID, c.Expect, res.Order)
+		}
+		if len(c.Drawn) != len(c.Expect) {
+			t.Fatalf("chart %s drew %v of %v", c.ID, c.Drawn, c.Expect)
+		}
+	}
+}

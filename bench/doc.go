@@ -1,0 +1,21 @@
+// Package bench owns `prefixrouter bench`: it runs one workload (package
+// workload) against every routing policy asked for, one after another,
+// each on a fresh fleet, and hands the measurements to package report.
+//
+// Engines:
+//   - live: simulated vLLM pods (package sim) on loopback, over real HTTP
+//     and ZeroMQ, with the router (package router) in front of them for
+//     round-robin, least-load, approximate and precise. The oracle policy
+//     has no router: the driver asks every simulated pod for its true cache
+//     state and queue (sim.Pod.Probe) and sends each request straight to
+//     the cheapest, which bounds what any router could do. Model time runs
+//     TimeScale times faster than the wall clock; every figure is converted
+//     back to model seconds.
+//   - target: any OpenAI-compatible endpoint given by URL (vLLM, this
+//     router, another router), one row named "target", at time scale 1.
+//
+// The driver (driver.go) is open-loop: a session starts at its scheduled
+// time whatever the server does; within a multi-turn session each turn
+// waits for the previous answer and the think time. Every request streams
+// a completions call and the client times its first token.
+package bench

@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/tokenize"
+)
+
+// fleetRun is one policy's fresh fleet, with the router in front unless
+// the policy is the oracle.
+type fleetRun struct {
+	fleet  *sim.Fleet
+	router *router.Router
+	route  routeFunc
+	podOf  func(answer, dest) string
+	close  func()
+
+	lagMu  sync.Mutex
+	maxLag time.Duration
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// startFleetRun starts pods (and the router) for one policy and waits until
+// requests can be routed as the policy means: every pod routable with a
+// fresh event stream.
+func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, log *slog.Logger) (_ *fleetRun, err error) {
+	fr := &fleetRun{stop: make(chan struct{})}
+	var cleanup []func()
+	fr.close = func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			fr.close()
+		}
+	}()
+	cfg.Logger = log
+	fr.fleet, err = sim.StartFleet(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { _ = fr.fleet.Close() })
+	fr.podOf = func(_ answer, d dest) string { return d.pod }
+	if policy == Oracle {
+		fr.route = newOracle(fr.fleet, seed).route
+	} else if err := fr.startRouter(ctx, policy, log, &cleanup); err != nil {
+		return nil, err
+	}
+	fr.wg.Add(1)
+	go fr.watchLag()
+	cleanup = append(cleanup, func() {
+		close(fr.stop)
+		fr.wg.Wait()
+	})
+	return fr, nil
+}
+
+func (fr *fleetRun) startRouter(ctx context.Context, policy string, log *slog.Logger, cleanup *[]func()) error {
+	pol, err := router.ParsePolicy(policy)
+	if err != nil {
+		return err
+	}
+	model := fr.fleet.Config().Model
+	cfg := router.DefaultConfig()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", ""
+	cfg.Policy = pol
+	cfg.DebugHeaders = true // requests are attributed to pods by X-Prefixrouter-Target
+	cfg.Health.Endpoints = fr.fleet.Endpoints()
+	// The router watches the pods as often in model time as serve's
+	// defaults do in real time: at time scale 8 a 500 ms scrape interval is
+	// 62 ms of wall time, or the router would judge on data eight times
+	// older than it would in production.
+	scale := fr.fleet.Config().TimeScale
+	scaled := func(d time.Duration) time.Duration { return max(20*time.Millisecond, time.Duration(float64(d)/scale)) }
+	def := router.DefaultConfig()
+	cfg.Health.ProbeInterval = scaled(def.Health.ProbeInterval)
+	cfg.Health.ProbeTimeout = min(def.Health.ProbeTimeout, cfg.Health.ProbeInterval)
+	cfg.Health.ScrapeInterval = scaled(def.Health.ScrapeInterval)
+	cfg.Health.ScrapeTimeout = min(def.Health.ScrapeTimeout, cfg.Health.ScrapeInterval)
+	cfg.Health.EvalInterval = scaled(def.Health.EvalInterval)
+	cfg.Events.EvalInterval = scaled(def.Events.EvalInterval)
+	cfg.Events.StaleAfter = scaled(def.Events.StaleAfter)
+	cfg.Health.SuccessThreshold = 1
+	toks := tokenize.NewRegistry(tokenize.Options{Logger: log})
+	*cleanup = append(*cleanup, toks.Close)
+	if _, err := toks.Add(model, fr.fleet.Config().Tokenizer, tokenize.ModeLocal); err != nil {
+		return fmt.Errorf("router tokenizer: %w", err)
+	}
+	rt, err := router.New(cfg, router.Deps{Tokenizers: toks, Logger: log})
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	if err := rt.Start(rctx); err != nil {
+		stop()
+		return fmt.Errorf("router: %w", err)
+	}
+	*cleanup = append(*cleanup, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = rt.Shutdown(sctx)
+		stop()
+	})
+	fr.router = rt
+	if err := waitRouterReady(ctx, rt, model, len(fr.fleet.Pods)); err != nil {
+		return err
+	}
+	pods := map[string]string{}
+	for i, p := range fr.fleet.Pods {
+		for r := range fr.fleet.Config().DP {
+			pods[target.ID{Endpoint: p.URL(), Rank: r}.String()] = podName(i)
+		}
+	}
+	url := "http://" + rt.Addr() + "/v1/completions"
+	fr.route = func(context.Context, string) (dest, error) { return dest{url: url}, nil }
+	fr.podOf = func(a answer, _ dest) string { return pods[a.target] }
+	return nil
+}
+
+// waitRouterReady waits until every pod is routable with a fresh event
+// stream and the router knows the pods' block keys.
+func waitRouterReady(ctx context.Context, rt *router.Router, model string, pods int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		n := 0
+		for _, t := range rt.Monitor().Snapshot().ForModel(model) {
+			if t.CanRoute() && rt.EventPlane().Verdict(t.ID) == eventplane.VerdictFresh {
+				n++
+			}
+		}
+		if n >= pods && rt.KeysReady() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pods not ready: %d of %d routable with fresh events", n, pods)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// watchLag samples how far the pods' model clocks trail the wall clock.
+func (fr *fleetRun) watchLag() {
+	defer fr.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-fr.stop:
+			return
+		case <-t.C:
+			for _, p := range fr.fleet.Pods {
+				for _, st := range p.Stats() {
+					fr.lagMu.Lock()
+					fr.maxLag = max(fr.maxLag, st.Lag)
+					fr.lagMu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// stats are the pods' own numbers of the run: the worst lag of the model
+// clock behind the wall (in model time) and the preemptions.
+func (fr *fleetRun) stats() (lag time.Duration, preemptions int64) {
+	for _, p := range fr.fleet.Pods {
+		for _, st := range p.Stats() {
+			preemptions += st.Preemptions
+			lag = max(lag, st.Lag)
+		}
+	}
+	fr.lagMu.Lock()
+	defer fr.lagMu.Unlock()
+	return max(lag, fr.maxLag), preemptions
+}

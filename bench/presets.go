@@ -1,0 +1,102 @@
+package bench
+
+import (
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+)
+
+// Preset is a workload's defaults and the simulated fleet they are sized
+// for. Every field can be changed by its flag.
+type Preset struct {
+	Spec workload.Spec
+	// Pods, Profile and KVBlocks (0: the profile's) make the fleet;
+	// TimeScale and StreamInterval are how it runs on this machine.
+	Pods           int
+	Profile        string
+	KVBlocks       int
+	TimeScale      float64
+	StreamInterval time.Duration
+	// Drain bounds (wall time) the requests still running once the last
+	// session has started.
+	Drain time.Duration
+}
+
+// LookupPreset returns the preset of a workload kind, the quick one
+// (under a minute for every policy on a 2-core machine) or the full one.
+func LookupPreset(kind string, quick bool) Preset {
+	p := presets[kind]
+	if quick {
+		p = quickPresets[kind]
+	}
+	p.Spec.Kind = kind
+	return p
+}
+
+// The full presets model the hardware of DESIGN.md §5 at its own scale.
+var presets = map[string]Preset{
+	// llm-d's shape: 6,000-token system prompts shared by 5 users per
+	// group, 1,200-token questions, 1,000 output tokens, Poisson arrivals
+	// on a rising ladder; groups sized so that the system prompts fill 73%
+	// of four TP2 H100 pods' KV cache (150 groups).
+	workload.KindSharedPrefix: {
+		Spec: workload.Spec{Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000, PrefixFill: 0.73,
+			Rates: []float64{2, 4, 6, 8, 10}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+	workload.KindMultiTurn: {
+		Spec: workload.Spec{Turns: 8, SystemTokens: 2000, QuestionTokens: 300, OutputTokens: 300, Think: 10 * time.Second,
+			Rates: []float64{1, 2}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+	workload.KindRandom: {
+		Spec: workload.Spec{InputTokens: 2000, OutputTokens: 300,
+			Rates: []float64{4, 8, 12}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+	workload.KindBurst: {
+		Spec: workload.Spec{Siblings: 8, PrefixTokens: 8000, SuffixTokens: 200, OutputTokens: 200, Spread: 10 * time.Millisecond,
+			Rates: []float64{0.5, 1}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+	workload.KindTrace: {
+		Spec: workload.Spec{TraceSpeedup: 1},
+		Pods: 4, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+}
+
+// The quick presets keep each shape on a fleet small enough for a 2-core
+// machine to simulate faster than real time.
+var quickPresets = map[string]Preset{
+	// llm-d's regime on a small cache: 4,000-token system prompts filling
+	// 73% of four pods of 1,027 blocks (16,432 tokens) when partitioned,
+	// i.e. 12 groups of 5 users, 200-token questions, 100 output tokens,
+	// Poisson arrivals stepping 8, 16, 24 per second: a miss costs a
+	// whole 4,200-token prefill, so a policy that spreads a group over the
+	// pods runs out of prefill throughput where one that keeps it together
+	// does not.
+	workload.KindSharedPrefix: {
+		Spec: workload.Spec{Users: 5, SystemTokens: 4000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
+			Rates: []float64{8, 16, 24}, StageDuration: 8 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	workload.KindMultiTurn: {
+		Spec: workload.Spec{Turns: 5, SystemTokens: 1000, QuestionTokens: 100, OutputTokens: 100, Think: 2 * time.Second,
+			Rates: []float64{4}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	workload.KindRandom: {
+		Spec: workload.Spec{InputTokens: 1000, OutputTokens: 100,
+			Rates: []float64{10, 20}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	workload.KindBurst: {
+		Spec: workload.Spec{Siblings: 8, PrefixTokens: 3000, SuffixTokens: 100, OutputTokens: 50, Spread: 10 * time.Millisecond,
+			Rates: []float64{2}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	workload.KindTrace: {
+		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},
+		Pods: 4, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+}

@@ -1,0 +1,154 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// sampleResults is a small run of three policies, two pods and a ladder.
+func sampleResults() *Results {
+	recs := func(base float64, pods ...string) []Record {
+		var out []Record
+		for i := range 40 {
+			r := Record{Session: i, Group: i % 4, Stage: i / 20, Sent: float64(i) * 0.5, TTFT: base * float64(1+i%10),
+				E2E: base*float64(1+i%10) + 2, PromptTokens: 1000, CachedTokens: 800 - int(base*100)%800, OutputTokens: 100,
+				Pod: pods[i%len(pods)], Status: 200}
+			if i == 39 {
+				r = Record{Session: i, Sent: 19.5, Status: 503, Err: "HTTP 503"}
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	res := &Results{Workload: map[string]any{"name": "shared-prefix", "groups": 4}, Engine: "live", Seed: 1, TimeScale: 5,
+		Fleet: map[string]any{"pods": 2}, Order: []string{"round-robin", "precise", "oracle"}, Policies: map[string]*Policy{},
+		Stages: []StageSpan{{Rate: 2, Start: 0, End: 10}, {Rate: 4, Start: 10, End: 20}}}
+	res.Policies["round-robin"] = Summarize(recs(1.5, "pod-0", "pod-1"))
+	res.Policies["precise"] = Summarize(recs(0.05, "pod-0", "pod-1", "pod-1"))
+	res.Policies["oracle"] = Summarize(recs(0.04, "pod-1"))
+	return res
+}
+
+func TestSummarize(t *testing.T) {
+	recs := []Record{
+		{Sent: 0, TTFT: 1, E2E: 3, PromptTokens: 100, CachedTokens: 50, OutputTokens: 10, Pod: "pod-0", Status: 200},
+		{Sent: 1, TTFT: 2, E2E: 4, PromptTokens: 100, CachedTokens: 0, OutputTokens: 10, Pod: "pod-1", Status: 200},
+		{Sent: 2, TTFT: 3, E2E: 3, PromptTokens: 200, CachedTokens: 150, OutputTokens: 20, Pod: "pod-0", Status: 200},
+		{Sent: 3, Status: 503, Err: "HTTP 503"},
+		{Sent: 3, Status: 0, Err: "stream cut"},
+	}
+	p := Summarize(recs)
+	want := Policy{Requests: 5, Errors: 2, Shed: 1, PromptTokens: 400, CachedTokens: 200, CacheHitRate: 0.5,
+		TTFT: Dist{Mean: 2, P50: 2, P90: 3, P99: 3}, E2E: Dist{Mean: 10.0 / 3, P50: 3, P90: 4, P99: 4},
+		DurationS: 5, OutputTokensPerS: 8}
+	if p.Requests != want.Requests || p.Errors != want.Errors || p.Shed != want.Shed || p.PromptTokens != want.PromptTokens ||
+		p.CachedTokens != want.CachedTokens || p.CacheHitRate != want.CacheHitRate || p.TTFT != want.TTFT ||
+		math.Abs(p.E2E.Mean-want.E2E.Mean) > 1e-9 || p.E2E.P90 != want.E2E.P90 || p.DurationS != want.DurationS || p.OutputTokensPerS != want.OutputTokensPerS {
+		t.Fatalf("summary\n%+v\nwant\n%+v", *p, want)
+	}
+	if math.Abs(p.PodShare["pod-0"]-2.0/3) > 1e-9 || p.ErrorKinds["HTTP 503"] != 1 || p.ErrorKinds["stream cut"] != 1 {
+		t.Fatalf("pod share %v, error kinds %v", p.PodShare, p.ErrorKinds)
+	}
+	if last := p.TTFTCDF[len(p.TTFTCDF)-1]; last != [2]float64{3, 1} || p.TTFTCDF[0] != [2]float64{1, 1.0 / 3} {
+		t.Fatalf("cdf %v", p.TTFTCDF)
+	}
+}
+
+func TestQuantileIsTheNearestRank(t *testing.T) {
+	xs := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tc := range []struct{ q, want float64 }{{0.5, 5}, {0.9, 9}, {0.99, 10}, {0, 1}, {1, 10}} {
+		if got := quantile(xs, tc.q); got != tc.want {
+			t.Errorf("q%v = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+}
+
+func TestTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := Table(&b, sampleResults()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "policy") || !strings.HasPrefix(lines[3], "oracle") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+	if f := strings.Fields(lines[3]); f[1] != "40" || f[2] != "1" || f[3] != "1" || f[len(f)-2] != "0%" || f[len(f)-1] != "100%" {
+		t.Fatalf("oracle row %q", lines[3])
+	}
+}
+
+func TestSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		s    float64
+		want string
+	}{{0, "-"}, {0.0042, "4.2ms"}, {0.54, "540ms"}, {92.61, "92.61s"}, {1234, "1234s"}} {
+		if got := Seconds(tc.s); got != tc.want {
+			t.Errorf("Seconds(%v) = %q, want %q", tc.s, got, tc.want)
+		}
+	}
+}
+
+// TestHTMLCharts checks the page's structure without a browser: every
+// chart names the policies it draws, and each is drawn. The browser test
+// (bench/report/browser_test.go) checks that it renders.
+func TestHTMLCharts(t *testing.T) {
+	res := sampleResults()
+	page, err := HTML(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(page)
+	for _, id := range []string{"ttft-cdf", "cache-hit", "throughput", "pod-share", "ttft-over-time"} {
+		i := strings.Index(s, `id="`+id+`" data-expect="round-robin,precise,oracle"`)
+		if i < 0 {
+			t.Fatalf("chart %s missing or without its series", id)
+		}
+		fig := s[i : i+strings.Index(s[i:], "</figure>")]
+		for _, p := range res.Order {
+			if !strings.Contains(fig, `data-series="`+p+`"`) {
+				t.Fatalf("chart %s does not draw %s", id, p)
+			}
+		}
+	}
+	for _, bad := range []string{"<script", "http://", "https://", "src="} {
+		if strings.Contains(strings.ReplaceAll(s, `xmlns="http://www.w3.org/2000/svg"`, ""), bad) {
+			t.Fatalf("the page holds %q: it must need nothing else", bad)
+		}
+	}
+}
+
+func TestWriteRoundTrips(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out")
+	res := sampleResults()
+	path, err := res.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Policies["precise"].TTFT != res.Policies["precise"].TTFT || len(back.Order) != 3 {
+		t.Fatalf("results.json does not read back: %+v", back.Policies["precise"])
+	}
+	var generic map[string]any
+	_ = json.Unmarshal(raw, &generic)
+	pol := generic["policies"].(map[string]any)["precise"].(map[string]any)
+	for _, k := range []string{"requests", "errors", "shed", "ttft_s", "e2e_s", "output_tokens_per_s", "cache_hit_rate", "prompt_tokens", "cached_tokens", "pod_share"} {
+		if _, ok := pol[k]; !ok {
+			t.Errorf("results.json lacks policies.precise.%s", k)
+		}
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,110 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+)
+
+// RankState is what an all-knowing router would read off one rank before
+// sending it a prompt: how much of the prompt the rank's prefix cache holds
+// right now and how much work is queued ahead of it. The benchmark's oracle
+// policy routes on it; nothing in it is visible to a real router.
+type RankState struct {
+	// CachedTokens is the prompt tokens the rank would serve from its
+	// cache if the prompt were scheduled now: the GPU run from block 0 and
+	// the CPU tier's blocks after it, never the last token.
+	CachedTokens int
+	// QueuedPrefillTokens is the prompt tokens of waiting and prefilling
+	// requests not yet computed, net of the cache hits a waiting request
+	// had when it joined the queue.
+	QueuedPrefillTokens int
+	// Running and Waiting count requests; KVUsage is the fraction of GPU
+	// blocks in use.
+	Running, Waiting int
+	KVUsage          float64
+}
+
+// probeMsg asks an engine for its RankState for a prompt's block hashes.
+type probeMsg struct {
+	hashes    []kvindex.Digest
+	promptLen int
+	reply     chan RankState
+}
+
+// Encode tokenizes a completions prompt as the pod does (special tokens
+// added), for Probe.
+func (p *Pod) Encode(text string) ([]uint32, error) {
+	ids, err := p.tok.Encode(text, true)
+	if err != nil {
+		return nil, fmt.Errorf("pod %d: encode: %w", p.index, err)
+	}
+	return ids, nil
+}
+
+// Probe returns every rank's state for a prompt of token ids (no LoRA, no
+// cache salt). Each engine answers between steps or while a step's model
+// time passes, so a probe waits at most for one step's computation.
+func (p *Pod) Probe(ctx context.Context, ids []uint32) ([]RankState, error) {
+	out := make([]RankState, len(p.engines))
+	for r, e := range p.engines {
+		hashes, err := e.hasher.Load().Digests(nil, ids, kvindex.RequestExtras{})
+		if err != nil {
+			return nil, fmt.Errorf("pod %d: hashing prompt: %w", p.index, err)
+		}
+		m := probeMsg{hashes: hashes, promptLen: len(ids), reply: make(chan RankState, 1)}
+		select {
+		case e.probes <- m:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.done:
+			return nil, fmt.Errorf("pod %d: %w", p.index, errClosed)
+		}
+		select {
+		case out[r] = <-m.reply:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.done:
+			return nil, fmt.Errorf("pod %d: %w", p.index, errClosed)
+		}
+	}
+	return out, nil
+}
+
+// answer is the engine's side of Probe; it runs on the engine goroutine.
+func (e *engine) answer(m probeMsg) {
+	st := RankState{Running: len(e.running), Waiting: len(e.waiting), KVUsage: e.pool.usage()}
+	if !e.dead {
+		bs := e.prof.BlockSize
+		hit := e.cachedRun(m.hashes, m.promptLen)
+		if e.cpu != nil {
+			hit += e.cpu.run(m.hashes, hit, (m.promptLen-1)/bs)
+		}
+		st.CachedTokens = hit * bs
+		for _, s := range e.waiting {
+			if s.numComputed == 0 {
+				st.QueuedPrefillTokens += max(0, s.promptLen-s.expectHits*bs)
+			} else {
+				st.QueuedPrefillTokens += max(0, s.promptLen-s.numComputed)
+			}
+		}
+		for _, s := range e.running {
+			st.QueuedPrefillTokens += max(0, s.promptLen-s.numComputed)
+		}
+	}
+	m.reply <- st
+}
+
+// cachedRun is the prefix hit, in blocks, of a prompt of promptLen tokens
+// with these block hashes: the GPU run from block 0 (and, for a hybrid
+// model, what its sliding-window group allows), never the last token.
+func (e *engine) cachedRun(hashes []kvindex.Digest, promptLen int) int {
+	hits := e.pool.lookup(e.scratch[:0], hashes, (promptLen-1)/e.prof.BlockSize)
+	e.scratch = hits
+	n := len(hits)
+	if e.sw != nil {
+		n = e.swHit(hashes, n)
+	}
+	return n
+}

@@ -1,0 +1,166 @@
+package workload
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Kinds of workload.
+const (
+	KindSharedPrefix = "shared-prefix"
+	KindMultiTurn    = "multi-turn"
+	KindRandom       = "random"
+	KindBurst        = "burst"
+	KindTrace        = "trace"
+)
+
+// Kinds lists the workloads --workload takes (a trace as trace:PATH).
+func Kinds() []string {
+	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindTrace + ":PATH"}
+}
+
+// ParseKind reads --workload: a kind, or trace:PATH.
+func ParseKind(s string) (kind, path string, err error) {
+	if p, ok := strings.CutPrefix(s, KindTrace+":"); ok {
+		if p == "" {
+			return "", "", fmt.Errorf("trace: want trace:PATH")
+		}
+		return KindTrace, p, nil
+	}
+	switch s {
+	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst:
+		return s, "", nil
+	case "paired-gap", "faults":
+		// The two other workloads report what the speculative
+		// policy predicted and how the index recovers from faults; they
+		// arrive with that policy.
+		return "", "", fmt.Errorf("workload %s is not available yet (it comes with the speculative policy)", s)
+	}
+	return "", "", fmt.Errorf("unknown workload %q (want %s)", s, strings.Join(Kinds(), ", "))
+}
+
+// Spec is every generator's parameters as the command takes them. A zero
+// field takes the preset's value (Fill).
+type Spec struct {
+	Kind      string
+	TracePath string
+	Seed      uint64
+	Vocab     Vocab
+
+	// The ladder: one stage per rate, each StageDuration long (model time).
+	Rates         []float64
+	StageDuration time.Duration
+	Arrival       Arrival
+
+	// shared-prefix (and the lengths of multi-turn, random and burst).
+	Groups, Users                              int
+	SystemTokens, QuestionTokens, OutputTokens int
+	// PrefixFill sizes shared-prefix's groups when Groups is zero: groups ×
+	// system prompt = PrefixFill × the fleet's KV tokens.
+	PrefixFill float64
+
+	// multi-turn.
+	Turns int
+	Think time.Duration
+
+	// random.
+	InputTokens int
+
+	// burst.
+	Siblings, PrefixTokens, SuffixTokens int
+	Spread                               time.Duration
+
+	// trace.
+	TraceSpeedup  float64
+	TraceRequests int
+}
+
+// Fill takes preset's value for every zero field of s.
+func (s *Spec) Fill(preset Spec) {
+	fillIf := func(dst *int, v int) {
+		if *dst == 0 {
+			*dst = v
+		}
+	}
+	fillIf(&s.Groups, preset.Groups)
+	fillIf(&s.Users, preset.Users)
+	fillIf(&s.SystemTokens, preset.SystemTokens)
+	fillIf(&s.QuestionTokens, preset.QuestionTokens)
+	fillIf(&s.OutputTokens, preset.OutputTokens)
+	fillIf(&s.Turns, preset.Turns)
+	fillIf(&s.InputTokens, preset.InputTokens)
+	fillIf(&s.Siblings, preset.Siblings)
+	fillIf(&s.PrefixTokens, preset.PrefixTokens)
+	fillIf(&s.SuffixTokens, preset.SuffixTokens)
+	fillIf(&s.TraceRequests, preset.TraceRequests)
+	if len(s.Rates) == 0 {
+		s.Rates = preset.Rates
+	}
+	if s.StageDuration == 0 {
+		s.StageDuration = preset.StageDuration
+	}
+	if s.Arrival == "" {
+		s.Arrival = preset.Arrival
+	}
+	if s.PrefixFill == 0 {
+		s.PrefixFill = preset.PrefixFill
+	}
+	if s.Think == 0 {
+		s.Think = preset.Think
+	}
+	if s.Spread == 0 {
+		s.Spread = preset.Spread
+	}
+	if s.TraceSpeedup == 0 {
+		s.TraceSpeedup = preset.TraceSpeedup
+	}
+	if s.Vocab == "" {
+		s.Vocab = preset.Vocab
+	}
+}
+
+// Limits are what the fleet allows, for sizing and cutting; zero is
+// unknown.
+type Limits struct {
+	// KVTokens is the whole fleet's KV-cache capacity.
+	KVTokens int
+	// MaxContext bounds one request's prompt and output.
+	MaxContext int
+}
+
+// Build makes the workload s describes.
+func Build(s Spec, lim Limits) (*Workload, error) {
+	common := Common{Seed: s.Seed, Vocab: s.Vocab}
+	stages := Ladder(s.Rates, s.StageDuration)
+	switch s.Kind {
+	case KindSharedPrefix:
+		groups := s.Groups
+		if groups == 0 {
+			if lim.KVTokens == 0 || !(s.PrefixFill > 0) || s.SystemTokens < 1 {
+				return nil, fmt.Errorf("shared-prefix: give --groups (the fleet's KV capacity is unknown)")
+			}
+			groups = max(1, int(math.Round(s.PrefixFill*float64(lim.KVTokens)/float64(s.SystemTokens))))
+		}
+		w, err := SharedPrefix{Common: common, Groups: groups, Users: s.Users, SystemTokens: s.SystemTokens,
+			QuestionTokens: s.QuestionTokens, OutputTokens: s.OutputTokens, Stages: stages, Arrival: s.Arrival}.Generate()
+		if err == nil && lim.KVTokens > 0 {
+			fill := float64(groups*s.SystemTokens) / float64(lim.KVTokens)
+			w.Params["prefix_fill"] = math.Round(fill*1000) / 1000
+		}
+		return w, err
+	case KindMultiTurn:
+		return MultiTurn{Common: common, Turns: s.Turns, SystemTokens: s.SystemTokens, QuestionTokens: s.QuestionTokens,
+			OutputTokens: s.OutputTokens, Think: s.Think, Stages: stages, Arrival: s.Arrival}.Generate()
+	case KindRandom:
+		return Random{Common: common, InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, Stages: stages, Arrival: s.Arrival}.Generate()
+	case KindBurst:
+		return Burst{Common: common, Siblings: s.Siblings, PrefixTokens: s.PrefixTokens, SuffixTokens: s.SuffixTokens,
+			OutputTokens: s.OutputTokens, Spread: s.Spread, Stages: stages, Arrival: s.Arrival}.Generate()
+	case KindTrace:
+		return Trace{Common: common, Path: s.TracePath, Speedup: s.TraceSpeedup, MaxRequests: s.TraceRequests,
+			MaxContext: lim.MaxContext}.Generate()
+	}
+	return nil, fmt.Errorf("unknown workload %q", s.Kind)
+}

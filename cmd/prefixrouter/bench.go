@@ -1,0 +1,336 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v3"
+	"golang.org/x/term"
+
+	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+)
+
+// benchSettings is what the bench command's flags set. Zero workload and
+// fleet fields take the preset's value.
+type benchSettings struct {
+	Workload, Policies string
+	Quick              bool
+	Seed               uint64
+	Out                string
+	Timeout, Drain     time.Duration
+	LogLevel           string
+
+	Pods, KVBlocks int
+	Profile        string
+	TimeScale      float64
+	StreamInterval time.Duration
+
+	TargetURL, Model string
+
+	Text, Rates, Arrival string
+	Spec                 workload.Spec
+}
+
+func defaultBenchSettings() benchSettings {
+	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
+		Seed: 1, Timeout: 30 * time.Minute, LogLevel: "error"}
+}
+
+func benchCommand(stderr io.Writer) *cli.Command {
+	s := defaultBenchSettings()
+	t := newFlagTable("bench")
+	return t.command(&cli.Command{
+		Name:  "bench",
+		Usage: "compare routing policies on one workload over simulated pods (or any OpenAI endpoint), print a table, write a report",
+		Description: "Runs the workload under each policy, one after another, each on a fresh fleet of simulated\n" +
+			"vLLM pods on loopback with the router in front (the oracle routes on the pods' true state\n" +
+			"instead). --target-url drives any OpenAI-compatible endpoint instead. Times are model seconds.\n" +
+			"--out DIR writes results.json and report.html. Every flag has an environment variable\n" +
+			"PREFIXROUTER_BENCH_<FLAG> (dashes as underscores).",
+		Flags: s.flags(t),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			return runBench(ctx, cmd.Root().Writer, stderr, &s, cmd.IsSet("policies"), commandLine(cmd))
+		},
+	})
+}
+
+// flags is the bench command's flag table, bound to s.
+func (s *benchSettings) flags(t *flagTable) []cli.Flag {
+	run := t.group("Run")
+	fleet := t.group("Simulated fleet (live engine)")
+	target := t.group("Target endpoint")
+	wl := t.group("Workload (0: the preset's)")
+	preset := "the preset's"
+	return []cli.Flag{
+		run.checked("workload", "what to send: "+strings.Join(workload.Kinds(), ", "), &s.Workload,
+			func(v string) error { _, _, err := workload.ParseKind(v); return err }),
+		run.checked("policies", "policies to compare, comma-separated, in order: "+strings.Join(bench.PolicyNames(), ", "), &s.Policies,
+			func(v string) error { _, err := bench.ParsePolicies(v); return err }),
+		run.bool("quick", "the workload's quick preset: under a minute for every policy on a 2-core machine", &s.Quick),
+		run.uint64("seed", "seed of the workload (prompts, arrivals) and of the oracle's ties", &s.Seed),
+		defaultText(run.str("out", "directory for results.json and report.html", &s.Out), "none"),
+		run.dur("timeout", "bound on the whole run", &s.Timeout),
+		defaultText(run.dur("drain", "once the last request is sent, how long (wall time) the ones still running may take before they are cancelled and counted as unfinished", &s.Drain), preset),
+		choice(run, "log-level", "the pods' and the router's log on stderr: debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
+
+		defaultText(fleet.int("pods", "simulated pods", &s.Pods), preset),
+		defaultText(choice(fleet, "profile", "hardware profile: "+strings.Join(sim.ProfileNames(), ", "), &s.Profile, identity,
+			func(v string) (string, error) {
+				if v == "" {
+					return v, nil
+				}
+				return checkedBy(sim.LookupProfile)(v)
+			}), preset),
+		defaultText(fleet.int("kv-blocks", "KV-cache blocks per pod", &s.KVBlocks), "the preset's, else the profile's"),
+		defaultText(fleet.float("time-scale", "model seconds per wall second", &s.TimeScale), preset),
+		defaultText(fleet.dur("stream-interval", "least model time between two chunks of a stream after its first", &s.StreamInterval), preset),
+
+		defaultText(target.str("target-url", "drive this OpenAI-compatible endpoint (http://HOST:PORT) instead of simulated pods", &s.TargetURL), "none"),
+		defaultText(target.str("model", "model to ask the target for", &s.Model), "the target's first in /v1/models"),
+
+		defaultText(choice(wl, "text", "how prompts are made: bytes (one token per character, the simulated pods' model) or words (about one token per word for real tokenizers)", &s.Text, identity,
+			func(v string) (string, error) {
+				if v == "" {
+					return v, nil
+				}
+				_, err := workload.ParseVocab(v)
+				return v, err
+			}), "bytes, words with --target-url"),
+		defaultText(wl.checked("rates", "rate ladder: arrivals per model second, comma-separated", &s.Rates,
+			func(v string) error {
+				if v == "" {
+					return nil
+				}
+				_, err := workload.ParseRates(v)
+				return err
+			}), preset),
+		defaultText(wl.dur("stage-duration", "model time of each step of the ladder", &s.Spec.StageDuration), preset),
+		defaultText(choice(wl, "arrival", "poisson or constant", &s.Arrival, identity,
+			func(v string) (string, error) {
+				if v == "" {
+					return v, nil
+				}
+				a, err := workload.ParseArrival(v)
+				return string(a), err
+			}), preset),
+		defaultText(wl.int("groups", "shared-prefix: groups sharing one system prompt", &s.Spec.Groups), "sized by --prefix-fill"),
+		defaultText(wl.int("users", "shared-prefix: users per group, each with a question of their own", &s.Spec.Users), preset),
+		defaultText(wl.float("prefix-fill", "shared-prefix: the groups' system prompts as a fraction of the fleet's KV tokens", &s.Spec.PrefixFill), preset),
+		defaultText(wl.int("system-tokens", "shared-prefix: system prompt; multi-turn: each conversation's opening context", &s.Spec.SystemTokens), preset),
+		defaultText(wl.int("question-tokens", "shared-prefix: each user's question; multi-turn: each turn's message", &s.Spec.QuestionTokens), preset),
+		defaultText(wl.int("output-tokens", "output tokens per request", &s.Spec.OutputTokens), preset),
+		defaultText(wl.int("turns", "multi-turn: turns per conversation", &s.Spec.Turns), preset),
+		defaultText(wl.dur("think-time", "multi-turn: mean model time between an answer and the next turn (exponential)", &s.Spec.Think), preset),
+		defaultText(wl.int("input-tokens", "random: mean prompt length (uniform within ±50%)", &s.Spec.InputTokens), preset),
+		defaultText(wl.int("siblings", "burst: requests per burst", &s.Spec.Siblings), preset),
+		defaultText(wl.int("prefix-tokens", "burst: the prefix a burst's siblings share", &s.Spec.PrefixTokens), preset),
+		defaultText(wl.int("suffix-tokens", "burst: each sibling's own suffix", &s.Spec.SuffixTokens), preset),
+		defaultText(wl.dur("spread", "burst: model time within which a burst's siblings arrive", &s.Spec.Spread), preset),
+		defaultText(wl.float("trace-speedup", "trace: divide the trace's timestamps by this", &s.Spec.TraceSpeedup), preset),
+		defaultText(wl.int("trace-requests", "trace: replay the first N requests", &s.Spec.TraceRequests), "the preset's; 0 in the full preset: all"),
+	}
+}
+
+// commandLine is the command with the flags that were set (on the command
+// line or by their variables), for the results.
+func commandLine(cmd *cli.Command) string {
+	args := []string{"prefixrouter", cmd.Name}
+	for _, f := range cmd.FlagNames() {
+		if !cmd.IsSet(f) {
+			continue
+		}
+		if v, ok := cmd.Value(f).(bool); ok {
+			if v {
+				args = append(args, "--"+f)
+			}
+			continue
+		}
+		args = append(args, "--"+f, fmt.Sprint(cmd.Value(f)))
+	}
+	return strings.Join(args, " ")
+}
+
+// options turns the settings into a run: the preset, the flags over it,
+// the workload built for the fleet.
+func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
+	var o bench.Options
+	kind, path, err := workload.ParseKind(s.Workload)
+	if err != nil {
+		return o, usageError("--workload: %v", err)
+	}
+	p := bench.LookupPreset(kind, s.Quick)
+	spec := s.Spec
+	spec.Kind, spec.TracePath, spec.Seed = kind, path, s.Seed
+	if s.Rates != "" {
+		if spec.Rates, err = workload.ParseRates(s.Rates); err != nil {
+			return o, usageError("--rates: %v", err)
+		}
+	}
+	spec.Arrival = workload.Arrival(s.Arrival)
+	spec.Vocab = workload.Vocab(s.Text)
+	if spec.Vocab == "" {
+		spec.Vocab = workload.Bytes
+		if s.TargetURL != "" {
+			spec.Vocab = workload.Words
+		}
+	}
+	spec.Fill(p.Spec)
+	for name, v := range map[string]int{"pods": s.Pods, "kv-blocks": s.KVBlocks, "groups": spec.Groups, "users": spec.Users,
+		"system-tokens": spec.SystemTokens, "question-tokens": spec.QuestionTokens, "output-tokens": spec.OutputTokens,
+		"turns": spec.Turns, "input-tokens": spec.InputTokens, "siblings": spec.Siblings, "prefix-tokens": spec.PrefixTokens,
+		"suffix-tokens": spec.SuffixTokens, "trace-requests": spec.TraceRequests} {
+		if v < 0 {
+			return o, usageError("--%s must not be negative, got %d", name, v)
+		}
+	}
+	for name, v := range map[string]time.Duration{"drain": s.Drain, "stage-duration": spec.StageDuration, "think-time": spec.Think,
+		"spread": spec.Spread, "stream-interval": s.StreamInterval} {
+		if v < 0 {
+			return o, usageError("--%s must not be negative, got %v", name, v)
+		}
+	}
+	switch {
+	case s.Timeout <= 0:
+		return o, usageError("--timeout must be positive, got %v", s.Timeout)
+	case s.TimeScale < 0:
+		return o, usageError("--time-scale must be positive, got %v", s.TimeScale)
+	case spec.PrefixFill < 0:
+		return o, usageError("--prefix-fill must be positive, got %v", spec.PrefixFill)
+	case spec.TraceSpeedup < 0:
+		return o, usageError("--trace-speedup must be positive, got %v", spec.TraceSpeedup)
+	}
+	o.Drain = p.Drain
+	if s.Drain > 0 {
+		o.Drain = s.Drain
+	}
+	o.Seed = s.Seed
+
+	var lim workload.Limits
+	if s.TargetURL != "" {
+		if policiesSet {
+			return o, usageError("--policies: with --target-url the one policy is whatever serves the URL")
+		}
+		if !strings.HasPrefix(s.TargetURL, "http://") && !strings.HasPrefix(s.TargetURL, "https://") {
+			return o, usageError("--target-url %q: want http://HOST:PORT or https://…", s.TargetURL)
+		}
+		o.TargetURL, o.Model = s.TargetURL, s.Model
+	} else {
+		if o.Policies, err = bench.ParsePolicies(s.Policies); err != nil {
+			return o, usageError("--policies: %v", err)
+		}
+		if s.Model != "" {
+			return o, usageError("--model: the simulated pods serve the profile's model; --model goes with --target-url")
+		}
+		cfg, err := s.fleet(p)
+		if err != nil {
+			return o, err
+		}
+		o.Fleet = cfg
+		lim = workload.Limits{KVTokens: cfg.Pods * cfg.Profile.KVTokens(), MaxContext: min(cfg.Profile.MaxModelLen, cfg.Profile.KVTokens())}
+	}
+	w, err := workload.Build(spec, lim)
+	if err != nil {
+		return o, usageError("%v", err)
+	}
+	if w.Requests() == 0 {
+		return o, usageError("the workload has no requests: raise --rates or --stage-duration")
+	}
+	o.Workload = w
+	return o, nil
+}
+
+// fleet is the simulated pods' configuration: the preset's, changed by the
+// flags.
+func (s *benchSettings) fleet(p bench.Preset) (sim.Config, error) {
+	name := p.Profile
+	if s.Profile != "" {
+		name = s.Profile
+	}
+	prof, err := sim.LookupProfile(name)
+	if err != nil {
+		return sim.Config{}, usageError("--profile: %v", err)
+	}
+	if p.KVBlocks > 0 {
+		prof.NumGPUBlocks = p.KVBlocks
+	}
+	if s.KVBlocks > 0 {
+		prof.NumGPUBlocks = s.KVBlocks
+	}
+	cfg := sim.Config{Pods: p.Pods, Profile: prof, Tokenizer: "bytes", TimeScale: p.TimeScale, StreamInterval: p.StreamInterval,
+		Host: "127.0.0.1"}
+	if s.Pods > 0 {
+		cfg.Pods = s.Pods
+	}
+	if s.TimeScale > 0 {
+		cfg.TimeScale = s.TimeScale
+	}
+	if s.StreamInterval > 0 {
+		cfg.StreamInterval = s.StreamInterval
+	}
+	if err := sim.CheckConfig(cfg); err != nil {
+		return cfg, usageError("%v", err)
+	}
+	cfg.Model = prof.Model
+	return cfg, nil
+}
+
+func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, policiesSet bool, command string) error {
+	o, err := s.options(policiesSet)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s.LogLevel)); err != nil {
+		return usageError("--log-level %q: want debug, info, warn or error", s.LogLevel)
+	}
+	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	o.Progress, o.Command = stderr, command
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		o.Terminal = true
+	}
+	if o.TargetURL != "" && o.Model == "" {
+		if o.Model, err = bench.FirstModel(ctx, o.TargetURL); err != nil {
+			return cli.Exit(fmt.Sprintf("bench: %v (give --model)", err), exitFailure)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	defer cancel()
+	fmt.Fprintln(stdout, describeRun(&o))
+	res, err := bench.Run(ctx, o)
+	if err != nil {
+		return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
+	}
+	if err := report.Table(stdout, res); err != nil {
+		return err
+	}
+	for _, n := range res.Notes {
+		fmt.Fprintf(stdout, "note: %s\n", n)
+	}
+	if s.Out != "" {
+		path, err := res.Write(s.Out)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
+		}
+		fmt.Fprintf(stdout, "report: %s\n", path)
+	}
+	return nil
+}
+
+// describeRun is the line printed before the run starts.
+func describeRun(o *bench.Options) string {
+	w := o.Workload
+	if o.TargetURL != "" {
+		return fmt.Sprintf("bench: %s, %d requests, against %s (model %s)", w.Name, w.Requests(), o.TargetURL, o.Model)
+	}
+	f := o.Fleet
+	return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each), time scale %g, policies %s",
+		w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), f.TimeScale, strings.Join(o.Policies, ", "))
+}
