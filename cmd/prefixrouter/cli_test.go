@@ -63,6 +63,7 @@ func TestUnknownFlagsAndCommandsNameWhatWasMeant(t *testing.T) {
 		{[]string{"help", "serve", "sim"}, `unexpected argument "sim" (help takes one command)`},
 		{[]string{"serve", "http://h:8000"}, `unexpected argument "http://h:8000" (give every value with its flag, e.g. --NAME VALUE)`},
 		{[]string{"serve", "--policy"}, "--policy needs a value"},
+		{[]string{"ttl-advise", "--latencies", "-", "-h", "0"}, `unexpected argument "0" (give every value with its flag, e.g. --NAME VALUE)`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -48,10 +48,25 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		code = coder.ExitCode()
 	}
 	msg := strings.TrimSpace(strings.ReplaceAll(err.Error(), "\n", " "))
+	if arg, ok := helpTopic(msg); ok {
+		// A command's -h with an argument: the parser takes the argument
+		// for a help topic and exits 3; it is an argument like any other.
+		code, msg = exitUsage, fmt.Sprintf("unexpected argument %q (give every value with its flag, e.g. --NAME VALUE)", arg)
+	}
 	if msg != "" {
 		fmt.Fprintf(stderr, "prefixrouter: %s\n", msg)
 	}
 	return code
+}
+
+// helpTopic reads urfave/cli v3's "No help topic for 'ARG'";
+// TestUnknownFlagsAndCommandsNameWhatWasMeant fails if a new version words it otherwise.
+func helpTopic(msg string) (string, bool) {
+	rest, ok := strings.CutPrefix(msg, "No help topic for '")
+	if !ok || !strings.HasSuffix(rest, "'") {
+		return "", false
+	}
+	return strings.TrimSuffix(rest, "'"), true
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
