@@ -135,25 +135,29 @@ func BenchmarkConfirm(b *testing.B) {
 // BenchmarkAssign: a request's arm behind a shared 40-block system
 // prompt, by its prompt.
 func BenchmarkAssign(b *testing.B) {
-	r := newRig(b, DefaultConfig())
-	system := keyRange(1, 40)
-	prompt := func(c int) []kvindex.Key {
-		return append(append([]kvindex.Key(nil), system...), keyRange(1_000_000+c*100, 80)...)
+	// A 40-block system prompt, and a 170-block one (2,700 tokens of 16)
+	// in front of conversations 500 blocks long: the record walks every
+	// block the decision read.
+	for _, tc := range []struct{ system, own int }{{40, 80}, {170, 500}} {
+		b.Run(fmt.Sprintf("system=%d,own=%d", tc.system, tc.own), func(b *testing.B) {
+			r := newRig(b, DefaultConfig())
+			system := keyRange(1, tc.system)
+			const conversations = 1000
+			prompts := make([][]kvindex.Key, conversations)
+			for c := range prompts {
+				prompts[c] = append(append([]kvindex.Key(nil), system...), keyRange(1_000_000+c*1000, tc.own)...)
+				r.Assign(Conversation{Model: "m", Keys: prompts[c]})
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if a := r.Assign(Conversation{Model: "m", Keys: prompts[i%conversations]}); a.Basis != BasisPrompt {
+					b.Fatalf("basis %v", a.Basis)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/assign")
+		})
 	}
-	const conversations = 1000
-	prompts := make([][]kvindex.Key, conversations)
-	for c := range prompts {
-		prompts[c] = prompt(c)
-		r.Assign(Conversation{Model: "m", Keys: prompts[c]})
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		if a := r.Assign(Conversation{Model: "m", Keys: prompts[i%conversations]}); a.Basis != BasisPrompt {
-			b.Fatalf("basis %v", a.Basis)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/assign")
 }
 
 // BenchmarkTrust: a candidate's trust (the stream's state and the

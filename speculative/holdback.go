@@ -4,6 +4,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"time"
 
@@ -95,7 +96,7 @@ func (s *Store) Assign(c Conversation) Assignment {
 	m := hb.model(c.Model)
 	var h uint64
 	basis := BasisRequest
-	part := m.sharing.parting(c.Keys, s.clock())
+	part := m.sharing.parting(c.Keys)
 	switch {
 	case c.SessionID != "":
 		basis, h = BasisSession, hashString("session", c.SessionID)
@@ -242,27 +243,38 @@ func newArmStats() armStats { return armStats{ttftHist: newHistogram(ttftBuckets
 // the shared ones on its path stays the same turn after turn; a count of
 // how often each block was seen would not do, since a long conversation's
 // own blocks are seen as often as a shared prompt's.
+//
+// Block keys are chained (a key stands for its whole prefix), so the
+// record is closed under prefixes: every recorded prompt's blocks are all
+// recorded, and every shared block's ancestors are shared. Both the
+// recorded run of a prompt and its shared run are then found by binary
+// search, and a request costs O(log n) reads plus at most sharingAhead
+// writes, however long the shared prompt or the conversation.
 const (
-	// sharingWindow: a generation of the record lasts this long (or until
-	// it holds sharingMaxNodes blocks); the record is the current
-	// generation and the last one.
-	sharingWindow   = 5 * time.Minute
-	sharingMaxNodes = 1 << 16
-	// sharingAhead is how many blocks past the last shared block each
-	// prompt records: a deeper parting point (a tenant's few-shot prefix
-	// after a fleet-wide system prompt) is found up to this far beyond.
-	sharingAhead = 32
+	// sharingMaxNodes bounds the record (about 40 bytes a block): once
+	// full it keeps only the shared blocks (a few system and tenant
+	// prompts, so conversations behind them keep their arms), or, when
+	// those fill half of it, starts over.
+	sharingMaxNodes = 1 << 18
+	// sharingMaxWalk bounds the blocks of a prompt the record holds: a
+	// parting point is found anywhere before it. 4,096 blocks of 16
+	// tokens is 64k tokens.
+	sharingMaxWalk = 4096
+	// sharingAhead is how many blocks past its recorded run a request
+	// records. A prefix longer than that is learned over several
+	// requests, each recording further along it: a 170-block system
+	// prompt (2,700 tokens of 16) is known to be shared from the fourth
+	// conversation behind it.
+	sharingAhead = 64
 )
 
 type sharing struct {
-	mu        sync.Mutex
-	cur, prev map[kvindex.Key]sharedNode
-	started   int64
+	mu    sync.Mutex
+	nodes map[kvindex.Key]sharedNode
 }
 
 // sharedNode is what the record knows of a block: the first next block
-// seen, and whether it is shared. Shared blocks are closed under
-// ancestry: a block is marked shared with every block before it.
+// seen, and whether it is shared.
 type sharedNode struct {
 	next    kvindex.Key
 	hasNext bool
@@ -274,46 +286,72 @@ type sharedNode struct {
 // len(keys) when every block read is. Before the second prompt with a
 // given first block arrives nothing is known to be shared, so the first
 // conversation behind a new system prompt is placed by block 0.
-func (sh *sharing) parting(keys []kvindex.Key, now int64) int {
+func (sh *sharing) parting(keys []kvindex.Key) int {
+	keys = keys[:min(len(keys), sharingMaxWalk)]
 	if len(keys) == 0 {
 		return 0
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.cur == nil || now-sh.started >= int64(sharingWindow) || len(sh.cur) >= sharingMaxNodes {
-		sh.prev, sh.cur, sh.started = sh.cur, make(map[kvindex.Key]sharedNode), now
+	if len(sh.nodes)+len(keys) > sharingMaxNodes || sh.nodes == nil {
+		sh.restart()
 	}
-	// lead: the shared blocks at the start of the path; deepest: the last
-	// shared block on it (a new parting point may lie past lead).
-	lead, deepest := 0, -1
-	for i := 0; i < len(keys) && i <= deepest+1+sharingAhead; i++ {
-		n, ok := sh.cur[keys[i]]
-		changed := !ok
-		if !ok {
-			n = sh.prev[keys[i]]
+	// seen: the prompt's leading blocks the record holds.
+	seen := sort.Search(len(keys), func(i int) bool { _, ok := sh.nodes[keys[i]]; return !ok })
+	if seen > 0 && seen < len(keys) {
+		last := sh.nodes[keys[seen-1]]
+		switch {
+		case last.hasNext && last.next != keys[seen]:
+			// Another prompt went on from here with another block:
+			// the traffic parts here.
+			sh.markShared(keys[:seen])
+		case !last.hasNext:
+			// A prompt ended here (this conversation's earlier turn):
+			// this one extends it.
+			last.next, last.hasNext = keys[seen], true
+			sh.nodes[keys[seen-1]] = last
 		}
+	}
+	for i := seen; i < min(len(keys), seen+sharingAhead); i++ {
+		var n sharedNode
 		if i+1 < len(keys) {
-			switch {
-			case !n.hasNext:
-				n.next, n.hasNext, changed = keys[i+1], true, true
-			case !n.shared && n.next != keys[i+1]:
-				n.shared, changed = true, true
-			}
+			n.next, n.hasNext = keys[i+1], true
 		}
-		if changed {
-			sh.cur[keys[i]] = n
-		}
+		sh.nodes[keys[i]] = n
+	}
+	return sort.Search(len(keys), func(i int) bool { return !sh.nodes[keys[i]].shared })
+}
+
+// markShared marks a recorded path's blocks shared, from its end back to
+// the first block already shared (whose ancestors are).
+func (sh *sharing) markShared(path []kvindex.Key) {
+	for i := len(path) - 1; i >= 0; i-- {
+		n := sh.nodes[path[i]]
 		if n.shared {
-			deepest = i
-			if lead == i {
-				lead++
-			}
+			return
+		}
+		n.shared = true
+		sh.nodes[path[i]] = n
+	}
+}
+
+// restart empties a full record but for its shared blocks (closed under
+// prefixes, so the record stays closed), unless they fill half of it.
+func (sh *sharing) restart() {
+	old := sh.nodes
+	sh.nodes = make(map[kvindex.Key]sharedNode)
+	kept := 0
+	for _, n := range old {
+		if n.shared {
+			kept++
 		}
 	}
-	for i := lead; i < deepest; i++ {
-		n := sh.cur[keys[i]]
-		n.shared = true
-		sh.cur[keys[i]] = n
+	if kept > sharingMaxNodes/2 {
+		return
 	}
-	return deepest + 1
+	for k, n := range old {
+		if n.shared {
+			sh.nodes[k] = n
+		}
+	}
 }

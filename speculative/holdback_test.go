@@ -94,11 +94,21 @@ func checkArms(t *testing.T, arms [][]Assignment, warmup int) {
 }
 
 // TestHoldbackSharedSystemPrompt: one system prompt in front of all
-// traffic does not put every conversation in one arm.
+// traffic does not put every conversation in one arm, however long the
+// prompt (170 blocks: 2,700 tokens of 16). The first conversations behind
+// it are placed by block 0 while the record learns the prompt, each
+// recording sharingAhead blocks further along it.
 func TestHoldbackSharedSystemPrompt(t *testing.T) {
+	for _, blocks := range []int{10, 170, 1000} {
+		t.Run(fmt.Sprintf("%d blocks", blocks), func(t *testing.T) {
+			system := keyRange(1, blocks)
+			r := newRig(t, DefaultConfig())
+			checkArms(t, assignTurns(r, 2000, 4, func(int) []kvindex.Key { return system }), blocks/sharingAhead+1)
+		})
+	}
 	system := keyRange(1, 10)
 	r := newRig(t, DefaultConfig())
-	checkArms(t, assignTurns(r, 2000, 4, func(int) []kvindex.Key { return system }), 1)
+	assignTurns(r, 3, 1, func(int) []kvindex.Key { return system })
 
 	// A request whose keys, as the decision read them, end inside the
 	// shared prompt has no block of its own: it is placed by itself, not
@@ -114,7 +124,7 @@ func TestHoldbackSharedSystemPrompt(t *testing.T) {
 // of 20 tenants' few-shot prefixes: conversations are placed by their own
 // blocks, not by their tenant's.
 func TestHoldbackTenantPrefixes(t *testing.T) {
-	system := keyRange(1, 10)
+	system := keyRange(10_000_000, 100)
 	tenant := func(c int) []kvindex.Key {
 		return append(append([]kvindex.Key(nil), system...), keyRange(100+(c%20)*10, 5)...)
 	}
@@ -135,5 +145,37 @@ func TestHoldbackReplicasAgree(t *testing.T) {
 		if fmt.Sprint(a[c]) != fmt.Sprint(b[c]) {
 			t.Fatalf("conversation %d: %v and %v", c, a[c], b[c])
 		}
+	}
+}
+
+// TestHoldbackRecordFullKeepsArms: more conversations than the record
+// holds. When it fills it keeps the shared prompt, so a conversation
+// whose own blocks were dropped keeps its arm on its next turn.
+func TestHoldbackRecordFullKeepsArms(t *testing.T) {
+	system := keyRange(1, 10)
+	r := newRig(t, DefaultConfig())
+	const conversations, own = 5000, 60 // 300,000 blocks: more than sharingMaxNodes
+	turn := func(c, n int) []kvindex.Key {
+		return append(append([]kvindex.Key(nil), system...), keyRange(1_000_000+c*1000, own+n)...)
+	}
+	first := make([]Assignment, conversations)
+	for c := range conversations {
+		first[c] = r.Assign(Conversation{Model: "m", Keys: turn(c, 0)})
+	}
+	if n := len(r.arms.model("m").sharing.nodes); n >= conversations*own {
+		t.Fatalf("the record holds %d blocks: it never filled", n)
+	}
+	held := 0
+	for c := range conversations {
+		a := r.Assign(Conversation{Model: "m", Keys: turn(c, 1)})
+		if c > 0 && (a.Arm != first[c].Arm || a.Basis != BasisPrompt) {
+			t.Fatalf("conversation %d: turn 1 %+v, turn 2 %+v", c, first[c], a)
+		}
+		if a.Arm == ArmHoldback {
+			held++
+		}
+	}
+	if share := float64(held) / conversations; share < 0.03 || share > 0.07 {
+		t.Fatalf("holdback share %v, want about 0.05", share)
 	}
 }
