@@ -1,0 +1,390 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/speculative"
+)
+
+// specRig is a router with the speculative policy in front of simulated
+// pods (real HTTP and ZMQ on loopback) whose event batches the tests
+// delay, so that a prediction's life can be watched from dispatch to its
+// event.
+type specRig struct {
+	t *testing.T
+	f *sim.Fleet
+	r *Router
+}
+
+// specPrefix is the prompt every request of a rig shares: 2,000 bytes, 125
+// blocks of the tiny profile's 16 tokens (the bytes tokenizer: a token a
+// byte).
+var specPrefix = strings.Repeat("An agent fans out over one long shared context. ", 42)[:2000]
+
+const specPrefixBlocks = 2000 / 16
+
+// startSpecRig starts pods with faults and a router with the speculative
+// policy, no holdback (every request in the speculative arm) and a short
+// stale window, so that cohorts mature within seconds; tune changes the
+// config before the router starts.
+func startSpecRig(t *testing.T, pods int, faults sim.Faults, tune func(*Config)) *specRig {
+	t.Helper()
+	f := startFleet(t, pods, faults)
+	cfg := DefaultConfig()
+	cfg.Policy = PolicySpeculative
+	cfg.DebugHeaders = true
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
+	cfg.Health = fastHealth(f.Endpoints()...)
+	cfg.Speculative.Holdback = 0
+	cfg.Speculative.MaxStale = time.Second
+	if tune != nil {
+		tune(&cfg)
+	}
+	r := startRouter(t, cfg, "sim-tiny=bytes")
+	waitFor(t, "fresh pods", func() bool { return freshCount(r, "sim-tiny") == pods })
+	waitFor(t, "block keys learned from the pods", r.KeysReady)
+	return &specRig{t: t, f: f, r: r}
+}
+
+// body is a completion of the rig's prefix behind head (a prompt of its
+// own from the first block on, unless empty), with a suffix of its own.
+func (g *specRig) body(head string, n int) string {
+	return fmt.Sprintf(`{"model":"sim-tiny","max_tokens":1,"prompt":%q}`, head+specPrefix+fmt.Sprintf(" Task %d.", n))
+}
+
+// routed is what a request's answer says of its route.
+type routed struct {
+	target string // the debug header
+	reason string // why the router chose it
+	cached int    // usage.prompt_tokens_details.cached_tokens
+}
+
+// onPrediction says the choice counted predicted blocks.
+func (r routed) onPrediction() bool { return strings.Contains(r.reason, "predicted") }
+
+// send posts a completion; sendTo any routed endpoint.
+func (g *specRig) send(body string) routed {
+	g.t.Helper()
+	return g.sendTo("/v1/completions", body)
+}
+
+func (g *specRig) sendTo(path, body string) routed {
+	g.t.Helper()
+	code, hdr, b := post(g.t, "http://"+g.r.Addr()+path, body)
+	if code != 200 {
+		g.t.Fatalf("status %d: %s", code, b)
+	}
+	var c completion
+	if err := json.Unmarshal(b, &c); err != nil {
+		g.t.Fatal(err)
+	}
+	return routed{hdr.Get("X-Prefixrouter-Target"), hdr.Get("X-Prefixrouter-Reason"), c.Usage.PromptTokensDetails.CachedTokens}
+}
+
+// view is a target's predictions as GET /debug/speculative shows them.
+func (g *specRig) view(name string) speculative.TargetView {
+	g.t.Helper()
+	for _, v := range g.r.spec.View().Targets {
+		if v.Target == name {
+			return v
+		}
+	}
+	g.t.Fatalf("no target %s in the speculative view", name)
+	return speculative.TargetView{}
+}
+
+// mature waits until every prediction on the target has ended and its
+// cohort matured, and returns the outcomes.
+func (g *specRig) mature(name string) speculative.CohortView {
+	g.t.Helper()
+	waitFor(g.t, "every prediction on "+name+" to end and mature", func() bool {
+		p := g.view(name).Pending
+		return p.Live == 0 && p.Inserted == 0
+	})
+	return g.view(name).MatureTotal
+}
+
+// waitPredicted waits until the target has at least n live predictions:
+// the first request's prompt tail has keyed the rest of its prompt, which
+// takes the router's own time, not the pod's.
+func (g *specRig) waitPredicted(name string, n int64) {
+	g.t.Helper()
+	waitFor(g.t, "the prompt's predictions on "+name, func() bool { return g.view(name).Pending.Live >= n })
+}
+
+// TestSimSpeculativeFollowerFindsThePrediction: a request that shares a
+// prefix with one just answered, sent before the holder's KV events can
+// arrive, goes to the holder on its predicted run and the pod serves the
+// prefix from cache; the events then confirm every prediction before its
+// deadline, with the event delay as the route-to-confirmation latency, and
+// no route was false-warm.
+func TestSimSpeculativeFollowerFindsThePrediction(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 3, sim.Faults{EventDelay: 400 * time.Millisecond}, nil)
+	first := g.send(g.body("", 0))
+	g.waitPredicted(first.target, specPrefixBlocks)
+	second := g.send(g.body("", 1))
+	if second.target != first.target || !second.onPrediction() {
+		t.Fatalf("follower routed to %s (%s); the prefix was just computed on %s", second.target, second.reason, first.target)
+	}
+	if second.cached < (specPrefixBlocks-1)*16 {
+		t.Fatalf("follower served %d cached tokens, want the %d-token prefix", second.cached, specPrefixBlocks*16)
+	}
+	out := g.mature(first.target)
+	v := g.view(first.target)
+	if out.Confirmed < specPrefixBlocks || out.Expired != 0 || out.Withdrawn != 0 || out.Unknown != 0 {
+		t.Fatalf("outcomes %+v, want every prediction confirmed", out)
+	}
+	if v.FalseWarm.Routes != 0 || v.Funnel.FollowerRoutes != 1 || v.Funnel.FollowerCachedTokens != uint64(second.cached) {
+		t.Fatalf("funnel %+v, false warm %+v: want one follower with its %d cached tokens", v.Funnel, v.FalseWarm, second.cached)
+	}
+	// The admin listener shows every target, those without predictions too.
+	resp, err := http.Get("http://" + g.r.AdminAddr() + "/debug/speculative")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var served speculative.View
+	if err := json.NewDecoder(resp.Body).Decode(&served); err != nil || len(served.Targets) != 3 || served.Overall.Funnel.FollowerRoutes != 1 {
+		t.Fatalf("GET /debug/speculative: %v, %d targets, funnel %+v", err, len(served.Targets), served.Overall.Funnel)
+	}
+	// Confirmation waits at least for the held-back batch.
+	if p50 := v.Latency.Confirmed.P50; p50 == nil || *p50 < 0.4 {
+		t.Fatalf("confirmation latency p50 %v, want at least the 400ms event delay", p50)
+	}
+}
+
+// TestSimSpeculativeClientCancelKeepsPredictions: a client that leaves
+// after the first token does not withdraw the request's predictions (the
+// pod computed the prefill already); its events confirm them.
+func TestSimSpeculativeClientCancelKeepsPredictions(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := strings.Replace(g.body("", 0), `"max_tokens":1`, `"max_tokens":4000,"stream":true`, 1)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+g.r.Addr()+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := resp.Header.Get("X-Prefixrouter-Target")
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("first chunk: %v", err)
+	}
+	cancel()
+	resp.Body.Close()
+	out := g.mature(holder)
+	if out.Confirmed < specPrefixBlocks || out.Withdrawn != 0 {
+		t.Fatalf("outcomes after a client cancel %+v, want the prompt's predictions confirmed, none withdrawn", out)
+	}
+}
+
+// TestSimSpeculativeRejectionWithdraws: a request the pod turns down
+// before computing anything withdraws its predictions at once — a failed
+// prefill step (a 5xx before the first byte, retried on the other pod,
+// whose predictions confirm) and a request beyond the model's context (a
+// 400 relayed to the client) — and no follower is routed on them.
+func TestSimSpeculativeRejectionWithdraws(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 2, sim.Faults{EventDelay: 500 * time.Millisecond}, func(c *Config) { c.Health.BreakerFailures = 1000 })
+	bad, good := targetName(g.f.Pods[0].URL()), targetName(g.f.Pods[1].URL())
+	if err := g.f.Pods[0].SetFaults(context.Background(), sim.Faults{EventDelay: 500 * time.Millisecond, FailPrefill: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Prompts of their own until one was tried on the failing pod first.
+	for n := 0; g.view(bad).Funnel.Inserted == 0; n++ {
+		if n == 20 {
+			t.Fatal("20 requests, none tried on the failing pod")
+		}
+		if got := g.send(g.body(fmt.Sprintf("Prompt %d. ", n), 0)); got.target != good {
+			t.Fatalf("answered by %s, want the retry on %s", got.target, good)
+		}
+	}
+	if live := g.view(bad).Pending.Live; live != 0 {
+		t.Fatalf("%d predictions still pending on the pod that failed before its first byte", live)
+	}
+
+	// The context limit is the pods' (8,192 tokens on the tiny profile).
+	tooLong := strings.Replace(g.body("Too long. ", 0), `"max_tokens":1`, `"max_tokens":8000`, 1)
+	if code, _, b := post(t, "http://"+g.r.Addr()+"/v1/completions", tooLong); code != http.StatusBadRequest {
+		t.Fatalf("a request beyond the context: status %d: %s", code, b)
+	}
+	if follower := g.send(g.body("Too long. ", 1)); follower.onPrediction() {
+		t.Fatalf("a follower of the rejected request was routed on its predictions: %s", follower.reason)
+	}
+
+	if out := g.mature(bad); out.Withdrawn == 0 || out.Confirmed != 0 || out.Expired != 0 {
+		t.Fatalf("failing pod's outcomes %+v, want all withdrawn", out)
+	}
+	if out := g.mature(good); out.Confirmed == 0 {
+		t.Fatalf("retried pod's outcomes %+v, want confirmed predictions", out)
+	}
+}
+
+// TestSimSpeculativeRestartInvalidates: a pod restarts while its
+// predictions wait for delayed events; the new process never confirms
+// them, and a follower is not routed on them.
+func TestSimSpeculativeRestartInvalidates(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 1, sim.Faults{EventDelay: 2 * time.Second}, func(c *Config) { c.Speculative.MaxStale = 3 * time.Second })
+	first := g.send(g.body("", 0))
+	g.waitPredicted(first.target, specPrefixBlocks)
+	if err := g.f.Pods[0].Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the restart to invalidate the predictions", func() bool {
+		v := g.view(first.target)
+		return v.Pending.Live == 0 && v.Invalidations["restarted"]+v.Invalidations["cleared"] > 0
+	})
+	if d := dryRun(t, g.r, "/v1/completions", g.body("", 1)); candidateByName(d, first.target).SpeculativeBlocks != 0 {
+		t.Fatalf("after the restart the dry run still counts %d predicted blocks", candidateByName(d, first.target).SpeculativeBlocks)
+	}
+	out := g.mature(first.target)
+	if out.Invalidated < specPrefixBlocks || out.Confirmed != 0 {
+		t.Fatalf("outcomes %+v, want the old process's predictions invalidated, none confirmed", out)
+	}
+}
+
+// TestSimSpeculativeLateEventsExpireEarly: events delayed beyond a fixed
+// TTL arrive after the predictions expired, within the grace window: the
+// expiries are early, not stale, and the late latency is recorded.
+func TestSimSpeculativeLateEventsExpireEarly(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 1, sim.Faults{EventDelay: 700 * time.Millisecond}, func(c *Config) { c.Speculative.TTL = 200 * time.Millisecond })
+	first := g.send(g.body("", 0))
+	out := g.mature(first.target)
+	if out.ExpiredEarly < specPrefixBlocks || out.ExpiredStale != 0 || out.Confirmed != 0 {
+		t.Fatalf("outcomes %+v, want every prediction expired early", out)
+	}
+	if late := g.view(first.target).Latency.Late; late.Samples == 0 || *late.P50 < 0.7 {
+		t.Fatalf("late latency %+v, want samples at the 700ms delay", late)
+	}
+}
+
+// TestSimSpeculativeDisconnectedStreamPausesTrust: the pod's event stream
+// goes away while its predictions are pending (the pod is gone): its trust
+// drops to 0 at once and the predictions end "unknown", not expired — a
+// broken pipe says nothing of how good the predictions were.
+func TestSimSpeculativeDisconnectedStreamPausesTrust(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 1, sim.Faults{EventDelay: 2 * time.Second}, func(c *Config) { c.Speculative.MaxStale = 3 * time.Second })
+	first := g.send(g.body("", 0))
+	g.waitPredicted(first.target, specPrefixBlocks)
+	if err := g.f.Pods[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "trust paused", func() bool {
+		tr := g.view(first.target).Trust
+		return !tr.StreamFresh && tr.Value == 0
+	})
+	out := g.mature(first.target)
+	if out.Unknown < specPrefixBlocks || out.Expired != 0 || out.Confirmed != 0 {
+		t.Fatalf("outcomes %+v, want the predictions unknown", out)
+	}
+}
+
+// TestSimSpeculativePairedGaps is the paired-gap matrix: a pair of
+// requests sharing the prefix, the second sent at a gap after the first's
+// answer, against a route-to-confirmation latency set by the pods' event
+// delay and a fixed TTL. Below the latency the second request is routed on
+// the prediction; once the event arrived, on the confirmed run. With events
+// later than the TTL, the gap between expiry and event is the blind spot
+// the predictions cannot cover, and the route says so.
+func TestSimSpeculativePairedGaps(t *testing.T) {
+	type cell struct {
+		gap  time.Duration
+		want string // prediction, confirmed or nothing
+	}
+	for _, tc := range []struct {
+		name       string
+		delay, ttl time.Duration
+		cells      []cell
+	}{
+		{"events before the TTL", 400 * time.Millisecond, time.Second, []cell{
+			{0, "prediction"},                      // below p50
+			{100 * time.Millisecond, "prediction"}, // below p50
+			{700 * time.Millisecond, "confirmed"},  // past p95: the event arrived
+			{900 * time.Millisecond, "confirmed"},  // near the TTL
+			{1500 * time.Millisecond, "confirmed"}, // beyond the TTL
+		}},
+		{"events after the TTL", 1500 * time.Millisecond, 600 * time.Millisecond, []cell{
+			{100 * time.Millisecond, "prediction"}, // well within the TTL
+			{1000 * time.Millisecond, "nothing"},   // expired, the event not yet in
+			{2300 * time.Millisecond, "confirmed"}, // the late event arrived
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g := startSpecRig(t, 3, sim.Faults{EventDelay: tc.delay}, func(c *Config) {
+				c.Speculative.TTL, c.Speculative.MaxStale = tc.ttl, 3*time.Second
+			})
+			for i, c := range tc.cells {
+				// Each pair has a prefix of its own.
+				prefix := fmt.Sprintf("Pair %d. ", i)
+				first := g.send(g.body(prefix, 0))
+				time.Sleep(c.gap)
+				second := g.send(g.body(prefix, 1))
+				got := "nothing"
+				switch {
+				case second.onPrediction():
+					got = "prediction"
+				case strings.Contains(second.reason, "confirmed run"):
+					got = "confirmed"
+				}
+				if got != c.want || got != "nothing" && second.target != first.target {
+					t.Errorf("gap %v (event delay %v, TTL %v): routed to %s on %s (%s), want %s on the holder %s",
+						c.gap, tc.delay, tc.ttl, second.target, got, second.reason, c.want, first.target)
+				}
+			}
+		})
+	}
+}
+
+// TestSimSpeculativeHoldbackSplitsBehindASharedPrompt: every conversation
+// opens with the same long system prompt, yet the holdback takes its share
+// of them (by where each parts from the shared prefix, not by the prefix),
+// and a session named by X-Session-Id is assigned by it.
+func TestSimSpeculativeHoldbackSplitsBehindASharedPrompt(t *testing.T) {
+	t.Parallel()
+	g := startSpecRig(t, 2, sim.Faults{}, func(c *Config) { c.Speculative.Holdback = 0.5 })
+	chat := func(user string) string {
+		return fmt.Sprintf(`{"model":"sim-tiny","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, specPrefix, user)
+	}
+	for n := range 24 {
+		g.sendTo("/v1/chat/completions", chat(fmt.Sprintf("Conversation %d asks a question of its own, long enough to fill blocks of its own.", n)))
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+g.r.Addr()+"/v1/chat/completions", strings.NewReader(chat("with a session")))
+	req.Header.Set("X-Session-Id", "s-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	models := g.r.spec.View().Holdback.Models
+	if len(models) != 1 {
+		t.Fatalf("holdback models %+v", models)
+	}
+	m := models[0]
+	arms := map[string]int64{}
+	for _, a := range m.Arms {
+		arms[a.Arm] = a.Requests
+	}
+	// 24 conversations at one half: both arms far from empty (a split
+	// by the shared prompt would put all 24 in one).
+	if arms["speculative"] < 4 || arms["holdback"] < 4 || arms["speculative"]+arms["holdback"] != 25 {
+		t.Fatalf("arms %v (assigned by %v), want 25 requests split between both", arms, m.Assigned)
+	}
+	if m.Assigned["session"] != 1 || m.Assigned["prompt"] < 20 {
+		t.Fatalf("assigned by %v, want one session and the conversations by their prompts", m.Assigned)
+	}
+}
