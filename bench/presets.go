@@ -20,6 +20,11 @@ type Preset struct {
 	// Drain bounds (wall time) the requests still running once the last
 	// session has started.
 	Drain time.Duration
+	// EventDelay holds every pod's KV-event batches back (model time).
+	EventDelay time.Duration
+	// SpeculativeTTL fixes the speculative policy's TTL (model time; 0:
+	// auto).
+	SpeculativeTTL time.Duration
 }
 
 // LookupPreset returns the preset of a workload kind, the quick one

@@ -152,3 +152,32 @@ func TestWriteRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSpeculativeSection(t *testing.T) {
+	res := sampleResults()
+	rate, per, inc := 0.9, 640.0, 1200.0
+	res.Policies["precise"].Speculative = &Speculative{Settled: true,
+		Funnel:           SpecFunnel{Inserted: 400, Confirmed: 380, Referenced: 200, Followed: 150, FollowerRoutes: 9, FollowerCachedTokens: 5400},
+		Mature:           SpecMature{Inserted: 400, Confirmed: 380, ExpiredStale: 20, BlockRate: &rate},
+		Pods:             []SpecPod{{Pod: "pod-0", TTLS: 0.61, TTLWhy: "p99 of 256 latencies", Trust: 0.87, BlockRate: &rate}},
+		HoldbackFraction: 0.05, Arms: []SpecArm{{Arm: "speculative", Requests: 38, CachedPerRequest: &per}, {Arm: "holdback", Requests: 2}},
+		IncrementalCachedTokens: &inc,
+	}
+	page, err := HTML(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(page)
+	for _, want := range []string{`id="speculative-funnel" data-expect="inserted,confirmed,referenced,followed"`,
+		`id="speculative-holdback" data-expect="speculative,holdback"`, `<h2>Speculative routing: precise</h2>`,
+		"<td>pod-0</td><td>610ms</td><td>0.87</td><td>90%</td>", "1200 cached tokens over the speculative arm", "20 expired stale"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	res.Policies["precise"].Speculative = nil
+	page, _ = HTML(res)
+	if strings.Contains(string(page), "speculative-funnel") || strings.Contains(string(page), "Speculative routing") {
+		t.Fatal("a run without the speculative policy shows its section")
+	}
+}

@@ -102,7 +102,7 @@ type Policy struct {
 	PodShare map[string]float64 `json:"pod_share,omitempty"`
 	// Speculative is the speculative policy's funnel, rates and TTL; absent
 	// for the others.
-	Speculative json.RawMessage `json:"speculative,omitempty"`
+	Speculative *Speculative `json:"speculative,omitempty"`
 
 	// DurationS is the run's span in model seconds.
 	DurationS float64 `json:"duration_s"`
