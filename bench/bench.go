@@ -157,12 +157,47 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 			res.Fleet["holdback"] = *o.Speculative.Holdback
 		}
 	}
+	var tm pairTiming
+	if w.Name == workload.KindPairedGap {
+		if len(w.Cells) == 0 {
+			return nil, errNoCells
+		}
+		prompt := len(w.Sessions[0].Prompt(0, nil)) + 1 // the bytes model adds a BOS token
+		if o.Speculative.TTL == 0 {
+			o.Speculative.TTL = pairTTL(fc, prompt)
+			res.Fleet["speculative_ttl"] = o.Speculative.TTL.String()
+			res.Notes = append(res.Notes, fmt.Sprintf("paired-gap fixes the speculative TTL at %s (2.5 × the known confirmation latency) so that its cells sit at known offsets from it; --speculative-ttl changes it",
+				report.Seconds(o.Speculative.TTL.Seconds())))
+		}
+		tm = newPairTiming(fc, prompt, o.Speculative.TTL)
+		gaps := map[string]float64{}
+		for k, g := range tm.gaps {
+			gaps[k] = g.Seconds()
+		}
+		res.Workload["gaps_s"] = gaps
+		res.Workload["confirmation_latency_s"] = tm.latency.Seconds()
+		res.Workload["event_delay_s"] = tm.eventDelay.Seconds()
+		res.Workload["delayed_event_delay_s"] = tm.delayed.Seconds()
+	}
 	for _, pol := range o.Policies {
-		run, err := o.runLive(ctx, pol, prog)
+		var (
+			run   *liveRun
+			pairs []report.Pair
+			err   error
+		)
+		if w.Name == workload.KindPairedGap {
+			run, pairs, err = o.runPairs(ctx, pol, tm, prog)
+		} else {
+			run, err = o.runLive(ctx, pol, prog)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", pol, err)
 		}
 		p := report.Summarize(run.recs)
+		p.Pairs = pairs
+		if w.Name == workload.KindBurst {
+			p.Holder = report.HolderOf(run.recs)
+		}
 		p.SimLagMaxS = run.lag.Seconds() * fc.TimeScale
 		p.Preemptions = run.preemptions
 		p.Speculative = run.spec
@@ -171,6 +206,10 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		res.Notes = append(res.Notes, unfinishedNote(pol, p)...)
 		if p.Speculative != nil {
 			res.Notes = append(res.Notes, speculativeNote(pol, p.Speculative))
+		}
+		if h := p.Holder; h != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: %d of %d followers (a burst's requests after its first) reached the pod of their burst's first request",
+				pol, h.OnHolder, h.Followers))
 		}
 		if p.SimLagMaxS > 0.05*max(p.TTFT.P50, 0.1) {
 			res.Notes = append(res.Notes, fmt.Sprintf("%s: the simulated pods' clock fell up to %s (model time) behind the wall clock; latencies that small are the machine's, not the policy's: lower --time-scale",

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -47,4 +48,62 @@ func TestSummarizeSpeculative(t *testing.T) {
 			t.Errorf("note %q lacks %q", note, want)
 		}
 	}
+}
+
+func TestBasisOf(t *testing.T) {
+	for _, tc := range []struct {
+		r    routedOn
+		want string
+	}{
+		{routedOn{}, report.BasisUnknown},
+		{routedOn{known: true}, report.BasisNone},
+		{routedOn{known: true, confirmedBlocks: 10, predictedTokens: 160}, report.BasisConfirmed},
+		{routedOn{known: true, confirmedBlocks: 10, predictedTokens: 400}, report.BasisPrediction},
+		{routedOn{known: true, predictedTokens: 16}, report.BasisPrediction},
+	} {
+		if got := basisOf(tc.r, 16); got != tc.want {
+			t.Errorf("%+v: %s, want %s", tc.r, got, tc.want)
+		}
+	}
+}
+
+// TestPairedGapReportRendersInChromium opens a paired-gap report in
+// headless Chromium: the matrix draws a panel per policy.
+func TestPairedGapReportRendersInChromium(t *testing.T) {
+	res := &report.Results{Workload: map[string]any{"name": "paired-gap"}, Engine: EngineLive, TimeScale: 4,
+		Order: []string{"precise", "speculative"}, Policies: map[string]*report.Policy{}}
+	for _, pol := range res.Order {
+		var recs []report.Record
+		var pairs []report.Pair
+		for i, cond := range []string{"none", "restart"} {
+			for j, gap := range []string{"below-p50", "beyond-ttl"} {
+				basis := report.BasisConfirmed
+				if j == 0 {
+					basis = map[string]string{"precise": report.BasisNone, "speculative": report.BasisPrediction}[pol]
+				}
+				pairs = append(pairs, report.Pair{Condition: cond, Gap: gap, GapS: 0.3, Basis: basis, CachedTokens: 2000 * i, Pod: "pod-0", FirstPod: "pod-0"})
+				recs = append(recs, report.Record{Group: i, Sent: float64(j), TTFT: 0.1, E2E: 0.2, PromptTokens: 2000, Pod: "pod-0", Status: 200})
+			}
+		}
+		p := report.Summarize(recs)
+		p.Pairs = pairs
+		res.Policies[pol] = p
+	}
+	path, err := res.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := renderInChromium(t, path)
+	if len(got.Problems) > 0 {
+		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
+	}
+	for _, c := range got.Charts {
+		if c.ID == "paired-gap" {
+			if strings.Join(c.Drawn, ",") != "precise,speculative" || c.Width < 200 {
+				t.Fatalf("paired-gap chart %+v", c)
+			}
+			return
+		}
+	}
+	t.Fatalf("no paired-gap chart in %+v", got.Charts)
 }

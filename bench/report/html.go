@@ -36,6 +36,12 @@ func HTML(r *Results) ([]byte, error) {
 	if len(r.Stages) > 1 || r.Workload["name"] == "trace" {
 		charts = append(charts, ttftOverTime(r))
 	}
+	for _, n := range r.Order {
+		if p := r.Policies[n]; p != nil && len(p.Pairs) > 0 {
+			charts = append(charts, pairsChart(r))
+			break
+		}
+	}
 	specPolicy, spec := r.specOf()
 	if spec != nil {
 		charts = append(charts, specFunnel(specPolicy, spec), specHoldback(specPolicy, spec))

@@ -148,6 +148,8 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(wl.int("prefix-tokens", "burst: the prefix a burst's siblings share", &s.Spec.PrefixTokens), preset),
 		defaultText(wl.int("suffix-tokens", "burst: each sibling's own suffix", &s.Spec.SuffixTokens), preset),
 		defaultText(wl.dur("spread", "burst: model time within which a burst's siblings arrive", &s.Spec.Spread), preset),
+		wl.bool("sequential", "burst: send a burst's siblings one after another, each --gap after the previous answer", &s.Spec.Sequential),
+		defaultText(wl.dur("gap", "burst with --sequential: model time between an answer and the next sibling", &s.Spec.Gap), "0"),
 		defaultText(wl.float("trace-speedup", "trace: divide the trace's timestamps by this", &s.Spec.TraceSpeedup), preset),
 		defaultText(wl.int("trace-requests", "trace: replay the first N requests", &s.Spec.TraceRequests), "the preset's; 0 in the full preset: all"),
 	}
@@ -206,7 +208,7 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		}
 	}
 	for name, v := range map[string]time.Duration{"drain": s.Drain, "stage-duration": spec.StageDuration, "think-time": spec.Think,
-		"spread": spec.Spread, "stream-interval": s.StreamInterval, "event-delay": s.EventDelay} {
+		"spread": spec.Spread, "stream-interval": s.StreamInterval, "event-delay": s.EventDelay, "gap": spec.Gap} {
 		if v < 0 {
 			return o, usageError("--%s must not be negative, got %v", name, v)
 		}
@@ -249,7 +251,13 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		}
 		o.TargetURL, o.Model = s.TargetURL, s.Model
 	} else {
-		if o.Policies, err = bench.ParsePolicies(s.Policies); err != nil {
+		policies := s.Policies
+		if kind == workload.KindPairedGap && !policiesSet {
+			// The matrix compares what a decision counts on: the
+			// policies that read the index.
+			policies = "precise,speculative"
+		}
+		if o.Policies, err = bench.ParsePolicies(policies); err != nil {
 			return o, usageError("--policies: %v", err)
 		}
 		if s.Model != "" {
@@ -339,6 +347,9 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 		return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
 	}
 	if err := report.Table(stdout, res); err != nil {
+		return err
+	}
+	if err := report.PairsTable(stdout, res); err != nil {
 		return err
 	}
 	for _, n := range res.Notes {
