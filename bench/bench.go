@@ -52,6 +52,23 @@ type Options struct {
 	// of each error kind.
 	Logger  *slog.Logger
 	Command string
+	// Speculative configures the speculative policy's router.
+	Speculative SpeculativeOptions
+	// Settle bounds (wall time) how long the speculative policy's run waits
+	// after its last answer for its predictions' cohorts to mature, so
+	// that the confirmation rates cover the whole run (0: no wait).
+	Settle time.Duration
+}
+
+// SpeculativeOptions are the speculative policy's settings a run may
+// change from serve's defaults.
+type SpeculativeOptions struct {
+	// TTL fixes the predictions' lifetime, in model time (0: auto, each
+	// target's controller sizes it).
+	TTL time.Duration
+	// Holdback is the fraction of conversations routed without
+	// predictions (nil: serve's default).
+	Holdback *float64
 }
 
 // PolicyNames lists the policies the live engine knows, in the order a
@@ -129,19 +146,71 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 	res.Fleet = map[string]any{
 		"pods": fc.Pods, "profile": prof.Name, "model": fc.Model, "kv_tokens_per_pod": prof.KVTokens(),
 		"block_size": prof.BlockSize, "max_num_batched_tokens": prof.MaxNumBatchedTokens, "max_num_seqs": prof.MaxNumSeqs,
-		"stream_interval_s": fc.StreamInterval.Seconds(), "tokenizer": "bytes",
+		"stream_interval_s": fc.StreamInterval.Seconds(), "tokenizer": "bytes", "event_delay_s": fc.Faults.EventDelay.Seconds(),
+	}
+	if slices.Contains(o.Policies, "speculative") {
+		res.Fleet["speculative_ttl"] = "auto"
+		if o.Speculative.TTL > 0 {
+			res.Fleet["speculative_ttl"] = o.Speculative.TTL.String()
+		}
+		if o.Speculative.Holdback != nil {
+			res.Fleet["holdback"] = *o.Speculative.Holdback
+		}
+	}
+	var tm pairTiming
+	if w.Name == workload.KindPairedGap {
+		if len(w.Cells) == 0 {
+			return nil, errNoCells
+		}
+		prompt := len(w.Sessions[0].Prompt(0, nil)) + 1 // the bytes model adds a BOS token
+		if o.Speculative.TTL == 0 {
+			o.Speculative.TTL = pairTTL(fc, prompt)
+			res.Fleet["speculative_ttl"] = o.Speculative.TTL.String()
+			res.Notes = append(res.Notes, fmt.Sprintf("paired-gap fixes the speculative TTL at %s (2.5 × the known confirmation latency) so that its cells sit at known offsets from it; --speculative-ttl changes it",
+				report.Seconds(o.Speculative.TTL.Seconds())))
+		}
+		tm = newPairTiming(fc, prompt, o.Speculative.TTL)
+		gaps := map[string]float64{}
+		for k, g := range tm.gaps {
+			gaps[k] = g.Seconds()
+		}
+		res.Workload["gaps_s"] = gaps
+		res.Workload["confirmation_latency_s"] = tm.latency.Seconds()
+		res.Workload["event_delay_s"] = tm.eventDelay.Seconds()
+		res.Workload["delayed_event_delay_s"] = tm.delayed.Seconds()
 	}
 	for _, pol := range o.Policies {
-		recs, lag, preempt, err := o.runLive(ctx, pol, prog)
+		var (
+			run   *liveRun
+			pairs []report.Pair
+			err   error
+		)
+		if w.Name == workload.KindPairedGap {
+			run, pairs, err = o.runPairs(ctx, pol, tm, prog)
+		} else {
+			run, err = o.runLive(ctx, pol, prog)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", pol, err)
 		}
-		p := report.Summarize(recs)
-		p.SimLagMaxS = lag.Seconds() * fc.TimeScale
-		p.Preemptions = preempt
+		p := report.Summarize(run.recs)
+		p.Pairs = pairs
+		if w.Name == workload.KindBurst {
+			p.Holder = report.HolderOf(run.recs)
+		}
+		p.SimLagMaxS = run.lag.Seconds() * fc.TimeScale
+		p.Preemptions = run.preemptions
+		p.Speculative = run.spec
 		res.Policies[pol] = p
 		res.Order = append(res.Order, pol)
 		res.Notes = append(res.Notes, unfinishedNote(pol, p)...)
+		if p.Speculative != nil {
+			res.Notes = append(res.Notes, speculativeNote(pol, p.Speculative))
+		}
+		if h := p.Holder; h != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: %d of %d followers (a burst's requests after its first) reached the pod of their burst's first request",
+				pol, h.OnHolder, h.Followers))
+		}
 		if p.SimLagMaxS > 0.05*max(p.TTFT.P50, 0.1) {
 			res.Notes = append(res.Notes, fmt.Sprintf("%s: the simulated pods' clock fell up to %s (model time) behind the wall clock; latencies that small are the machine's, not the policy's: lower --time-scale",
 				pol, report.Seconds(p.SimLagMaxS)))
@@ -150,10 +219,19 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 	return res, nil
 }
 
-func (o *Options) runLive(ctx context.Context, policy string, prog *progress) ([]report.Record, time.Duration, int64, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Logger)
+// liveRun is what one policy's run on its fleet measured.
+type liveRun struct {
+	recs []report.Record
+	// lag is the pods' worst model-clock lag, preemptions theirs.
+	lag         time.Duration
+	preemptions int64
+	spec        *report.Speculative
+}
+
+func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*liveRun, error) {
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, o.Logger)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
 	defer fr.close()
 	c := newClient(fr.fleet.Config().Model)
@@ -164,10 +242,11 @@ func (o *Options) runLive(ctx context.Context, policy string, prog *progress) ([
 	prog.end()
 	o.logErrors(policy, prog)
 	if err := ctx.Err(); err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
-	lag, preempt := fr.stats()
-	return recs, lag, preempt, nil
+	run := &liveRun{recs: recs, spec: fr.speculativeSummary(ctx, o.Settle)}
+	run.lag, run.preemptions = fr.stats()
+	return run, ctx.Err()
 }
 
 func (o *Options) logErrors(policy string, prog *progress) {

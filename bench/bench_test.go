@@ -49,7 +49,7 @@ func runSmall() (*report.Results, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	return Run(ctx, Options{
-		Workload: w, Policies: []string{"round-robin", "precise", Oracle}, Seed: 1,
+		Workload: w, Policies: []string{"round-robin", "precise", "speculative", Oracle}, Seed: 1,
 		Fleet: sim.Config{Pods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond},
 		Drain: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -57,7 +57,7 @@ func runSmall() (*report.Results, error) {
 
 func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
 	res := smallRun(t)
-	if res.Engine != EngineLive || res.TimeScale != 10 || strings.Join(res.Order, ",") != "round-robin,precise,oracle" {
+	if res.Engine != EngineLive || res.TimeScale != 10 || strings.Join(res.Order, ",") != "round-robin,precise,speculative,oracle" {
 		t.Fatalf("run %s at %v: %v", res.Engine, res.TimeScale, res.Order)
 	}
 	want := res.Workload["requests"].(int)
@@ -70,6 +70,12 @@ func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
 		// request of a group on the pod that has its system prompt hits.
 		if p.CachedTokens == 0 || p.PromptTokens < int64(want*600) || p.TTFT.P50 <= 0 || p.E2E.P50 < p.TTFT.P50 {
 			t.Fatalf("%s: %+v", name, p)
+		}
+		if (name == "speculative") != (p.Speculative != nil) {
+			t.Fatalf("%s: speculative section %+v", name, p.Speculative)
+		}
+		if s := p.Speculative; s != nil && (s.Funnel.Inserted == 0 || len(s.Pods) != 2 || len(s.Arms) != 2 || s.Pods[0].TTLS <= 0) {
+			t.Fatalf("%s: the router's predictions did not reach the results: %+v", name, s)
 		}
 		share := 0.0
 		for pod, f := range p.PodShare {
@@ -171,16 +177,23 @@ func TestReportRendersInChromium(t *testing.T) {
 	if len(got.Problems) > 0 {
 		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
 	}
-	wantCharts := []string{"ttft-cdf", "cache-hit", "throughput", "pod-share", "ttft-over-time"}
+	// Every chart draws every policy but the speculative policy's own,
+	// which draw its funnel's stages and its holdback arms.
+	wantCharts := map[string]string{"ttft-cdf": "", "cache-hit": "", "throughput": "", "pod-share": "", "ttft-over-time": "",
+		"speculative-funnel": "inserted,confirmed,referenced,followed", "speculative-holdback": "speculative,holdback"}
 	if len(got.Charts) != len(wantCharts) {
 		t.Fatalf("charts %+v, want %v", got.Charts, wantCharts)
 	}
 	for i, c := range got.Charts {
-		if c.ID != wantCharts[i] || c.Width < 200 || c.Height < 100 {
+		want, ok := wantCharts[c.ID]
+		if want == "" {
+			want = strings.Join(res.Order, ",")
+		}
+		if !ok || c.Width < 200 || c.Height < 100 {
 			t.Fatalf("chart %d: %+v", i, c)
 		}
-		if strings.Join(c.Expect, ",") != strings.Join(res.Order, ",") {
-			t.Fatalf("chart %s expects %v, want every policy %v", c.ID, c.Expect, res.Order)
+		if strings.Join(c.Expect, ",") != want {
+			t.Fatalf("chart %s expects %v, want %v", c.ID, c.Expect, want)
 		}
 		if len(c.Drawn) != len(c.Expect) {
 			t.Fatalf("chart %s drew %v of %v", c.ID, c.Drawn, c.Expect)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -48,8 +49,11 @@ type answer struct {
 	text                   string
 	status                 int
 	target                 string // the router's X-Prefixrouter-Target
-	err                    string // a short kind, "" when complete
-	detail                 error
+	// routed is what the router's decision counted on the chosen target
+	// (its debug headers; known false without them).
+	routed routedOn
+	err    string // a short kind, "" when complete
+	detail error
 }
 
 // Error kinds: few and stable, since the report counts by them.
@@ -84,7 +88,7 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 		return answer{err: c.cancelled(ctx, errNoAnswer), detail: err}
 	}
 	defer resp.Body.Close()
-	a := answer{status: resp.StatusCode, target: resp.Header.Get("X-Prefixrouter-Target")}
+	a := answer{status: resp.StatusCode, target: resp.Header.Get("X-Prefixrouter-Target"), routed: routedFrom(resp.Header)}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		a.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
@@ -147,6 +151,25 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 	}
 	a.text = text.String()
 	return a
+}
+
+// routedOn is what the router's decision counted on the target it chose:
+// its confirmed run in blocks and the prompt tokens it expected the pod to
+// serve from cache (the confirmed run plus the predicted one weighted by
+// trust), from the X-Prefixrouter-* debug headers.
+type routedOn struct {
+	known           bool
+	confirmedBlocks int
+	predictedTokens int
+}
+
+func routedFrom(h http.Header) routedOn {
+	cb, err1 := strconv.Atoi(h.Get("X-Prefixrouter-Confirmed-Blocks"))
+	pt, err2 := strconv.Atoi(h.Get("X-Prefixrouter-Predicted-Cached-Tokens"))
+	if err1 != nil || err2 != nil {
+		return routedOn{}
+	}
+	return routedOn{known: true, confirmedBlocks: cb, predictedTokens: pt}
 }
 
 // cancelled names an error caused by the driver's own bound as such.

@@ -22,6 +22,8 @@ type fleetRun struct {
 	route  routeFunc
 	podOf  func(answer, dest) string
 	close  func()
+	// pods names each target ("endpoint#rank") by its pod (pod-0, ...).
+	pods map[string]string
 
 	lagMu  sync.Mutex
 	maxLag time.Duration
@@ -32,7 +34,7 @@ type fleetRun struct {
 // startFleetRun starts pods (and the router) for one policy and waits until
 // requests can be routed as the policy means: every pod routable with a
 // fresh event stream.
-func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, log *slog.Logger) (_ *fleetRun, err error) {
+func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, spec SpeculativeOptions, log *slog.Logger) (_ *fleetRun, err error) {
 	fr := &fleetRun{stop: make(chan struct{})}
 	var cleanup []func()
 	fr.close = func() {
@@ -54,7 +56,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	fr.podOf = func(_ answer, d dest) string { return d.pod }
 	if policy == Oracle {
 		fr.route = newOracle(fr.fleet, seed).route
-	} else if err := fr.startRouter(ctx, policy, log, &cleanup); err != nil {
+	} else if err := fr.startRouter(ctx, policy, spec, log, &cleanup); err != nil {
 		return nil, err
 	}
 	fr.wg.Add(1)
@@ -66,7 +68,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	return fr, nil
 }
 
-func (fr *fleetRun) startRouter(ctx context.Context, policy string, log *slog.Logger, cleanup *[]func()) error {
+func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec SpeculativeOptions, log *slog.Logger, cleanup *[]func()) error {
 	pol, err := router.ParsePolicy(policy)
 	if err != nil {
 		return err
@@ -92,6 +94,15 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, log *slog.Lo
 	cfg.Events.EvalInterval = scaled(def.Events.EvalInterval)
 	cfg.Events.StaleAfter = scaled(def.Events.StaleAfter)
 	cfg.Health.SuccessThreshold = 1
+	// Predictions live as long in model time as serve's defaults let them
+	// in real time; a fixed TTL is given in model time.
+	cfg.Speculative.MaxStale = scaled(def.Speculative.MaxStale)
+	if spec.TTL > 0 {
+		cfg.Speculative.TTL = max(time.Duration(float64(spec.TTL)/scale), time.Millisecond)
+	}
+	if spec.Holdback != nil {
+		cfg.Speculative.Holdback = *spec.Holdback
+	}
 	toks := tokenize.NewRegistry(tokenize.Options{Logger: log})
 	*cleanup = append(*cleanup, toks.Close)
 	if _, err := toks.Add(model, fr.fleet.Config().Tokenizer, tokenize.ModeLocal); err != nil {
@@ -116,16 +127,25 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, log *slog.Lo
 	if err := waitRouterReady(ctx, rt, model, len(fr.fleet.Pods)); err != nil {
 		return err
 	}
-	pods := map[string]string{}
+	fr.pods = map[string]string{}
 	for i, p := range fr.fleet.Pods {
 		for r := range fr.fleet.Config().DP {
-			pods[target.ID{Endpoint: p.URL(), Rank: r}.String()] = podName(i)
+			fr.pods[target.ID{Endpoint: p.URL(), Rank: r}.String()] = podName(i)
 		}
 	}
 	url := "http://" + rt.Addr() + "/v1/completions"
 	fr.route = func(context.Context, string) (dest, error) { return dest{url: url}, nil }
-	fr.podOf = func(a answer, _ dest) string { return pods[a.target] }
+	fr.podOf = func(a answer, _ dest) string { return fr.pods[a.target] }
 	return nil
+}
+
+// podOfTarget names a router's target by its pod, or by itself when it is
+// none of the fleet's.
+func (fr *fleetRun) podOfTarget(id target.ID) string {
+	if p, ok := fr.pods[id.String()]; ok {
+		return p
+	}
+	return id.String()
 }
 
 // waitRouterReady waits until every pod is routable with a fresh event

@@ -20,6 +20,11 @@ type Preset struct {
 	// Drain bounds (wall time) the requests still running once the last
 	// session has started.
 	Drain time.Duration
+	// EventDelay holds every pod's KV-event batches back (model time).
+	EventDelay time.Duration
+	// SpeculativeTTL fixes the speculative policy's TTL (model time; 0:
+	// auto).
+	SpeculativeTTL time.Duration
 }
 
 // LookupPreset returns the preset of a workload kind, the quick one
@@ -59,6 +64,14 @@ var presets = map[string]Preset{
 			Rates: []float64{0.5, 1}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
 	},
+	// Pairs sharing a 2,000-token prefix on three pods whose KV events
+	// arrive 500 ms late: the confirmation latency is known, and every
+	// gap is placed against it and the TTL.
+	workload.KindPairedGap: {
+		Spec: workload.Spec{PrefixTokens: 2000, SuffixTokens: 50, OutputTokens: 4},
+		Pods: 3, Profile: "h100x2-32b", TimeScale: 2, StreamInterval: 100 * time.Millisecond, Drain: time.Minute,
+		EventDelay: 500 * time.Millisecond,
+	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 1},
 		Pods: 4, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
@@ -94,6 +107,11 @@ var quickPresets = map[string]Preset{
 		Spec: workload.Spec{Siblings: 8, PrefixTokens: 3000, SuffixTokens: 100, OutputTokens: 50, Spread: 10 * time.Millisecond,
 			Rates: []float64{2}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	workload.KindPairedGap: {
+		Spec: workload.Spec{PrefixTokens: 2000, SuffixTokens: 50, OutputTokens: 4},
+		Pods: 3, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 4, StreamInterval: 100 * time.Millisecond, Drain: 30 * time.Second,
+		EventDelay: 500 * time.Millisecond,
 	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},

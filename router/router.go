@@ -153,6 +153,15 @@ func (r *Router) Monitor() *health.Monitor { return r.mon }
 // streams, the placement index).
 func (r *Router) EventPlane() *eventplane.Plane { return r.ev }
 
+// SpeculativeView is the predicted placements' view, as GET
+// /debug/speculative serves it; false when the policy is not speculative.
+func (r *Router) SpeculativeView() (speculative.View, bool) {
+	if r.spec == nil {
+		return speculative.View{}, false
+	}
+	return r.spec.View(), true
+}
+
 // Start binds the listeners and starts health, the event plane and the
 // servers. The servers run until Shutdown; ctx bounds the background work.
 func (r *Router) Start(ctx context.Context) error {

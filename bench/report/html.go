@@ -8,6 +8,24 @@ import (
 	"strings"
 )
 
+// specRow is one pod's line of the speculative table.
+type specRow struct{ Pod, TTL, Trust, Rate, Why string }
+
+func specRows(s *Speculative) []specRow {
+	if s == nil {
+		return nil
+	}
+	rows := make([]specRow, 0, len(s.Pods))
+	for _, p := range s.Pods {
+		rate := "n/a"
+		if p.BlockRate != nil {
+			rate = percent(*p.BlockRate)
+		}
+		rows = append(rows, specRow{Pod: p.Pod, TTL: Seconds(p.TTLS), Trust: fmt.Sprintf("%.2f", p.Trust), Rate: rate, Why: p.TTLWhy})
+	}
+	return rows
+}
+
 // HTML renders report.html: the table, the notes and the charts, in one
 // file that needs nothing else (no script, no network).
 func HTML(r *Results) ([]byte, error) {
@@ -17,6 +35,16 @@ func HTML(r *Results) ([]byte, error) {
 	}
 	if len(r.Stages) > 1 || r.Workload["name"] == "trace" {
 		charts = append(charts, ttftOverTime(r))
+	}
+	for _, n := range r.Order {
+		if p := r.Policies[n]; p != nil && len(p.Pairs) > 0 {
+			charts = append(charts, pairsChart(r))
+			break
+		}
+	}
+	specPolicy, spec := r.specOf()
+	if spec != nil {
+		charts = append(charts, specFunnel(specPolicy, spec), specHoldback(specPolicy, spec))
 	}
 	params, err := json.MarshalIndent(r.Workload, "", "  ")
 	if err != nil {
@@ -56,7 +84,7 @@ func HTML(r *Results) ([]byte, error) {
 	var buf bytes.Buffer
 	err = page.Execute(&buf, map[string]any{
 		"R": r, "Rows": rows, "Figs": figs, "Params": string(params), "FleetJSON": string(fleet),
-		"Name": r.Workload["name"],
+		"Name": r.Workload["name"], "Spec": spec, "SpecPolicy": specPolicy, "SpecRows": specRows(spec),
 	})
 	if err != nil {
 		return nil, err
@@ -113,9 +141,15 @@ dl.read dt { font-weight: 600; } dl.read dd { margin: 0 0 6px 0; color: #444; }
 </figure>
 {{end}}</div>
 
-<h2>Speculative routing</h2>
-<section class="slot" id="speculative-slot">The speculative policy's funnel (predictions made, confirmed by an event, hit by a request) and the holdback comparison appear here when a run includes the speculative policy.</section>
-
+{{if .Spec}}<h2>Speculative routing: {{.SpecPolicy}}</h2>
+<table id="speculative">
+<thead><tr><th>pod</th><th>TTL</th><th>trust</th><th>mature block confirmation</th><th>why this TTL (the router's clock: wall time, model time × 1/{{.R.TimeScale}})</th></tr></thead>
+<tbody>
+{{range .SpecRows}}<tr><td>{{.Pod}}</td><td>{{.TTL}}</td><td>{{.Trust}}</td><td>{{.Rate}}</td><td style="text-align:left; white-space:normal">{{.Why}}</td></tr>
+{{end}}</tbody>
+</table>
+<p>Mature predictions (blocks): {{.Spec.Mature.Inserted}} inserted, {{.Spec.Mature.Confirmed}} confirmed, {{.Spec.Mature.ExpiredEarly}} expired early, {{.Spec.Mature.ExpiredStale}} expired stale, {{.Spec.Mature.Invalidated}} invalidated, {{.Spec.Mature.Withdrawn}} withdrawn, {{.Spec.Mature.Unknown}} unknown{{if not .Spec.Settled}}; {{.Spec.Immature}} not mature when the run ended, left out{{end}}.</p>
+{{end}}
 <h2>How to read the table</h2>
 <dl class="read">
 <dt>requests, errors, shed</dt><dd>Requests sent; those without a complete answer (any reason); the part of those the server refused for load (HTTP 429 or 503).</dd>

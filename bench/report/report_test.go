@@ -152,3 +152,84 @@ func TestWriteRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSpeculativeSection(t *testing.T) {
+	res := sampleResults()
+	rate, per, inc := 0.9, 640.0, 1200.0
+	res.Policies["precise"].Speculative = &Speculative{Settled: true,
+		Funnel:           SpecFunnel{Inserted: 400, Confirmed: 380, Referenced: 200, Followed: 150, FollowerRoutes: 9, FollowerCachedTokens: 5400},
+		Mature:           SpecMature{Inserted: 400, Confirmed: 380, ExpiredStale: 20, BlockRate: &rate},
+		Pods:             []SpecPod{{Pod: "pod-0", TTLS: 0.61, TTLWhy: "p99 of 256 latencies", Trust: 0.87, BlockRate: &rate}},
+		HoldbackFraction: 0.05, Arms: []SpecArm{{Arm: "speculative", Requests: 38, CachedPerRequest: &per}, {Arm: "holdback", Requests: 2}},
+		IncrementalCachedTokens: &inc,
+	}
+	page, err := HTML(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(page)
+	for _, want := range []string{`id="speculative-funnel" data-expect="inserted,confirmed,referenced,followed"`,
+		`id="speculative-holdback" data-expect="speculative,holdback"`, `<h2>Speculative routing: precise</h2>`,
+		"<td>pod-0</td><td>610ms</td><td>0.87</td><td>90%</td>", "1200 cached tokens over the speculative arm", "20 expired stale"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	res.Policies["precise"].Speculative = nil
+	page, _ = HTML(res)
+	if strings.Contains(string(page), "speculative-funnel") || strings.Contains(string(page), "Speculative routing") {
+		t.Fatal("a run without the speculative policy shows its section")
+	}
+}
+
+func TestHolderOf(t *testing.T) {
+	recs := []Record{
+		{Group: 0, Sent: 0, Pod: "pod-1"}, {Group: 0, Sent: 1, Pod: "pod-1"}, {Group: 0, Sent: 2, Pod: "pod-0"},
+		{Group: 1, Sent: 5, Pod: "pod-2"}, {Group: 1, Sent: 3, Err: "HTTP 500"}, {Group: 1, Sent: 6, Pod: "pod-2"},
+		{Group: -1, Sent: 1, Pod: "pod-0"},
+	}
+	if h := HolderOf(recs); h == nil || *h != (Holder{Followers: 3, OnHolder: 2}) {
+		t.Fatalf("holder %+v, want 2 of 3 (a failed first request holds nothing)", h)
+	}
+	if HolderOf([]Record{{Group: -1}}) != nil {
+		t.Fatal("holder counted without groups")
+	}
+}
+
+func samplePairs() []Pair {
+	var out []Pair
+	for i, b := range []string{BasisNone, BasisPrediction, BasisConfirmed, BasisConfirmed} {
+		out = append(out, Pair{Condition: "none", Gap: []string{"below-p50", "near-p95", "near-ttl", "beyond-ttl"}[i], GapS: 0.3 * float64(i+1),
+			FirstPod: "pod-0", Pod: "pod-0", SamePod: b != BasisNone, Basis: b, CachedTokens: 2000})
+	}
+	out = append(out, Pair{Condition: "restart", Gap: "below-p50", GapS: 0.3, FirstPod: "pod-1", Pod: "pod-2", Basis: BasisNone, FirstErr: "no answer"})
+	return out
+}
+
+func TestPairsTableAndChart(t *testing.T) {
+	res := sampleResults()
+	res.Policies["precise"].Pairs = samplePairs()
+	spec := samplePairs()
+	for i := range spec {
+		spec[i].Spec = &PairSpec{EndedUnconfirmed: int64(i)}
+	}
+	res.Policies["round-robin"].Pairs = spec
+	var b bytes.Buffer
+	if err := PairsTable(&b, res); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 6 || !strings.Contains(lines[0], "round-robin: first") || !strings.Contains(lines[0], "unconfirmed") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+	if f := strings.Fields(lines[5]); strings.Join(f, " ") != "restart below-p50 (300ms) no answer none no 0 4 0 no answer none no 0" {
+		t.Fatalf("restart row %q", lines[5])
+	}
+	page, err := HTML(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), `id="paired-gap" data-expect="round-robin,precise"`) {
+		t.Fatal("the page lacks the paired-gap chart of both policies")
+	}
+}

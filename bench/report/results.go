@@ -102,7 +102,12 @@ type Policy struct {
 	PodShare map[string]float64 `json:"pod_share,omitempty"`
 	// Speculative is the speculative policy's funnel, rates and TTL; absent
 	// for the others.
-	Speculative json.RawMessage `json:"speculative,omitempty"`
+	Speculative *Speculative `json:"speculative,omitempty"`
+	// Pairs is the paired-gap workload's matrix, cell by cell.
+	Pairs []Pair `json:"pairs,omitempty"`
+	// Holder counts, in a burst workload, the requests after a burst's
+	// first that reached the pod the first one went to.
+	Holder *Holder `json:"holder,omitempty"`
 
 	// DurationS is the run's span in model seconds.
 	DurationS float64 `json:"duration_s"`
@@ -120,6 +125,44 @@ type Policy struct {
 	// the run, for the report's charts.
 	TTFTCDF      [][2]float64 `json:"ttft_cdf"`
 	TTFTOverTime []TimeBin    `json:"ttft_over_time"`
+}
+
+// Holder is how many followers (a burst's requests after its first, by
+// send time) reached the pod that served the first.
+type Holder struct {
+	Followers int `json:"followers"`
+	OnHolder  int `json:"on_holder"`
+}
+
+// HolderOf counts, over every group, the answered requests after the
+// group's first that went to the first one's pod; nil without groups.
+func HolderOf(recs []Record) *Holder {
+	first := map[int]*Record{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Group < 0 || r.Failed() {
+			continue
+		}
+		if f := first[r.Group]; f == nil || r.Sent < f.Sent {
+			first[r.Group] = r
+		}
+	}
+	if len(first) == 0 {
+		return nil
+	}
+	h := &Holder{}
+	for i := range recs {
+		r := &recs[i]
+		f := first[r.Group]
+		if r.Group < 0 || r.Failed() || f == nil || f == r {
+			continue
+		}
+		h.Followers++
+		if r.Pod == f.Pod {
+			h.OnHolder++
+		}
+	}
+	return h
 }
 
 // TimeBin is the TTFT of the requests sent in one slice of the run.

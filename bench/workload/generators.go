@@ -144,20 +144,25 @@ func (p Random) Generate() (*Workload, error) {
 // requests sharing a fresh PrefixTokens prefix, with their own suffix,
 // arriving within Spread of the burst (uniformly) — agents fanning out,
 // n-best sampling. The speculative policy's case: the siblings arrive
-// before any KV event of the first can.
+// before any KV event of the first can. Sequential sends a burst's
+// siblings one after another instead, each Gap after the previous answer
+// (an agent's steps, a user's quick retries): with delayed KV events the
+// next one may still arrive before the first's event.
 type Burst struct {
 	Common
 	Siblings                                 int
 	PrefixTokens, SuffixTokens, OutputTokens int
 	Spread                                   time.Duration
+	Sequential                               bool
+	Gap                                      time.Duration
 	Stages                                   []Stage
 	Arrival                                  Arrival
 }
 
 // Generate makes the workload.
 func (p Burst) Generate() (*Workload, error) {
-	if p.Siblings < 1 || p.PrefixTokens < 1 || p.SuffixTokens < 1 || p.OutputTokens < 1 || p.Spread < 0 {
-		return nil, fmt.Errorf("burst: siblings and the prefix, suffix and output lengths must be positive, the spread not negative")
+	if p.Siblings < 1 || p.PrefixTokens < 1 || p.SuffixTokens < 1 || p.OutputTokens < 1 || p.Spread < 0 || p.Gap < 0 {
+		return nil, fmt.Errorf("burst: siblings and the prefix, suffix and output lengths must be positive, the spread and gap not negative")
 	}
 	if err := checkStages(p.Stages); err != nil {
 		return nil, fmt.Errorf("burst: %w", err)
@@ -170,8 +175,25 @@ func (p Burst) Generate() (*Workload, error) {
 		"output_tokens": p.OutputTokens, "spread_s": p.Spread.Seconds(), "arrival": string(p.Arrival),
 		"stages": stageParams(p.Stages), "seed": p.Seed, "vocab": string(p.Vocab),
 	}}
+	if p.Sequential {
+		w.Params["sequential"], w.Params["gap_s"] = true, p.Gap.Seconds()
+		delete(w.Params, "spread_s")
+	}
 	for b, t := range at {
 		prefix := tx.text(kindBurstPrefix, uint64(b), p.PrefixTokens)
+		if p.Sequential {
+			s := Session{Start: t, Group: b}
+			for k := range p.Siblings {
+				turn := Turn{Parts: []string{prefix, tx.text(kindBurstSuffix, uint64(b)<<16|uint64(k), p.SuffixTokens)},
+					MaxTokens: p.OutputTokens, Stage: stage[b], Standalone: true}
+				if k > 0 {
+					turn.Think = p.Gap
+				}
+				s.Turns = append(s.Turns, turn)
+			}
+			w.Sessions = append(w.Sessions, s)
+			continue
+		}
 		for k := range p.Siblings {
 			var off time.Duration
 			if p.Spread > 0 {
@@ -197,4 +219,71 @@ func checkStages(stages []Stage) error {
 		}
 	}
 	return nil
+}
+
+// Paired-gap's conditions: what happens to the first request of a pair
+// (or its pod, or its events) before the second is sent.
+const (
+	CondNone          = "none"
+	CondCancel        = "cancel"
+	CondFailPrefill   = "fail-prefill"
+	CondRestart       = "restart"
+	CondDelayedEvents = "delayed-events"
+)
+
+// Paired-gap's gaps, named by where they fall against the route-to-
+// confirmation latency and the prediction TTL; the benchmark sizes them
+// from the fleet's known event delay and the TTL.
+const (
+	GapBelowP50  = "below-p50"
+	GapNearP95   = "near-p95"
+	GapNearTTL   = "near-ttl"
+	GapBeyondTTL = "beyond-ttl"
+)
+
+// PairConditions and PairGaps are the matrix's rows and columns in order.
+var (
+	PairConditions = []string{CondNone, CondCancel, CondFailPrefill, CondRestart, CondDelayedEvents}
+	PairGaps       = []string{GapBelowP50, GapNearP95, GapNearTTL, GapBeyondTTL}
+)
+
+// Cell is one pair: its condition and gap.
+type Cell struct {
+	Condition, Gap string
+}
+
+// PairedGap is pairs of requests sharing a fresh PrefixTokens prefix, each
+// with its own suffix: one cell per condition and gap, the second request
+// sent the gap after the first. It is the matrix of DESIGN.md §3: whether
+// the second request is routed on a prediction, a confirmed run or
+// nothing.
+type PairedGap struct {
+	Common
+	PrefixTokens, SuffixTokens, OutputTokens int
+}
+
+// Generate makes the workload: sessions 2i and 2i+1 are cell i's pair.
+func (p PairedGap) Generate() (*Workload, error) {
+	if p.PrefixTokens < 1 || p.SuffixTokens < 1 || p.OutputTokens < 1 {
+		return nil, fmt.Errorf("paired-gap: the prefix, suffix and output lengths must be positive")
+	}
+	tx := p.texter()
+	w := &Workload{Name: KindPairedGap, Params: map[string]any{
+		"prefix_tokens": p.PrefixTokens, "suffix_tokens": p.SuffixTokens, "output_tokens": p.OutputTokens,
+		"conditions": PairConditions, "gaps": PairGaps, "seed": p.Seed, "vocab": string(p.Vocab),
+	}}
+	for _, cond := range PairConditions {
+		for _, gap := range PairGaps {
+			i := len(w.Cells)
+			w.Cells = append(w.Cells, Cell{Condition: cond, Gap: gap})
+			prefix := tx.text(kindPairPrefix, uint64(i), p.PrefixTokens)
+			for k := range 2 {
+				w.Sessions = append(w.Sessions, Session{Group: i, Turns: []Turn{{
+					Parts:     []string{prefix, tx.text(kindPairSuffix, uint64(i)<<1|uint64(k), p.SuffixTokens)},
+					MaxTokens: p.OutputTokens, Stage: -1,
+				}}})
+			}
+		}
+	}
+	return w, nil
 }

@@ -14,11 +14,12 @@ const (
 	KindRandom       = "random"
 	KindBurst        = "burst"
 	KindTrace        = "trace"
+	KindPairedGap    = "paired-gap"
 )
 
 // Kinds lists the workloads --workload takes (a trace as trace:PATH).
 func Kinds() []string {
-	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindTrace + ":PATH"}
+	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindTrace + ":PATH"}
 }
 
 // ParseKind reads --workload: a kind, or trace:PATH.
@@ -30,13 +31,12 @@ func ParseKind(s string) (kind, path string, err error) {
 		return KindTrace, p, nil
 	}
 	switch s {
-	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst:
+	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap:
 		return s, "", nil
-	case "paired-gap", "faults":
-		// The two other workloads report what the speculative
-		// policy predicted and how the index recovers from faults; they
-		// arrive with that policy.
-		return "", "", fmt.Errorf("workload %s is not available yet (it comes with the speculative policy)", s)
+	case "faults":
+		// The other workload reports how the index recovers from
+		// faults; it is not built yet.
+		return "", "", fmt.Errorf("workload %s is not available yet", s)
 	}
 	return "", "", fmt.Errorf("unknown workload %q (want %s)", s, strings.Join(Kinds(), ", "))
 }
@@ -68,9 +68,13 @@ type Spec struct {
 	// random.
 	InputTokens int
 
-	// burst.
+	// burst (and paired-gap's prefix, suffix and output lengths).
 	Siblings, PrefixTokens, SuffixTokens int
 	Spread                               time.Duration
+	// Sequential sends a burst's siblings one after another, each Gap
+	// after the previous answer, instead of within Spread.
+	Sequential bool
+	Gap        time.Duration
 
 	// trace.
 	TraceSpeedup  float64
@@ -112,6 +116,9 @@ func (s *Spec) Fill(preset Spec) {
 	}
 	if s.Spread == 0 {
 		s.Spread = preset.Spread
+	}
+	if s.Gap == 0 {
+		s.Gap = preset.Gap
 	}
 	if s.TraceSpeedup == 0 {
 		s.TraceSpeedup = preset.TraceSpeedup
@@ -157,7 +164,9 @@ func Build(s Spec, lim Limits) (*Workload, error) {
 		return Random{Common: common, InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, Stages: stages, Arrival: s.Arrival}.Generate()
 	case KindBurst:
 		return Burst{Common: common, Siblings: s.Siblings, PrefixTokens: s.PrefixTokens, SuffixTokens: s.SuffixTokens,
-			OutputTokens: s.OutputTokens, Spread: s.Spread, Stages: stages, Arrival: s.Arrival}.Generate()
+			OutputTokens: s.OutputTokens, Spread: s.Spread, Sequential: s.Sequential, Gap: s.Gap, Stages: stages, Arrival: s.Arrival}.Generate()
+	case KindPairedGap:
+		return PairedGap{Common: common, PrefixTokens: s.PrefixTokens, SuffixTokens: s.SuffixTokens, OutputTokens: s.OutputTokens}.Generate()
 	case KindTrace:
 		return Trace{Common: common, Path: s.TracePath, Speedup: s.TraceSpeedup, MaxRequests: s.TraceRequests,
 			MaxContext: lim.MaxContext}.Generate()

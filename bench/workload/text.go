@@ -41,6 +41,8 @@ const (
 	kindBurstSuffix
 	kindTraceBlock
 	kindTurn
+	kindPairPrefix
+	kindPairSuffix
 )
 
 // texter makes deterministic text: the same (seed, kind, id, tokens) gives

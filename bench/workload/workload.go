@@ -24,6 +24,9 @@ type Workload struct {
 	// Notes say what the generator changed or left out (a trace's prompts
 	// cut to the context, say), for the report.
 	Notes []string
+	// Cells are paired-gap's cells, one per session pair (sessions 2i and
+	// 2i+1); the benchmark runs them one by one instead of open-loop.
+	Cells []Cell
 }
 
 // Session is one conversation: a single request for most workloads.
@@ -48,6 +51,10 @@ type Turn struct {
 	MaxTokens int
 	// Stage is the ladder stage the turn arrives in, -1 outside a ladder.
 	Stage int
+	// Standalone makes the turn's prompt its own parts alone, not the
+	// conversation so far: a sequential burst's siblings are turns only
+	// in that each waits for the previous answer.
+	Standalone bool
 }
 
 // Requests counts the turns of every session.
@@ -63,6 +70,12 @@ func (w *Workload) Requests() int {
 // given (len(answers) ≥ k).
 func (s *Session) Prompt(k int, answers []string) string {
 	var b strings.Builder
+	if s.Turns[k].Standalone {
+		for _, p := range s.Turns[k].Parts {
+			b.WriteString(p)
+		}
+		return b.String()
+	}
 	for i := 0; i <= k; i++ {
 		for _, p := range s.Turns[i].Parts {
 			b.WriteString(p)

@@ -253,3 +253,52 @@ func FuzzReadTrace(f *testing.F) {
 		}
 	})
 }
+
+func TestPairedGapCells(t *testing.T) {
+	w, err := PairedGap{Common: Common{Seed: 3, Vocab: Bytes}, PrefixTokens: 300, SuffixTokens: 20, OutputTokens: 4}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Cells) != len(PairConditions)*len(PairGaps) || len(w.Sessions) != 2*len(w.Cells) {
+		t.Fatalf("%d cells, %d sessions", len(w.Cells), len(w.Sessions))
+	}
+	prefixes := map[string]bool{}
+	for i := range w.Cells {
+		a, b := w.Sessions[2*i].Prompt(0, nil), w.Sessions[2*i+1].Prompt(0, nil)
+		if len(a) != 320 || a[:300] != b[:300] || a == b {
+			t.Fatalf("cell %d: a pair shares its 300-token prefix and differs after it", i)
+		}
+		prefixes[a[:300]] = true
+	}
+	if len(prefixes) != len(w.Cells) {
+		t.Fatal("two cells share a prefix: one cell's blocks would be another's hits")
+	}
+	if _, err := (PairedGap{PrefixTokens: 0, SuffixTokens: 1, OutputTokens: 1}).Generate(); err == nil {
+		t.Fatal("an empty prefix accepted")
+	}
+}
+
+func TestSequentialBurst(t *testing.T) {
+	w, err := Burst{Common: Common{Seed: 1, Vocab: Bytes}, Siblings: 4, PrefixTokens: 100, SuffixTokens: 10, OutputTokens: 2,
+		Sequential: true, Gap: 1500 * time.Millisecond, Stages: Ladder([]float64{1}, 2*time.Second), Arrival: Constant}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 2 || w.Requests() != 8 {
+		t.Fatalf("%d sessions, %d requests: want one session of 4 turns per burst", len(w.Sessions), w.Requests())
+	}
+	s := w.Sessions[0]
+	answers := []string{"A", "B", "C"}
+	for k := range s.Turns {
+		p := s.Prompt(k, answers)
+		if len(p) != 110 || p[:100] != s.Prompt(0, nil)[:100] {
+			t.Fatalf("turn %d: %q is not the shared prefix and its own suffix alone", k, p)
+		}
+		if want := time.Duration(0); k > 0 {
+			want = 1500 * time.Millisecond
+			if s.Turns[k].Think != want {
+				t.Fatalf("turn %d waits %v after the previous answer, want %v", k, s.Turns[k].Think, want)
+			}
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
 // benchSettings is what the bench command's flags set. Zero workload and
@@ -32,6 +33,11 @@ type benchSettings struct {
 	Profile        string
 	TimeScale      float64
 	StreamInterval time.Duration
+	EventDelay     time.Duration
+
+	SpecTTL  time.Duration
+	Holdback float64
+	Settle   time.Duration
 
 	TargetURL, Model string
 
@@ -41,7 +47,8 @@ type benchSettings struct {
 
 func defaultBenchSettings() benchSettings {
 	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
-		Seed: 1, Timeout: 30 * time.Minute, LogLevel: "error"}
+		Seed: 1, Timeout: 30 * time.Minute, LogLevel: "error",
+		Holdback: speculative.DefaultConfig().Holdback, Settle: 15 * time.Second}
 }
 
 func benchCommand(stderr io.Writer) *cli.Command {
@@ -66,6 +73,7 @@ func benchCommand(stderr io.Writer) *cli.Command {
 func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 	run := t.group("Run")
 	fleet := t.group("Simulated fleet (live engine)")
+	spec := t.group("Speculative policy")
 	target := t.group("Target endpoint")
 	wl := t.group("Workload (0: the preset's)")
 	preset := "the preset's"
@@ -92,6 +100,12 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(fleet.int("kv-blocks", "KV-cache blocks per pod", &s.KVBlocks), "the preset's, else the profile's"),
 		defaultText(fleet.float("time-scale", "model seconds per wall second", &s.TimeScale), preset),
 		defaultText(fleet.dur("stream-interval", "least model time between two chunks of a stream after its first", &s.StreamInterval), preset),
+		defaultText(fleet.dur("event-delay", "every pod holds each KV-event batch back this long (model time) before publishing it, as a batching publisher or a slow network does", &s.EventDelay), preset),
+
+		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per pod from measured confirmation latency) or a duration in model time",
+			&s.SpecTTL, speculative.FormatTTL, speculative.ParseTTL),
+		spec.float("holdback", "share of conversations the speculative policy routes without predictions, to measure what they save (0 to 0.5; 0: off)", &s.Holdback),
+		spec.dur("settle", "after the speculative policy's last answer, how long (wall time) to wait for its predictions to mature so that the confirmation rates cover the whole run", &s.Settle),
 
 		defaultText(target.str("target-url", "drive this OpenAI-compatible endpoint (http://HOST:PORT) instead of simulated pods", &s.TargetURL), "none"),
 		defaultText(target.str("model", "model to ask the target for", &s.Model), "the target's first in /v1/models"),
@@ -134,6 +148,8 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(wl.int("prefix-tokens", "burst: the prefix a burst's siblings share", &s.Spec.PrefixTokens), preset),
 		defaultText(wl.int("suffix-tokens", "burst: each sibling's own suffix", &s.Spec.SuffixTokens), preset),
 		defaultText(wl.dur("spread", "burst: model time within which a burst's siblings arrive", &s.Spec.Spread), preset),
+		wl.bool("sequential", "burst: send a burst's siblings one after another, each --gap after the previous answer", &s.Spec.Sequential),
+		defaultText(wl.dur("gap", "burst with --sequential: model time between an answer and the next sibling", &s.Spec.Gap), "0"),
 		defaultText(wl.float("trace-speedup", "trace: divide the trace's timestamps by this", &s.Spec.TraceSpeedup), preset),
 		defaultText(wl.int("trace-requests", "trace: replay the first N requests", &s.Spec.TraceRequests), "the preset's; 0 in the full preset: all"),
 	}
@@ -192,7 +208,7 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		}
 	}
 	for name, v := range map[string]time.Duration{"drain": s.Drain, "stage-duration": spec.StageDuration, "think-time": spec.Think,
-		"spread": spec.Spread, "stream-interval": s.StreamInterval} {
+		"spread": spec.Spread, "stream-interval": s.StreamInterval, "event-delay": s.EventDelay, "gap": spec.Gap} {
 		if v < 0 {
 			return o, usageError("--%s must not be negative, got %v", name, v)
 		}
@@ -212,6 +228,18 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		o.Drain = s.Drain
 	}
 	o.Seed = s.Seed
+	if s.Holdback < 0 || s.Holdback > speculative.MaxHoldback {
+		return o, usageError("--holdback %v: want a fraction from 0 (off) to %v", s.Holdback, speculative.MaxHoldback)
+	}
+	if s.Settle < 0 {
+		return o, usageError("--settle must not be negative, got %v", s.Settle)
+	}
+	holdback := s.Holdback
+	o.Speculative = bench.SpeculativeOptions{TTL: p.SpeculativeTTL, Holdback: &holdback}
+	if s.SpecTTL > 0 {
+		o.Speculative.TTL = s.SpecTTL
+	}
+	o.Settle = s.Settle
 
 	var lim workload.Limits
 	if s.TargetURL != "" {
@@ -223,7 +251,13 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		}
 		o.TargetURL, o.Model = s.TargetURL, s.Model
 	} else {
-		if o.Policies, err = bench.ParsePolicies(s.Policies); err != nil {
+		policies := s.Policies
+		if kind == workload.KindPairedGap && !policiesSet {
+			// The matrix compares what a decision counts on: the
+			// policies that read the index.
+			policies = "precise,speculative"
+		}
+		if o.Policies, err = bench.ParsePolicies(policies); err != nil {
 			return o, usageError("--policies: %v", err)
 		}
 		if s.Model != "" {
@@ -275,6 +309,10 @@ func (s *benchSettings) fleet(p bench.Preset) (sim.Config, error) {
 	if s.StreamInterval > 0 {
 		cfg.StreamInterval = s.StreamInterval
 	}
+	cfg.Faults.EventDelay = p.EventDelay
+	if s.EventDelay > 0 {
+		cfg.Faults.EventDelay = s.EventDelay
+	}
 	if err := sim.CheckConfig(cfg); err != nil {
 		return cfg, usageError("%v", err)
 	}
@@ -309,6 +347,9 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 		return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
 	}
 	if err := report.Table(stdout, res); err != nil {
+		return err
+	}
+	if err := report.PairsTable(stdout, res); err != nil {
 		return err
 	}
 	for _, n := range res.Notes {
