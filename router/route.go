@@ -102,7 +102,7 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, req
 	if aerr != nil {
 		return nil, aerr
 	}
-	pt, aerr := r.tok.prompt(ctx, req, r.cat, r.cfg.Policy == PolicyPrecise, func() string {
+	pt, aerr := r.tok.prompt(ctx, req, r.cat, r.cfg.Policy.readsPrompt(), func() string {
 		// Remote tokenization asks a routable pod of the model.
 		if t, e := r.pickAny(snap, req.Model); e == nil {
 			return t.ID.Endpoint

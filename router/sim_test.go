@@ -53,23 +53,25 @@ type completion struct {
 // block: a router that left it out would find nothing).
 func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 	for _, mode := range []struct {
-		name  string
-		seed  bool
-		model string
-		tok   string // --tokenizer spec
+		name   string
+		seed   bool
+		model  string
+		tok    string // --tokenizer spec
+		policy Policy
 	}{
-		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes"},
-		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes"},
-		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes"},
+		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise},
+		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes", PolicyPrecise},
+		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise},
 		// No local tokenizer: ids come from the pods' render endpoints.
-		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote="},
+		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote=", PolicyPrecise},
+		{"remote tokenization, speculative", true, "sim-tiny", "sim-tiny:remote=", PolicySpeculative},
 		// Local ids, a sample checked against the pods in the background.
-		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes"},
+		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes", PolicyPrecise},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			f := startFleet(t, 3, sim.Faults{}, "sql-adapter")
 			cfg := DefaultConfig()
-			cfg.Policy = PolicyPrecise
+			cfg.Policy = mode.policy
 			cfg.DebugHeaders = true
 			if mode.seed {
 				cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true // the simulator's PYTHONHASHSEED
@@ -129,9 +131,9 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			m, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			for _, want := range []string{
-				`prefixrouter_reported_cached_tokens_total{model="` + mode.model + `",policy="precise",target="` + holder + `"}`,
-				`prefixrouter_predicted_cached_tokens_total{model="` + mode.model + `",policy="precise",target="` + holder + `"}`,
-				`prefixrouter_cache_predictions_total{model="` + mode.model + `",outcome="exact",policy="precise",target="` + holder + `"}`,
+				`prefixrouter_reported_cached_tokens_total{model="` + mode.model + `",policy="` + mode.policy.String() + `",target="` + holder + `"}`,
+				`prefixrouter_predicted_cached_tokens_total{model="` + mode.model + `",policy="` + mode.policy.String() + `",target="` + holder + `"}`,
+				`prefixrouter_cache_predictions_total{model="` + mode.model + `",outcome="exact",policy="` + mode.policy.String() + `",target="` + holder + `"}`,
 			} {
 				if !strings.Contains(string(m), want) {
 					t.Fatalf("/metrics lacks %s", want)
