@@ -181,8 +181,15 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 		}
 		running = math.Max(running, float64(l.Running))
 	}
-	blocks := cd.Weighted*cd.Trust + float64(cd.SpeculativeBlocks)*cd.PredictionWeight
-	cached := blocks * float64(blockSize)
+	predicted := float64(cd.SpeculativeBlocks*blockSize) * cd.PredictionWeight
+	// A follower of predictions waits on their target for the queued
+	// prefill that computes them, as it would compute them itself on
+	// another pod: those queued tokens are the blocks it reuses, not a
+	// wait on top of them. Without this a sibling arriving during its
+	// prefix's prefill costs as much on the holder as on an idle pod
+	// (2,000 queued + 50 own against 2,050), and siblings scatter.
+	queued -= math.Min(float64(l.QueuedUncachedTokens), predicted)
+	cached := cd.Weighted*cd.Trust*float64(blockSize) + predicted
 	cached = math.Min(cached, float64(promptTokens))
 	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
 	if !l.Stale && l.KVUsage > c.cost.KVThreshold && c.cost.KVThreshold < 1 {

@@ -36,6 +36,12 @@ func planeWithIndex(t testing.TB) (*eventplane.Plane, *kvindex.Index) {
 
 // TestPreciseCost pins the cost model of docs/architecture.md on small
 // fleets where the right answer is clear.
+// predictedCand gives c a predicted run of blocks weighted by trust.
+func predictedCand(c Candidate, blocks int, trust float64) Candidate {
+	c.SpeculativeBlocks, c.PredictionWeight = blocks, trust
+	return c
+}
+
 func TestPreciseCost(t *testing.T) {
 	idle := LoadView{}
 	cases := []struct {
@@ -69,6 +75,14 @@ func TestPreciseCost(t *testing.T) {
 			cand("a", 0, eventplane.VerdictFresh, LoadView{Waiting: 10, Running: 50, Stale: true}),
 			cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1})},
 			100, "a"},
+		{"a follower is not charged the queued prefill of its predicted blocks", []Candidate{
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}), 125, 0.8)},
+			2050, "b"},
+		{"but the rest of the holder's queue is", []Candidate{
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 4, Prefilling: 4, QueuedUncachedTokens: 8000}), 125, 0.8)},
+			2050, "a"},
 		{"a nearly full KV cache costs", []Candidate{
 			cand("a", 4, eventplane.VerdictFresh, LoadView{KVUsage: 0.99}),
 			cand("b", 0, eventplane.VerdictFresh, LoadView{KVUsage: 0.2})},
