@@ -139,16 +139,15 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 }
 
 // predict records the blocks the chosen candidate does not hold yet as
-// predicted placements on it (the rest of the prompt follows when the
-// tail has keyed it), and, when its predicted run counted in the choice,
-// the request as a follower of those predictions.
+// predicted placements on it (the speculative policy reads the whole
+// prompt before dispatch), and, when its predicted run counted in the
+// choice, the request as a follower of those predictions.
 func (a *attempt) predict(c *Candidate) {
 	d, x, spec := a.d, a.x, a.x.dec.spec
 	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
 	a.placement = spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: x.id,
 		Namespace: speculative.Namespace{Model: x.model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize}},
 		d.chain.Keys[from:])
-	x.tail.predict(a.placement)
 	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
 		a.follower = spec.Follow(c.predicted, x.id)
 	}

@@ -94,8 +94,7 @@ type decision struct {
 	approxChunks []uint64
 	// arm is the request's holdback arm (speculative policy): the
 	// holdback decides without predictions. predicting says the request
-	// records predicted placements (both arms), so the whole prompt is
-	// keyed, its tail after dispatch.
+	// records predicted placements (both arms).
 	arm        speculative.Arm
 	predicting bool
 }
@@ -191,18 +190,6 @@ func (dc *decider) predict(d *decision, in decisionInput) {
 	}
 }
 
-// predictedHere reports whether some routable candidate has a pending
-// prediction of the block key: a predicted run may reach it even where no
-// confirmed one does.
-func (dc *decider) predictedHere(d *decision, key kvindex.Key) bool {
-	for i := range d.cands {
-		if c := &d.cands[i]; c.Routable && dc.spec.Pending(c.Target.ID, key) {
-			return true
-		}
-	}
-	return false
-}
-
 // without decides again after the chosen target failed before its first
 // byte: the same prompt and runs, without that target, on the others'
 // routability and load as they are now.
@@ -280,14 +267,20 @@ func (dc *decider) readUntilDecided(d *decision) error {
 		if err := d.keyer.Extend(&d.chain, st.IDs(), d.extras); err != nil {
 			return err
 		}
+		if dc.spec != nil {
+			// The speculative policy reads the whole prompt before
+			// dispatch, so that its predictions cover every block at
+			// once: a sibling arriving while a tail still encoded the
+			// rest would see only the first blocks predicted and
+			// scatter. The second core encodes the later half.
+			st.Prefetch()
+			continue
+		}
 		if n := len(d.chain.Keys); n > before {
-			if !ix.Extend(&reach, d.chain.Keys[before:]) && (dc.spec == nil || !dc.predictedHere(d, d.chain.Keys[n-1])) {
+			if !ix.Extend(&reach, d.chain.Keys[before:]) {
 				break
 			}
-			// With predictions a run may reach past any confirmed
-			// holder's, and the settle check knows only the index: read
-			// on to the first block no one holds, confirmed or predicted.
-			if dc.spec == nil && n >= checkFrom && !st.Done() {
+			if n >= checkFrom && !st.Done() {
 				done, looked := dc.settles(d, &reach, st.EstimateCount())
 				if done {
 					d.settled, d.asOf = true, ix.MarkStores()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
 // promptTail encodes the rest of a prompt its decision stopped reading,
@@ -29,16 +28,9 @@ type promptTail struct {
 	whole promptTokens // the whole prompt; ids nil when encoding failed
 	runs  []int        // settled decisions: every candidate's whole run
 
-	// rest holds the keys of the blocks the decision did not read, once
-	// the whole prompt is known, for the predicted placements.
-	rest []kvindex.Key
-
 	mu       sync.Mutex
 	held     *health.Flight
 	heldCand int
-	// placement is the latest attempt's predicted placements, extended
-	// with rest when the tail ends.
-	placement *speculative.Placement
 }
 
 // startTail starts encoding the rest of d's prompt, counted in tails; nil
@@ -73,7 +65,6 @@ func (t *promptTail) start(ix *kvindex.Index, tails *sync.WaitGroup) {
 		if t.held != nil {
 			t.correct(t.held, t.heldCand)
 		}
-		t.placement.Extend(t.rest)
 	}()
 }
 
@@ -102,17 +93,13 @@ func (t *promptTail) encode(ix *kvindex.Index) {
 		return
 	}
 	t.whole = promptTokens{ids: ids, count: len(ids), source: "local"}
-	if !d.settled && !d.predicting {
+	if !d.settled {
 		return
 	}
 	// The decision's chain is shared with the request; extend a copy.
 	chain := d.chain
 	chain.Keys = slices.Clone(chain.Keys)
 	if err := d.keyer.Extend(&chain, ids, d.extras); err != nil {
-		return
-	}
-	t.rest = chain.Keys[len(d.chain.Keys):]
-	if !d.settled {
 		return
 	}
 	runs := make([]int, len(d.cands))
@@ -164,22 +151,6 @@ func (t *promptTail) hold(f *health.Flight, i int) {
 		return
 	}
 	t.held, t.heldCand = f, i
-}
-
-// predict gives the tail the attempt's predicted placements, which it
-// extends with the rest of the prompt's blocks once keyed (at once when it
-// is done). A retry's placements replace the last attempt's.
-func (t *promptTail) predict(p *speculative.Placement) {
-	if t == nil || p == nil {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.finished() {
-		p.Extend(t.rest)
-		return
-	}
-	t.placement = p
 }
 
 // release takes the flight back: the attempt got its first byte or ended.

@@ -65,21 +65,6 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 	return Extension{Blocks: n, Ref: Ref{t: t, keys: keys[confirmed : confirmed+n], gen: gen, at: now}}
 }
 
-// Pending reports whether key is a pending prediction on the target whose
-// deadline has not passed, without counting it as referenced: the router
-// asks it while reading a prompt, to know whether a predicted run may
-// still reach the block it has just read. A read lock, no allocation.
-func (s *Store) Pending(id target.ID, key kvindex.Key) bool {
-	t := s.target(id)
-	if t == nil || t.live.Load() == 0 {
-		return false
-	}
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	p := t.pending[key]
-	return p != nil && p.deadline >= s.clock()
-}
-
 // Trust is the weight in [0, 1] of a target's predicted run: 0 while its
 // event stream is not fresh (Deps.Stream), else its block-confirmation
 // rate over recent mature cohorts under the prior (priorMean,

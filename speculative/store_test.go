@@ -306,27 +306,3 @@ func TestObserver(t *testing.T) {
 		t.Fatalf("generation %d, invalidations %v", tv.Generation, tv.Invalidations)
 	}
 }
-
-// TestPending: a pending prediction whose deadline has not passed is
-// pending, on its own target only, and asking does not count it as
-// referenced.
-func TestPending(t *testing.T) {
-	r := newRig(t, DefaultConfig())
-	prompt := keyRange(0, 4)
-	r.Predict(dispatch(podA, "r"), prompt[1:3])
-	for i, want := range []bool{false, true, true, false} {
-		if got := r.Pending(podA, prompt[i]); got != want {
-			t.Errorf("block %d pending on A: %v, want %v", i, got, want)
-		}
-	}
-	if r.Pending(podB, prompt[1]) {
-		t.Error("A's prediction is pending on B")
-	}
-	if got := r.targetView(t, podA).Funnel.Referenced; got != 0 {
-		t.Errorf("asking counted %d references", got)
-	}
-	r.clock.Advance(2*time.Second + time.Nanosecond)
-	if r.Pending(podA, prompt[1]) {
-		t.Error("a prediction past its deadline is pending")
-	}
-}
