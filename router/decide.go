@@ -359,13 +359,20 @@ func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, 
 
 // predictedFor is the number of prompt tokens the router expects candidate
 // c to serve from its cache, given its confirmed run of blocks and a
-// prompt of count tokens: the trusted run, plus the predicted blocks
-// weighted by the trust in them.
+// prompt of count tokens: the trusted run, and the predicted blocks
+// beyond it while they are trusted at all. Trust weighs the choice (the
+// cost); what the pod will compute if the predictions hold is what the
+// load ledger books and the outcome is measured against: a follower booked
+// at the trust-weighted estimate looked busier than the pod is, and a
+// burst's siblings spilled off the holder.
 func (d *decision) predictedFor(c *Candidate, blocks, count int) int {
 	if c.Trust == 0 || d.blockSize == 0 {
 		return 0
 	}
-	n := blocks*d.blockSize + int(float64(c.SpeculativeBlocks*d.blockSize)*c.PredictionWeight)
+	n := blocks * d.blockSize
+	if c.PredictionWeight > 0 {
+		n += c.SpeculativeBlocks * d.blockSize
+	}
 	// vLLM never serves the whole prompt from cache: the last token is
 	// always computed, so hits stop at the last full block before it.
 	if count > 0 {
