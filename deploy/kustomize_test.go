@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -44,9 +45,27 @@ type objects struct {
 	accounts        []*corev1.ServiceAccount
 }
 
+// built caches each kustomization's rendering for the run (tests only read it).
+var built sync.Map // dir -> builtKustomization
+
+type builtKustomization struct {
+	out []byte
+	o   objects
+}
+
 // build renders a kustomization with kustomize's own library and decodes
 // every object strictly: a field its API type does not have is an error.
 func build(t *testing.T, dir string) ([]byte, objects) {
+	t.Helper()
+	if b, ok := built.Load(dir); ok {
+		return b.(builtKustomization).out, b.(builtKustomization).o
+	}
+	out, o := buildOnce(t, dir)
+	built.Store(dir, builtKustomization{out, o})
+	return out, o
+}
+
+func buildOnce(t *testing.T, dir string) ([]byte, objects) {
 	t.Helper()
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)

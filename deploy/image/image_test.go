@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +23,39 @@ import (
 // instead of a tiny one the test assembles itself.
 var imagePath = flag.String("image", "", "image tarball or OCI layout to check instead of a test image")
 
+// tiny is the path of the static test program, built once per run.
+var tiny struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if tiny.dir != "" {
+		os.RemoveAll(tiny.dir)
+	}
+	os.Exit(code)
+}
+
 // tinyBinary builds a static Go program that answers `version` as
 // prefixrouter does, and only when its environment is empty.
 func tinyBinary(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
+	tiny.once.Do(func() { tiny.dir, tiny.bin, tiny.err = buildTiny() })
+	if tiny.err != nil {
+		t.Fatal(tiny.err)
+	}
+	return tiny.bin
+}
+
+func buildTiny() (dir, bin string, err error) {
+	dir, err = os.MkdirTemp("", "prefixrouter-tiny-")
+	if err != nil {
+		return "", "", err
+	}
 	src := `package main
 
 import (
@@ -41,19 +71,19 @@ func main() {
 }
 `
 	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
+		return dir, "", err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module tiny\n\ngo 1.26\n"), 0o644); err != nil {
-		t.Fatal(err)
+		return dir, "", err
 	}
-	bin := filepath.Join(dir, "tiny")
+	bin = filepath.Join(dir, "tiny")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		return dir, "", fmt.Errorf("go build: %w\n%s", err, out)
 	}
-	return bin
+	return dir, bin, nil
 }
 
 func testConfig(bin string) Config {
