@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -260,7 +261,8 @@ func appendFile(t *testing.T, img v1.Image, name string, body []byte) v1.Image {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
 	if err != nil {
 		t.Fatal(err)
 	}
