@@ -25,7 +25,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
 
-.PHONY: all build test deps vet fmt-check staticcheck unit fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize
+.PHONY: all build test deps vet fmt-check staticcheck unit fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image
 
 all: build
 
@@ -108,6 +108,19 @@ demo: build
 # script) against the router in front of simulated pods.
 e2e-client: build
 	./scripts/e2e-client.sh
+
+# image builds the container image without a container engine or a base
+# image: a fully static binary (scripts/build-static.sh) in one layer
+# assembled by deploy/image, written to bin/image/oci (OCI layout) and
+# bin/image/prefixrouter.tar (docker/podman load), then checked by
+# deploy/image's TestImage against the built image. deploy/Dockerfile is
+# the same image for those with a container engine.
+IMAGE_TAG ?= prefixrouter:$(VERSION)
+image: deps
+	VERSION=$(VERSION) ./scripts/build-static.sh bin/prefixrouter-static
+	$(GO) run ./deploy/image/imagebuild -binary bin/prefixrouter-static -version $(VERSION) \
+		-revision "$$(git rev-parse HEAD 2>/dev/null)" -tag $(IMAGE_TAG) -oci bin/image/oci -tar bin/image/prefixrouter.tar
+	$(GO) test -count=1 -run '^TestImage$$' -v ./deploy/image -args -image $(CURDIR)/bin/image/prefixrouter.tar
 
 clean:
 	rm -rf bin

@@ -12,6 +12,13 @@ fi
 if ! command -v chromium >/dev/null 2>&1; then
   need+=(chromium)
 fi
+# The alerting rules' checks (deploy/prometheus_test.go) run `promtool check
+# rules` and `promtool test rules`: Debian's prometheus package (bookworm:
+# 2.42), whose promtool is all they use. Its postinst starts no server
+# where no init system runs (containers, CI).
+if ! command -v promtool >/dev/null 2>&1; then
+  need+=(prometheus)
+fi
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
