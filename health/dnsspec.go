@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/prefixrouter/prefixrouter/internal/hostname"
 )
 
 // DNSSpec is one --discover-dns entry: a name resolved on an interval, each
@@ -42,7 +44,7 @@ func ParseDNSSpec(s string) (DNSSpec, error) {
 	if err != nil {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: want NAME:PORT: %w", s, err)
 	}
-	if name == "" || !validHost(name) {
+	if name == "" || !hostname.Valid(name) {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: invalid name %q", s, name)
 	}
 	d := DNSSpec{Name: strings.ToLower(name), Scheme: "http", EventsPort: DefaultEventsPort, DP: 1, Role: RoleBoth}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/prefixrouter/prefixrouter/internal/hostname"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -109,7 +110,7 @@ func ParseSpec(s string) (Spec, error) {
 	if host == "" {
 		return Spec{}, errors.New("missing host")
 	}
-	if !validHost(host) {
+	if !hostname.Valid(host) {
 		return Spec{}, fmt.Errorf("invalid host %q", host)
 	}
 	port := u.Port()
@@ -299,7 +300,7 @@ func parseZMQAddr(v string) (string, error) {
 		if host == "" || host == "*" {
 			return "", fmt.Errorf("%q: a subscriber needs a concrete host", v)
 		}
-		if !validHost(host) {
+		if !hostname.Valid(host) {
 			return "", fmt.Errorf("%q: invalid host", v)
 		}
 		if _, err := parsePort(port); err != nil {
@@ -336,25 +337,6 @@ func rankAddr(addr string, rank int) (string, error) {
 		return "", fmt.Errorf("%q: port %d + rank %d exceeds 65535", addr, p, rank)
 	}
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+rank)), nil
-}
-
-// validHost accepts an IP address or a DNS name (letters, digits, '-', '_'
-// and '.', at most 253 bytes).
-func validHost(h string) bool {
-	if net.ParseIP(h) != nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, r := range h {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 func parsePort(p string) (int, error) {
