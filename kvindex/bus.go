@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -81,6 +82,7 @@ type Bus struct {
 	mu       sync.Mutex
 	ctx      context.Context
 	sockets  map[int]*zmq.Socket // rank → bound SUB socket
+	wanted   map[int]bool        // ranks to bind at Start
 	streams  map[busKey]*busStream
 	byTarget map[target.ID]*busStream
 	unknown  map[busKey]*unknownTopic
@@ -131,6 +133,7 @@ func NewBus(cfg BusConfig) (*Bus, error) {
 	return &Bus{
 		cfg: cfg, log: log.With("bus", cfg.Listen), host: host, port: port,
 		sockets:  make(map[int]*zmq.Socket),
+		wanted:   make(map[int]bool),
 		streams:  make(map[busKey]*busStream),
 		byTarget: make(map[target.ID]*busStream),
 		unknown:  make(map[busKey]*unknownTopic),
@@ -166,8 +169,8 @@ func (b *Bus) RankAddr(r int) string {
 	return "tcp://" + net.JoinHostPort(b.host, strconv.Itoa(b.port+r))
 }
 
-// Start binds rank 0's socket and receives on every bound socket until ctx
-// ends.
+// Start binds rank 0's socket and those BindRank asked for, and receives
+// on every bound socket until ctx ends.
 func (b *Bus) Start(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -175,16 +178,22 @@ func (b *Bus) Start(ctx context.Context) error {
 		return errors.New("bus: started twice")
 	}
 	b.ctx = ctx
-	return b.bindLocked(0)
+	b.wanted[0] = true
+	var errs []error
+	for _, r := range slices.Sorted(maps.Keys(b.wanted)) {
+		errs = append(errs, b.bindLocked(r))
+	}
+	return errors.Join(errs...)
 }
 
 // BindRank binds rank r's socket (PORT+r), once; publishers of that rank
-// can connect from then on.
+// can connect from then on. Before Start it only records the rank.
 func (b *Bus) BindRank(r int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ctx == nil {
-		return errors.New("bus: not started")
+		b.wanted[r] = true
+		return nil
 	}
 	return b.bindLocked(r)
 }
@@ -362,16 +371,16 @@ func (b *Bus) dropLocked(st *busStream) {
 	delete(b.byTarget, st.route.Target)
 }
 
-// Status is id's stream's status; ok is false while none of its batches
-// arrived on this bus.
-func (b *Bus) Status(id target.ID) (SubscriberStatus, bool) {
+// Status is id's stream's status and the topic it arrives under; ok is
+// false while none of its batches arrived on this bus.
+func (b *Bus) Status(id target.ID) (status SubscriberStatus, topic string, ok bool) {
 	b.mu.Lock()
 	st := b.byTarget[id]
 	b.mu.Unlock()
 	if st == nil {
-		return SubscriberStatus{}, false
+		return SubscriberStatus{}, "", false
 	}
-	return st.seq.Status(), true
+	return st.seq.Status(), st.key.topic, true
 }
 
 // Resync clears id's placements and rebuilds them from the pod's replay

@@ -78,10 +78,10 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); bus.Wait() }()
-	if err := bus.Start(ctx); err != nil {
+	if err := bus.BindRank(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.BindRank(1); err != nil {
+	if err := bus.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	a, b := target.ID{Endpoint: "http://10.0.0.7:8000"}, target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}
@@ -113,8 +113,8 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	if got := seen(a); !contiguous(got, 0) {
 		t.Fatalf("after batch %d was dropped, applied %v: want it replayed in order", dropped, got)
 	}
-	st, ok := bus.Status(a)
-	if !ok || st.Gaps != 1 || st.Unrecovered != 0 || !st.Connected {
+	st, tp, ok := bus.Status(a)
+	if !ok || tp != topic || st.Gaps != 1 || st.Unrecovered != 0 || !st.Connected {
 		t.Fatalf("rank 0's status %+v (ok %v): want one gap, recovered", st, ok)
 	}
 
@@ -142,7 +142,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	bus.cfg.Route = func(int, string) (BusRoute, error) { return BusRoute{}, ErrRouteDeferred }
 	bus.Drop(b)
 	publishUntil(rank1, "rank 1's batches deferred", func() bool { return bus.View().DeferredBatches > 0 })
-	if _, ok := bus.Status(b); ok {
+	if _, _, ok := bus.Status(b); ok {
 		t.Fatal("a dropped target keeps its stream")
 	}
 }
