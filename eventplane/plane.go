@@ -473,11 +473,7 @@ func (p *Plane) Run(ctx context.Context) error {
 			p.stopLocked(s)
 		}
 	}()
-	defer func() {
-		for _, b := range p.buses {
-			b.Wait()
-		}
-	}()
+	defer p.Wait()
 	tk := time.NewTicker(p.cfg.EvalInterval)
 	defer tk.Stop()
 	for {
@@ -640,4 +636,12 @@ func fleetCacheConfig(caches map[target.ID]Cache) (int, string) {
 		}
 	}
 	return best.bs, best.algo
+}
+
+// Wait waits for the buses' goroutines once the context given to Listen
+// ended (Run does it too).
+func (p *Plane) Wait() {
+	for _, b := range p.buses {
+		b.Wait()
+	}
 }

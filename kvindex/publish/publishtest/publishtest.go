@@ -29,6 +29,18 @@ type Subscriber struct {
 // Subscribe connects a SUB socket to endpoint; it closes with the test.
 func Subscribe(t testing.TB, endpoint string) *Subscriber {
 	t.Helper()
+	return newSubscriber(t, endpoint, false)
+}
+
+// Listen binds a SUB socket on endpoint, a collector that publishers
+// connect to; it closes with the test.
+func Listen(t testing.TB, endpoint string) *Subscriber {
+	t.Helper()
+	return newSubscriber(t, endpoint, true)
+}
+
+func newSubscriber(t testing.TB, endpoint string, bind bool) *Subscriber {
+	t.Helper()
 	s, err := zmq.NewSocket(zmq.SUB)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +52,11 @@ func Subscribe(t testing.TB, endpoint string) *Subscriber {
 	if err := s.SetSubscribe(""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Connect(endpoint); err != nil {
+	if bind {
+		if err := s.Bind(endpoint); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := s.Connect(endpoint); err != nil {
 		t.Fatal(err)
 	}
 	return &Subscriber{t: t, sock: s}
