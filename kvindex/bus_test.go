@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,19 +12,9 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 	"github.com/prefixrouter/prefixrouter/target"
 )
-
-// freePort returns a TCP port free on loopback a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // TestBusFollowsEachTopic: publishers connect to the bus as vLLM's do with
 // a connecting endpoint. Each topic is its own stream: its first batches
@@ -34,8 +23,8 @@ func freePort(t *testing.T) int {
 // publisher clears its target, rank 1 arrives on the next port, and a
 // topic matching no target is listed, never applied.
 func TestBusFollowsEachTopic(t *testing.T) {
-	port := freePort(t)
-	listen := "tcp://127.0.0.1:" + strconv.Itoa(port)
+	listen := publishtest.FreeAddr(t, 2)
+	_, port, _ := ParseListenAddr(listen)
 	const topic = "kv@10.0.0.7:8000@m"
 	pub := func(connect, topic string) *publish.Publisher {
 		p, err := publish.New(publish.Config{Connect: connect, ReplayBind: "tcp://127.0.0.1:*", Topic: topic, Logger: quietLogger()})

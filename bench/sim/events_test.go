@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -377,12 +377,8 @@ func TestDataParallelRanks(t *testing.T) {
 // kv@HOST:PORT@MODEL of its HTTP address; replay stays on the pod, and the
 // endpoint names no events address.
 func TestEventsConnect(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	addr := publishtest.FreeAddr(t, 2)
+	port, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
 	collectors := []*publishtest.Subscriber{
 		publishtest.Listen(t, fmt.Sprintf("tcp://127.0.0.1:%d", port)),
 		publishtest.Listen(t, fmt.Sprintf("tcp://127.0.0.1:%d", port+1)),
