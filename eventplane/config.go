@@ -39,6 +39,16 @@ type Config struct {
 	MaxQueueDepth int
 	// EvalInterval paces freshness evaluation. Flag --events-eval-interval.
 	EvalInterval time.Duration
+	// EventsListen are the addresses of bound SUB sockets (buses) every
+	// pod's publisher may connect to, tcp://ADDR:PORT; rank r's publishers
+	// connect to PORT+r. A target whose endpoint names no events= is then
+	// expected on a bus, found by its topic. Flag --events-listen.
+	EventsListen []string
+	// ReplayPort is the pods' replay port for targets fed by a bus whose
+	// endpoint names no replay=: rank r's replay socket is
+	// tcp://HOST:ReplayPort+r, HOST the topic's (0: none). Flag
+	// --replay-port.
+	ReplayPort int
 	// RoutingWindow is the window over which recent routing volume is
 	// reported. Flag --health-routing-window (named before the event
 	// plane left health; the name stays for operators).
@@ -92,6 +102,21 @@ func (c Config) Validate() error {
 		if _, err := kvindex.ParseHashAlgo(c.HashAlgo); err != nil {
 			bad("--hash-algo: %w", err)
 		}
+	}
+	seen := map[string]bool{}
+	for _, addr := range c.EventsListen {
+		if _, _, err := kvindex.ParseListenAddr(addr); err != nil {
+			bad("--events-listen %w", err)
+		} else if seen[addr] {
+			bad("--events-listen %q given twice", addr)
+		}
+		seen[addr] = true
+	}
+	if c.ReplayPort < 0 || c.ReplayPort > 65535 {
+		bad("--replay-port %d: want 1..65535, or 0 for none", c.ReplayPort)
+	}
+	if c.ReplayPort != 0 && len(c.EventsListen) == 0 {
+		bad("--replay-port %d applies to pods on a bus: set --events-listen too (a pod with its own subscription takes replay= in its --endpoint)", c.ReplayPort)
 	}
 	if c.HashSeed != "" && !c.HasHashSeed {
 		bad("--hash-seed %q is set but HasHashSeed is false (set both, or neither for token-derived keys)", c.HashSeed)

@@ -12,6 +12,12 @@ import (
 type StreamView struct {
 	Verdict Verdict `json:"verdict"`
 	Detail  string  `json:"detail,omitempty"`
+	// Source is "subscriber" (the endpoint's events= socket), "bus"
+	// (--events-listen) or empty (none); Bus and Topic name the bus and
+	// the topic once a batch arrived on one.
+	Source string `json:"source,omitempty"`
+	Bus    string `json:"bus,omitempty"`
+	Topic  string `json:"topic,omitempty"`
 	// JudgedAt is when the verdict was made: Detail's durations and
 	// LastEventAgeS are as of then.
 	JudgedAt           time.Time `json:"judged_at,omitzero"`
@@ -60,7 +66,7 @@ type IndexView struct {
 func (p *Plane) StreamView(id target.ID) StreamView {
 	f := p.Freshness(id)
 	v := StreamView{
-		Verdict: f.Verdict, Detail: f.Detail, Connected: f.Connected,
+		Verdict: f.Verdict, Detail: f.Detail, Source: f.Source, Bus: f.Bus, Topic: f.Topic, Connected: f.Connected,
 		Replaying: f.Replaying, LastEvent: f.LastEvent, LastSeq: f.LastSeq,
 		HaveSeq: f.HaveSeq, Gaps: f.Gaps, Restarts: f.Restarts,
 		Unrecovered: f.Unrecovered, UnrecoveredAt: f.UnrecoveredAt,

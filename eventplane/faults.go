@@ -85,13 +85,20 @@ type faultRecord struct {
 // judgeFaults returns the stream's wiring faults now, most severe first,
 // and logs them: at the first judgement that finds one, then every
 // faultLogEvery while it lasts, and when it clears. Called with p.mu held.
-func (p *Plane) judgeFaults(t *stream, status kvindex.SubscriberStatus, running bool, now time.Time) []Fault {
+//
+// awaitDue is the dispatch time (unix nanoseconds, 0: none) of the earliest
+// answered request whose KV event has not arrived: a bus-fed pod is known
+// to be miswired only when it computed blocks and none of its batches ever
+// reached the bus.
+func (p *Plane) judgeFaults(t *stream, status kvindex.SubscriberStatus, running bool, awaitDue int64, now time.Time) []Fault {
 	var found []Fault
 	add := func(k FaultKind, detail string) { found = append(found, Fault{Kind: k, Detail: detail}) }
 	serving := !t.servingSince.IsZero()
 	switch {
 	case !running && serving && p.ingestor == nil && now.Sub(t.servingSince) >= disconnectedGrace:
 		add(FaultNoBlockKeys, p.missingKeysDetail())
+	case t.onBus && serving && status.Batches == 0 && status.Replayed == 0 && awaitDue != 0 && now.Sub(time.Unix(0, awaitDue)) >= disconnectedGrace:
+		add(FaultEventsDisconnected, p.busSilentDetail(t, now.Sub(time.Unix(0, awaitDue)).Round(time.Second).String()))
 	case running && serving && !status.Connected:
 		down := status.ConnectionChanged
 		if t.servingSince.After(down) {

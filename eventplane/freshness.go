@@ -61,6 +61,12 @@ type Freshness struct {
 	Judged time.Time
 	// Faults are the stream's wiring faults, most severe first.
 	Faults []Fault
+	// Source is where the target's events come from: "subscriber" (its
+	// own events= socket), "bus" (Config.EventsListen) or "" (none). Bus
+	// and Topic name the bus and the topic its batches arrive under, once
+	// one did.
+	Source     string
+	Bus, Topic string
 	// LastEvent is when the subscriber last received a batch (zero: never).
 	LastEvent  time.Time
 	LastSeq    uint64
@@ -118,6 +124,10 @@ var noSubscriber = Freshness{Verdict: VerdictDisconnected, Detail: "no event sub
 func (p *Plane) judge(t *stream, now time.Time) {
 	l := t.live
 	status, ok := p.statusOf(t)
+	var bus, topic string
+	if t.onBus && p.statusFn == nil {
+		status, bus, topic, ok = p.busStatus(t)
+	}
 
 	// Routing volume over the window.
 	n := l.dispatched.Load()
@@ -160,7 +170,9 @@ func (p *Plane) judge(t *stream, now time.Time) {
 
 	f := Freshness{
 		Judged:                   now,
-		Faults:                   p.judgeFaults(t, status, ok, now),
+		Faults:                   p.judgeFaults(t, status, ok, aw.due, now),
+		Bus:                      bus,
+		Topic:                    topic,
 		LastEvent:                status.LastEvent,
 		LastSeq:                  status.LastSeq,
 		HaveSeq:                  status.HaveSeq,
@@ -180,13 +192,24 @@ func (p *Plane) judge(t *stream, now time.Time) {
 	if lossRecent {
 		f.UnrecoveredAt = t.unrecoveredAt
 	}
+	switch {
+	case t.onBus:
+		f.Source = "bus"
+	case t.src.Events != "":
+		f.Source = "subscriber"
+	}
+	// A bus-fed target none of whose batches arrived yet is judged like an
+	// idle connected one: whether its pod connected to the bus shows only
+	// in its batches, so the expectations tell a silent pod from an idle
+	// one (and judgeFaults names it).
+	waitingOnBus := t.onBus && !ok && p.ingestor != nil
 	cache := p.caches[t.id]
 	switch {
 	case !ok && p.ingestor == nil:
 		f.Verdict, f.Detail = noSubscriber.Verdict, "no event subscriber until the fleet's block keys are known (block size, and hash algorithm with --hash-seed)"
-	case !ok:
+	case !ok && !waitingOnBus:
 		f.Verdict, f.Detail = noSubscriber.Verdict, noSubscriber.Detail
-	case !status.Connected:
+	case ok && !status.Connected:
 		f.Verdict, f.Detail = VerdictDisconnected, fmt.Sprintf("subscriber not connected to %s", t.src.Events)
 	case status.Replaying:
 		f.Verdict, f.Detail = VerdictReplaying, "replay in progress"
@@ -206,6 +229,10 @@ func (p *Plane) judge(t *stream, now time.Time) {
 	case aw.due != 0 && now.Sub(time.Unix(0, aw.due)) > p.cfg.StaleAfter && aw.uncached >= int64(p.cfg.MinUncachedTokens):
 		f.Verdict, f.Detail = VerdictStale, fmt.Sprintf("%d uncached prompt tokens (%d full blocks) answered with no KV event received since their dispatch at %s (%s ago)",
 			aw.uncached, aw.blocks, time.Unix(0, aw.due).UTC().Format(time.RFC3339), now.Sub(time.Unix(0, aw.due)).Round(time.Millisecond))
+	case waitingOnBus && routed == 0:
+		f.Verdict, f.Detail = VerdictFresh, "idle: no routes, and no batch on the bus yet under topic "+t.expectedTopic()
+	case waitingOnBus:
+		f.Verdict, f.Detail = VerdictFresh, "no batch on the bus yet under topic "+t.expectedTopic()
 	case status.LastEvent.IsZero() && routed == 0:
 		f.Verdict, f.Detail = VerdictFresh, "idle: no routes and no events"
 	case status.LastEvent.IsZero():

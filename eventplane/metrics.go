@@ -22,11 +22,31 @@ var (
 		"Received KV-event batches not yet applied.", []string{"target"}, nil)
 	descRouted = prometheus.NewDesc("prefixrouter_health_routed_in_window",
 		"Requests dispatched to the target over the routing window.", []string{"target"}, nil)
+
+	// Bus series (--events-listen). Topics are what publishers send and
+	// unbounded, so none is a label: a routed topic is named by its
+	// target, and unknown ones are only counted (listed by topic in GET
+	// /debug/targets).
+	descBusBatches = prometheus.NewDesc("prefixrouter_kv_bus_batches_total",
+		"KV-event batches applied from a bus, per target (since the target's topic was first routed).", []string{"bus", "target"}, nil)
+	descBusGaps = prometheus.NewDesc("prefixrouter_kv_bus_sequence_gaps_total",
+		"Sequence gaps in a target's topic on a bus.", []string{"bus", "target"}, nil)
+	descBusReplays = prometheus.NewDesc("prefixrouter_kv_bus_replays_total",
+		"Replay requests for a target's topic on a bus.", []string{"bus", "target"}, nil)
+	descBusRestarts = prometheus.NewDesc("prefixrouter_kv_bus_restarts_total",
+		"Restarts seen in a target's topic on a bus (sequence went backwards).", []string{"bus", "target"}, nil)
+	descBusUnknownBatches = prometheus.NewDesc("prefixrouter_kv_bus_unknown_batches_total",
+		"Batches on a bus whose topic matches no target: received, never applied.", []string{"bus"}, nil)
+	descBusUnknownTopics = prometheus.NewDesc("prefixrouter_kv_bus_unknown_topics",
+		"Distinct topics matching no target listed for a bus (at most 64; GET /debug/targets names them).", []string{"bus"}, nil)
+	descBusDeferred = prometheus.NewDesc("prefixrouter_kv_bus_deferred_batches_total",
+		"Batches on a bus dropped before block keys were known (replayed once a batch of the topic is applied).", []string{"bus"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descVerdict, descEventAge, descQueueDepth, descRouted} {
+	for _, d := range []*prometheus.Desc{descVerdict, descEventAge, descQueueDepth, descRouted,
+		descBusBatches, descBusGaps, descBusReplays, descBusRestarts, descBusUnknownBatches, descBusUnknownTopics, descBusDeferred} {
 		ch <- d
 	}
 }
@@ -34,12 +54,27 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	now := c.p.now()
-	g := func(d *prometheus.Desc, v float64, labels ...string) {
-		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		m, err := prometheus.NewConstMetric(d, t, v, labels...)
 		if err != nil {
 			m = prometheus.NewInvalidMetric(d, err)
 		}
 		ch <- m
+	}
+	g := func(d *prometheus.Desc, v float64, labels ...string) { metric(d, prometheus.GaugeValue, v, labels...) }
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		metric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for _, b := range c.p.Buses() {
+		for _, t := range b.Topics {
+			counter(descBusBatches, t.Batches, b.Listen, t.Target)
+			counter(descBusGaps, t.Gaps, b.Listen, t.Target)
+			counter(descBusReplays, t.Replays, b.Listen, t.Target)
+			counter(descBusRestarts, t.Restarts, b.Listen, t.Target)
+		}
+		counter(descBusUnknownBatches, b.UnknownBatches, b.Listen)
+		g(descBusUnknownTopics, float64(len(b.UnknownTopics)), b.Listen)
+		counter(descBusDeferred, b.DeferredBatches, b.Listen)
 	}
 	for id, e := range *c.p.view.Load() {
 		n, f := id.String(), &e.fresh

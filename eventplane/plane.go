@@ -2,6 +2,7 @@ package eventplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -20,9 +21,17 @@ import (
 type Source struct {
 	// Events is the target's ZMQ PUB address; empty: it publishes none.
 	Events string
+	// EventsImplied says the endpoint did not name Events (it is vLLM's
+	// default): with a bus configured (Config.EventsListen) the target is
+	// expected there instead, and no subscriber connects to Events.
+	EventsImplied bool
 	// Replay is its replay (ROUTER) address; empty: gaps cannot be
-	// replayed.
+	// replayed (on a bus, Config.ReplayPort may give one).
 	Replay string
+	// Topic is the topic the target publishes on a bus when its
+	// HOST:PORT does not find it (the endpoint's topic=); empty: found by
+	// the topic's HOST:PORT.
+	Topic string
 }
 
 // Cache is what health reports about a target's pod, as far as the plane
@@ -104,6 +113,10 @@ type Plane struct {
 	// statusFn replaces the subscribers' status in tests.
 	statusFn func(target.ID) (kvindex.SubscriberStatus, bool)
 
+	// buses are the bound collection sockets (Config.EventsListen), bound
+	// by Listen.
+	buses []*kvindex.Bus
+
 	mu       sync.Mutex
 	ctx      context.Context // while Run runs; nil otherwise
 	ingestor *kvindex.Ingestor
@@ -120,6 +133,11 @@ type stream struct {
 	src  Source
 	sub  *subscription
 	live *live
+	// onBus: the target's events arrive on a bus, not on a subscriber of
+	// its own. host and port are its endpoint's, which topics name.
+	onBus bool
+	host  string
+	port  int
 
 	fresh  Freshness
 	faults map[FaultKind]*faultRecord
@@ -195,6 +213,13 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 		}
 	}
 	p.metrics = kvindex.NewMetrics(deps.Registerer)
+	for _, addr := range cfg.EventsListen {
+		b, err := kvindex.NewBus(kvindex.BusConfig{Listen: addr, Route: p.routeTopic, Logger: p.log, Metrics: p.metrics})
+		if err != nil {
+			return nil, fmt.Errorf("event plane: --events-listen %w", err)
+		}
+		p.buses = append(p.buses, b)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cfg.BlockSize > 0 {
@@ -261,8 +286,10 @@ func (p *Plane) SetTarget(id target.ID, src Source) {
 	defer p.mu.Unlock()
 	s, ok := p.streams[id]
 	if !ok {
-		s = &stream{id: id, src: src, live: &live{now: p.now}}
+		s = &stream{id: id, src: src, live: &live{now: p.now}, onBus: p.fedByBus(src)}
+		s.host, s.port = endpointHostPort(id.Endpoint)
 		s.live.blockSize.Store(int64(p.blockSizeOf(id)))
+		p.bindRankLocked(s)
 		if p.caches[id].Serving {
 			s.servingSince = p.now()
 		}
@@ -273,11 +300,44 @@ func (p *Plane) SetTarget(id target.ID, src Source) {
 		p.publishLocked()
 		return
 	}
+	old := s.src
 	s.src = src
-	if s.sub != nil && s.sub.src != src {
-		p.stopLocked(s)
+	if old == src {
+		return
+	}
+	// A changed address or topic starts the target's stream over.
+	if s.onBus {
+		p.dropFromBusesLocked(id)
+	}
+	p.stopLocked(s)
+	if p.ingestor != nil {
 		p.ingestor.Reset(id)
-		p.startLocked(s)
+	}
+	s.onBus = p.fedByBus(src)
+	p.bindRankLocked(s)
+	p.startLocked(s)
+}
+
+// fedByBus says whether a target with src publishes on a bus: buses are
+// configured and its endpoint names no events address of its own.
+func (p *Plane) fedByBus(src Source) bool { return len(p.buses) > 0 && src.EventsImplied }
+
+// bindRankLocked makes every bus bind the socket s's rank publishes to
+// when s is fed by a bus.
+func (p *Plane) bindRankLocked(s *stream) {
+	if !s.onBus {
+		return
+	}
+	for _, b := range p.buses {
+		if err := b.BindRank(s.id.Rank); err != nil {
+			p.log.Error("cannot collect a data-parallel rank's KV events", "target", s.id.String(), "err", err)
+		}
+	}
+}
+
+func (p *Plane) dropFromBusesLocked(id target.ID) {
+	for _, b := range p.buses {
+		b.Drop(id)
 	}
 }
 
@@ -288,6 +348,9 @@ func (p *Plane) RemoveTarget(id target.ID) {
 	defer p.mu.Unlock()
 	if s, ok := p.streams[id]; ok {
 		p.stopLocked(s)
+		if s.onBus {
+			p.dropFromBusesLocked(id)
+		}
 		delete(p.streams, id)
 		p.publishLocked()
 	}
@@ -304,9 +367,18 @@ func (p *Plane) RemoveTarget(id target.ID) {
 func (p *Plane) TargetRestarted(id target.ID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if s, ok := p.streams[id]; ok && s.sub != nil {
+	s, ok := p.streams[id]
+	if !ok {
+		return
+	}
+	if s.sub != nil {
 		p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
 		s.sub.sub.Resync()
+	}
+	for _, b := range p.buses {
+		if s.onBus && b.Resync(id) {
+			p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
+		}
 	}
 }
 
@@ -360,9 +432,32 @@ func (p *Plane) blockSizeOf(id target.ID) int {
 	return c.BlockSize
 }
 
+// Listen binds the buses (Config.EventsListen); they receive until ctx
+// ends. Call it once, before Run: a port already taken fails it.
+func (p *Plane) Listen(ctx context.Context) error {
+	var errs []error
+	for _, b := range p.buses {
+		if err := b.Start(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("event plane: --events-listen %s: %w", b.Listen(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Buses describes what each bus collected: the topics it follows and
+// those that match no target.
+func (p *Plane) Buses() []kvindex.BusStatus {
+	out := make([]kvindex.BusStatus, 0, len(p.buses))
+	for _, b := range p.buses {
+		out = append(out, b.View())
+	}
+	return out
+}
+
 // Run starts the subscribers (once block keys are known), judges every
 // stream's freshness each EvalInterval, and blocks until ctx is done; then
-// it stops every subscriber and returns.
+// it stops every subscriber and returns, once the buses Listen started
+// (on a context ending with ctx) are done too.
 func (p *Plane) Run(ctx context.Context) error {
 	p.mu.Lock()
 	p.ctx = ctx
@@ -378,6 +473,7 @@ func (p *Plane) Run(ctx context.Context) error {
 			p.stopLocked(s)
 		}
 	}()
+	defer p.Wait()
 	tk := time.NewTicker(p.cfg.EvalInterval)
 	defer tk.Stop()
 	for {
@@ -466,7 +562,7 @@ func (p *Plane) configureLocked(blockSize int, algo string) (bool, error) {
 // startLocked starts s's subscriber when the plane runs, block keys are
 // known and s has an events address; it does nothing if one runs already.
 func (p *Plane) startLocked(s *stream) {
-	if s.sub != nil || p.ctx == nil || p.ingestor == nil || s.src.Events == "" {
+	if s.sub != nil || s.onBus || p.ctx == nil || p.ingestor == nil || s.src.Events == "" {
 		return
 	}
 	id, in := s.id, p.ingestor
@@ -474,6 +570,7 @@ func (p *Plane) startLocked(s *stream) {
 		Target:    id,
 		Endpoint:  s.src.Events,
 		Replay:    s.src.Replay,
+		Topic:     s.src.Topic,
 		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
 		Restarted: func() { in.Reset(id) },
 		Logger:    p.log,
@@ -539,4 +636,12 @@ func fleetCacheConfig(caches map[target.ID]Cache) (int, string) {
 		}
 	}
 	return best.bs, best.algo
+}
+
+// Wait waits for the buses' goroutines once the context given to Listen
+// ended (Run does it too).
+func (p *Plane) Wait() {
+	for _, b := range p.buses {
+		b.Wait()
+	}
 }

@@ -2,6 +2,7 @@ package eventplane
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +30,10 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{Config{BlockSize: -16}, "--block-size"},
 		{Config{BlockSize: kvindex.MaxBlockSize + 1}, "--block-size"},
 		{Config{HashAlgo: "md5"}, "--hash-algo"},
+		{Config{EventsListen: []string{"tcp://*:5557", "5558"}}, "--events-listen"},
+		{Config{EventsListen: []string{"tcp://*:5557", "tcp://*:5557"}}, "--events-listen"},
+		{Config{EventsListen: []string{"tcp://*:5557"}, ReplayPort: 70000}, "--replay-port"},
+		{Config{ReplayPort: 5600}, "--replay-port"},
 	}
 	for _, tt := range tests {
 		_, err := New(tt.cfg, Deps{Logger: quietLogger()})
@@ -40,7 +45,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.cfg != DefaultConfig() {
+	if !reflect.DeepEqual(p.cfg, DefaultConfig()) {
 		t.Fatalf("zero config filled as %+v, want the defaults %+v", p.cfg, DefaultConfig())
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/prefixrouter/prefixrouter/internal/hostname"
 )
 
 // DNSSpec is one --discover-dns entry: a name resolved on an interval, each
@@ -22,10 +24,13 @@ type DNSSpec struct {
 	Port       int
 	Scheme     string
 	EventsPort int
-	ReplayPort int // 0: no replay socket
-	DP         int
-	Models     []string
-	Role       Role
+	// EventsImplied is set when events-port was not given (see
+	// Spec.EventsImplied).
+	EventsImplied bool
+	ReplayPort    int // 0: no replay socket
+	DP            int
+	Models        []string
+	Role          Role
 }
 
 // ParseDNSSpec parses one --discover-dns entry.
@@ -42,10 +47,10 @@ func ParseDNSSpec(s string) (DNSSpec, error) {
 	if err != nil {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: want NAME:PORT: %w", s, err)
 	}
-	if name == "" || !validHost(name) {
+	if name == "" || !hostname.Valid(name) {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: invalid name %q", s, name)
 	}
-	d := DNSSpec{Name: strings.ToLower(name), Scheme: "http", EventsPort: DefaultEventsPort, DP: 1, Role: RoleBoth}
+	d := DNSSpec{Name: strings.ToLower(name), Scheme: "http", EventsPort: DefaultEventsPort, EventsImplied: true, DP: 1, Role: RoleBoth}
 	if d.Port, err = parsePort(port); err != nil {
 		return DNSSpec{}, fmt.Errorf("--discover-dns %q: %w", s, err)
 	}
@@ -63,6 +68,7 @@ func ParseDNSSpec(s string) (DNSSpec, error) {
 			if d.EventsPort, err = parsePort(v); err != nil {
 				return fmt.Errorf("events-port: %w", err)
 			}
+			d.EventsImplied = false
 		case "replay-port":
 			if d.ReplayPort, err = parsePort(v); err != nil {
 				return fmt.Errorf("replay-port: %w", err)
@@ -96,11 +102,12 @@ func (d DNSSpec) SpecFor(addr string) (Spec, error) {
 	}
 	host := ip.String()
 	s := Spec{
-		Endpoint: d.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(d.Port)),
-		Events:   "tcp://" + net.JoinHostPort(host, strconv.Itoa(d.EventsPort)),
-		DP:       d.DP,
-		Models:   slices.Clone(d.Models),
-		Role:     d.Role,
+		Endpoint:      d.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(d.Port)),
+		Events:        "tcp://" + net.JoinHostPort(host, strconv.Itoa(d.EventsPort)),
+		EventsImplied: d.EventsImplied,
+		DP:            d.DP,
+		Models:        slices.Clone(d.Models),
+		Role:          d.Role,
 	}
 	if d.ReplayPort != 0 {
 		s.Replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(d.ReplayPort))

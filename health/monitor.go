@@ -388,7 +388,8 @@ func (e *endpoint) rank(r int) *rankState {
 }
 
 func targetSpecEqual(a, b TargetSpec) bool {
-	return a.ID == b.ID && a.Events == b.Events && a.Replay == b.Replay && a.DP == b.DP &&
+	return a.ID == b.ID && a.Events == b.Events && a.EventsImplied == b.EventsImplied && a.Topic == b.Topic &&
+		a.Replay == b.Replay && a.DP == b.DP &&
 		a.Role == b.Role && slices.Equal(a.Models, b.Models)
 }
 

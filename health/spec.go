@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/prefixrouter/prefixrouter/internal/hostname"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -41,7 +42,11 @@ const maxSpecLen = 4096
 //
 //	http://10.0.0.7:8000?events=tcp://10.0.0.7:5557&replay=tcp://10.0.0.7:5558&dp=2&model=NAME&role=prefill
 //
-//	events  ZMQ address of rank 0's KV-event publisher (default tcp://HOST:5557)
+//	events  ZMQ address of rank 0's KV-event publisher (default tcp://HOST:5557;
+//	        with serve --events-listen, a spec without events= is expected to
+//	        publish on the bus instead)
+//	topic   the topic the pod publishes on the bus (default: matched by the
+//	        topic's HOST:PORT, kv@HOST:PORT@MODEL)
 //	replay  ZMQ address of rank 0's replay socket (default: none)
 //	dp      number of data-parallel ranks (default 1); rank r publishes on the
 //	        events port + r and replays on the replay port + r
@@ -55,6 +60,13 @@ type Spec struct {
 	Endpoint string
 	// Events is rank 0's KV-event publisher address.
 	Events string
+	// EventsImplied is set when the spec gave no events=: Events is vLLM's
+	// default address, and a router collecting events on a bus
+	// (--events-listen) expects the pod there instead.
+	EventsImplied bool
+	// Topic is the topic the pod's publishers send on a bus, when it is
+	// not found from the topic's HOST:PORT; empty: matched that way.
+	Topic string
 	// Replay is rank 0's replay address, empty when the pod has none.
 	Replay string
 	// DP is the number of data-parallel ranks, at least 1.
@@ -69,6 +81,11 @@ type Spec struct {
 type TargetSpec struct {
 	ID     target.ID
 	Events string // this rank's publisher address
+	// EventsImplied: Events was not given (Spec.EventsImplied).
+	EventsImplied bool
+	// Topic is the pod's topic on a bus (Spec.Topic), the same for
+	// every rank.
+	Topic  string
 	Replay string // this rank's replay address, empty when none
 	DP     int    // ranks of the endpoint, for the X-data-parallel-rank header
 	Models []string
@@ -109,7 +126,7 @@ func ParseSpec(s string) (Spec, error) {
 	if host == "" {
 		return Spec{}, errors.New("missing host")
 	}
-	if !validHost(host) {
+	if !hostname.Valid(host) {
 		return Spec{}, fmt.Errorf("invalid host %q", host)
 	}
 	port := u.Port()
@@ -154,8 +171,12 @@ func ParseSpec(s string) (Spec, error) {
 			if spec.Replay, err = parseZMQAddr(vals[0]); err != nil {
 				return fmt.Errorf("replay: %w", err)
 			}
+		case "topic":
+			if spec.Topic, err = checkTopic(vals[0]); err != nil {
+				return fmt.Errorf("topic: %w", err)
+			}
 		default:
-			return fmt.Errorf("unknown option %q (known: events, replay, dp, model, role)", key)
+			return fmt.Errorf("unknown option %q (known: events, replay, topic, dp, model, role)", key)
 		}
 		return nil
 	})
@@ -163,6 +184,7 @@ func ParseSpec(s string) (Spec, error) {
 		return Spec{}, err
 	}
 	if spec.Events == "" {
+		spec.EventsImplied = true
 		spec.Events = "tcp://" + net.JoinHostPort(strings.ToLower(host), strconv.Itoa(DefaultEventsPort))
 	}
 	if spec.DP > 1 {
@@ -182,9 +204,14 @@ func ParseSpec(s string) (Spec, error) {
 // result yields an equal Spec.
 func (s Spec) String() string {
 	q := url.Values{}
-	q.Set("events", s.Events)
+	if !s.EventsImplied {
+		q.Set("events", s.Events)
+	}
 	if s.Replay != "" {
 		q.Set("replay", s.Replay)
+	}
+	if s.Topic != "" {
+		q.Set("topic", s.Topic)
 	}
 	if s.DP > 1 {
 		q.Set("dp", strconv.Itoa(s.DP))
@@ -195,13 +222,17 @@ func (s Spec) String() string {
 	if s.Role != "" && s.Role != RoleBoth {
 		q.Set("role", string(s.Role))
 	}
+	if len(q) == 0 {
+		return s.Endpoint
+	}
 	return s.Endpoint + "?" + q.Encode()
 }
 
 // Equal reports whether two specs describe the same targets with the same
 // options.
 func (s Spec) Equal(o Spec) bool {
-	return s.Endpoint == o.Endpoint && s.Events == o.Events && s.Replay == o.Replay &&
+	return s.Endpoint == o.Endpoint && s.Events == o.Events && s.EventsImplied == o.EventsImplied &&
+		s.Replay == o.Replay && s.Topic == o.Topic &&
 		s.DP == o.DP && s.Role == o.Role && slices.Equal(s.Models, o.Models)
 }
 
@@ -227,12 +258,14 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 			role = RoleBoth
 		}
 		out = append(out, TargetSpec{
-			ID:     target.ID{Endpoint: s.Endpoint, Rank: r},
-			Events: ev,
-			Replay: rp,
-			DP:     dp,
-			Models: slices.Clone(s.Models),
-			Role:   role,
+			ID:            target.ID{Endpoint: s.Endpoint, Rank: r},
+			Events:        ev,
+			EventsImplied: s.EventsImplied,
+			Topic:         s.Topic,
+			Replay:        rp,
+			DP:            dp,
+			Models:        slices.Clone(s.Models),
+			Role:          role,
 		})
 	}
 	return out, nil
@@ -299,7 +332,7 @@ func parseZMQAddr(v string) (string, error) {
 		if host == "" || host == "*" {
 			return "", fmt.Errorf("%q: a subscriber needs a concrete host", v)
 		}
-		if !validHost(host) {
+		if !hostname.Valid(host) {
 			return "", fmt.Errorf("%q: invalid host", v)
 		}
 		if _, err := parsePort(port); err != nil {
@@ -338,31 +371,26 @@ func rankAddr(addr string, rank int) (string, error) {
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+rank)), nil
 }
 
-// validHost accepts an IP address or a DNS name (letters, digits, '-', '_'
-// and '.', at most 253 bytes).
-func validHost(h string) bool {
-	if net.ParseIP(h) != nil {
-		return true
-	}
-	if h == "" || len(h) > 253 {
-		return false
-	}
-	for _, r := range h {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 func parsePort(p string) (int, error) {
 	n, err := strconv.Atoi(p)
 	if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != p {
 		return 0, fmt.Errorf("port %q: want 1..65535", p)
 	}
 	return n, nil
+}
+
+// checkTopic accepts a topic frame a pod may publish: printable UTF-8, at
+// most 1,024 bytes (the bus reads longer ones as matching no target).
+func checkTopic(t string) (string, error) {
+	switch {
+	case t == "":
+		return "", errors.New("empty topic")
+	case len(t) > 1024:
+		return "", errors.New("topic longer than 1024 bytes")
+	case !utf8.ValidString(t) || strings.ContainsFunc(t, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return "", fmt.Errorf("topic %q is not printable UTF-8", t)
+	}
+	return t, nil
 }
 
 func checkModelName(m string) error {

@@ -14,16 +14,19 @@ func TestParseSpec(t *testing.T) {
 		want    Spec
 		wantErr string
 	}{
-		{in: "http://10.0.0.7:8000", want: Spec{Endpoint: "http://10.0.0.7:8000", Events: "tcp://10.0.0.7:5557", DP: 1, Role: RoleBoth}},
-		{in: "  HTTP://Pod-A.Example:8000/  ", want: Spec{Endpoint: "http://pod-a.example:8000", Events: "tcp://pod-a.example:5557", DP: 1, Role: RoleBoth}},
+		{in: "http://10.0.0.7:8000", want: Spec{Endpoint: "http://10.0.0.7:8000", Events: "tcp://10.0.0.7:5557", EventsImplied: true, DP: 1, Role: RoleBoth}},
+		{in: "  HTTP://Pod-A.Example:8000/  ", want: Spec{Endpoint: "http://pod-a.example:8000", Events: "tcp://pod-a.example:5557", EventsImplied: true, DP: 1, Role: RoleBoth}},
 		{
 			in: "http://10.0.0.7:8000?events=tcp://10.0.0.7:5557&replay=tcp://10.0.0.7:5558&dp=2&model=NAME&role=prefill",
 			want: Spec{Endpoint: "http://10.0.0.7:8000", Events: "tcp://10.0.0.7:5557", Replay: "tcp://10.0.0.7:5558",
 				DP: 2, Models: []string{"NAME"}, Role: RolePrefill},
 		},
-		{in: "https://[::1]:8443/v?model=a&model=b&model=a&role=Decode", want: Spec{Endpoint: "https://[::1]:8443/v", Events: "tcp://[::1]:5557", DP: 1, Models: []string{"a", "b"}, Role: RoleDecode}},
-		{in: "http://host", want: Spec{Endpoint: "http://host", Events: "tcp://host:5557", DP: 1, Role: RoleBoth}},
+		{in: "https://[::1]:8443/v?model=a&model=b&model=a&role=Decode", want: Spec{Endpoint: "https://[::1]:8443/v", Events: "tcp://[::1]:5557", EventsImplied: true, DP: 1, Models: []string{"a", "b"}, Role: RoleDecode}},
+		{in: "http://host", want: Spec{Endpoint: "http://host", Events: "tcp://host:5557", EventsImplied: true, DP: 1, Role: RoleBoth}},
 		{in: "http://h:1?events=ipc:///tmp/kv", want: Spec{Endpoint: "http://h:1", Events: "ipc:///tmp/kv", DP: 1, Role: RoleBoth}},
+		{in: "http://h:1?topic=kv@pod-7@m&replay=tcp://h:5600", want: Spec{Endpoint: "http://h:1", Events: "tcp://h:5557", EventsImplied: true, Replay: "tcp://h:5600", Topic: "kv@pod-7@m", DP: 1, Role: RoleBoth}},
+		{in: "http://h:1?topic=", wantErr: "empty topic"},
+		{in: "http://h:1?topic=a%0Ab", wantErr: "not printable"},
 		{in: "", wantErr: "empty"},
 		{in: "10.0.0.7:8000", wantErr: "missing scheme"},
 		{in: "ftp://h:1", wantErr: "scheme"},
@@ -83,9 +86,9 @@ func TestSpecTargetsPerRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []TargetSpec{
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 0}, Events: "tcp://10.0.0.7:5557", Replay: "tcp://10.0.0.7:6000", DP: 3, Models: []string{"m"}, Role: RoleDecode},
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}, Events: "tcp://10.0.0.7:5558", Replay: "tcp://10.0.0.7:6001", DP: 3, Models: []string{"m"}, Role: RoleDecode},
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 2}, Events: "tcp://10.0.0.7:5559", Replay: "tcp://10.0.0.7:6002", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 0}, Events: "tcp://10.0.0.7:5557", EventsImplied: true, Replay: "tcp://10.0.0.7:6000", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}, Events: "tcp://10.0.0.7:5558", EventsImplied: true, Replay: "tcp://10.0.0.7:6001", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 2}, Events: "tcp://10.0.0.7:5559", EventsImplied: true, Replay: "tcp://10.0.0.7:6002", DP: 3, Models: []string{"m"}, Role: RoleDecode},
 	}
 	if !reflect.DeepEqual(ts, want) {
 		t.Fatalf("Targets() =\n%+v\nwant\n%+v", ts, want)
@@ -105,7 +108,7 @@ func TestParseDNSSpec(t *testing.T) {
 		want    DNSSpec
 		wantErr string
 	}{
-		{in: "vllm.ns.svc.cluster.local:8000", want: DNSSpec{Name: "vllm.ns.svc.cluster.local", Port: 8000, Scheme: "http", EventsPort: 5557, DP: 1, Role: RoleBoth}},
+		{in: "vllm.ns.svc.cluster.local:8000", want: DNSSpec{Name: "vllm.ns.svc.cluster.local", Port: 8000, Scheme: "http", EventsPort: 5557, EventsImplied: true, DP: 1, Role: RoleBoth}},
 		{in: "vllm:8000?events-port=6000&replay-port=6100&dp=2&model=m&role=prefill&scheme=https",
 			want: DNSSpec{Name: "vllm", Port: 8000, Scheme: "https", EventsPort: 6000, ReplayPort: 6100, DP: 2, Models: []string{"m"}, Role: RolePrefill}},
 		{in: "vllm", wantErr: "NAME:PORT"},
@@ -138,7 +141,7 @@ func TestParseDNSSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Spec{Endpoint: "http://[fd00::7]:8000", Events: "tcp://[fd00::7]:5557", Replay: "tcp://[fd00::7]:5558", DP: 2, Role: RoleBoth}
+	want := Spec{Endpoint: "http://[fd00::7]:8000", Events: "tcp://[fd00::7]:5557", EventsImplied: true, Replay: "tcp://[fd00::7]:5558", DP: 2, Role: RoleBoth}
 	if !reflect.DeepEqual(s, want) {
 		t.Fatalf("SpecFor = %+v, want %+v", s, want)
 	}

@@ -2,8 +2,10 @@
 // KV-cache blocks live on which target: block keys computed exactly as
 // vLLM's prefix cache computes them (all four --prefix-caching-hash-algo
 // values, the PYTHONHASHSEED root, extra keys), the token-derived fallback
-// for fleets whose seed is unknown, the ZeroMQ subscriber with sequence
-// tracking and replay, the ingestor that turns event batches into index
+// for fleets whose seed is unknown, the ZeroMQ receivers (a Subscriber
+// connected to one pod's PUB, a Bus bound for every publisher that connects,
+// one stream per topic) sharing one sequencer (sequence tracking, replay,
+// restarts), the topic form kv@HOST[:PORT]@MODEL, the ingestor that turns event batches into index
 // updates, and the reference-counted confirmed placement index.
 //
 // It provides the parts, one target at a time; which targets to follow,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -146,6 +147,9 @@ type targetsView struct {
 	Keys   eventplane.KeysView    `json:"block_keys"`
 	Health debugHealth            `json:"health"`
 	Index  []eventplane.IndexView `json:"index"`
+	// EventBuses are the --events-listen sockets: the topics each follows
+	// and the publishers matching no target.
+	EventBuses []kvindex.BusStatus `json:"event_buses,omitempty"`
 }
 
 // debugHealth is health's debug view with every target's "event_stream"
@@ -181,6 +185,8 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 		Keys:   r.ev.KeysView(),
 		Health: debugHealth{DebugView: hv},
 		Index:  r.ev.IndexView(),
+
+		EventBuses: r.ev.Buses(),
 	}
 	for _, tv := range hv.Targets {
 		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}

@@ -21,7 +21,8 @@ func (r *Router) followTarget(c health.Change) {
 	id := c.Target.ID
 	switch c.Kind {
 	case health.Added, health.Updated:
-		r.ev.SetTarget(id, eventplane.Source{Events: c.Target.Events, Replay: c.Target.Replay})
+		r.ev.SetTarget(id, eventplane.Source{Events: c.Target.Events, EventsImplied: c.Target.EventsImplied,
+			Replay: c.Target.Replay, Topic: c.Target.Topic})
 	case health.Restarted:
 		r.ev.TargetRestarted(id)
 	case health.Removed:

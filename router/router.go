@@ -176,8 +176,17 @@ func (r *Router) Start(ctx context.Context) error {
 			return fmt.Errorf("router: admin listen %s: %w", r.cfg.AdminListen, err)
 		}
 	}
-	r.ln, r.aln = ln, aln
 	bctx, stop := context.WithCancel(ctx)
+	if err := r.ev.Listen(bctx); err != nil {
+		stop()
+		r.ev.Wait()
+		ln.Close()
+		if aln != nil {
+			aln.Close()
+		}
+		return fmt.Errorf("router: %w", err)
+	}
+	r.ln, r.aln = ln, aln
 	r.stop = stop
 	// The plane's Run owns its subscribers: they stop when it returns.
 	r.goBG(func() {

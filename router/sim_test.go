@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // startFleet starts simulated vLLM pods (real HTTP and ZMQ on loopback).
@@ -50,7 +52,9 @@ type completion struct {
 // the pod reports the cached tokens the router predicted (or more, when an
 // event is still in flight), and the dry run names the same pod — in both
 // key modes, and for a LoRA adapter (whose name is an extra key of every
-// block: a router that left it out would find nothing).
+// block: a router that left it out would find nothing). The pods publish
+// on sockets of their own the router subscribes to, or (bus) connect to
+// one the router binds (--events-listen), telling pods apart by topic.
 func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
@@ -58,19 +62,27 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 		model  string
 		tok    string // --tokenizer spec
 		policy Policy
+		bus    bool // the pods connect to the router's --events-listen
 	}{
-		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise},
-		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes", PolicyPrecise},
-		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise},
+		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, false},
+		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, false},
+		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise, false},
 		// No local tokenizer: ids come from the pods' render endpoints.
-		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote=", PolicyPrecise},
-		{"remote tokenization, speculative", true, "sim-tiny", "sim-tiny:remote=", PolicySpeculative},
+		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote=", PolicyPrecise, false},
+		{"remote tokenization, speculative", true, "sim-tiny", "sim-tiny:remote=", PolicySpeculative, false},
 		// Local ids, a sample checked against the pods in the background.
-		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes", PolicyPrecise},
+		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes", PolicyPrecise, false},
+		{"token-derived keys, events on a bus", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, true},
+		{"LoRA adapter, exact keys, events on a bus", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise, true},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			f := startFleet(t, 3, sim.Faults{}, "sql-adapter")
+			fcfg := sim.Config{Pods: 3, LoRAs: []string{"sql-adapter"}}
 			cfg := DefaultConfig()
+			if mode.bus {
+				bus := publishtest.FreeAddr(t, 1)
+				fcfg.EventsConnect, cfg.Events.EventsListen = bus, []string{bus}
+			}
+			f := startFleetWith(t, fcfg)
 			cfg.Policy = mode.policy
 			cfg.DebugHeaders = true
 			if mode.seed {
@@ -87,6 +99,11 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			waitFor(t, "3 fresh pods", func() bool { return freshCount(r, mode.model) == 3 })
 			waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })
+			for _, p := range f.Pods {
+				if src := r.ev.Freshness(target.ID{Endpoint: p.URL()}).Source; src != map[bool]string{true: "bus", false: "subscriber"}[mode.bus] {
+					t.Fatalf("pod %s's events come from %q", p.URL(), src)
+				}
+			}
 
 			prefix := strings.Repeat("You are a meticulous assistant for a fleet operator. ", 30) // 1,590 bytes
 			chat := func(q int) string {

@@ -53,7 +53,7 @@ var faultHints = map[string]string{
 	faultPrefixCachingOff:                      "prefix caching is off on the pod: start vLLM with --enable-prefix-caching",
 	faultConfigConflict:                        "the pod's block size or hash algorithm disagrees with its peers or --block-size/--hash-algo",
 	string(eventplane.FaultNoBlockKeys):        "block keys unknown: the pods report no vllm:cache_config_info; set --block-size (and --hash-algo with --hash-seed)",
-	string(eventplane.FaultEventsDisconnected): "no KV-event stream from a serving pod: check vLLM's --kv-events-config and events= in --endpoint",
+	string(eventplane.FaultEventsDisconnected): "no KV-event stream from a serving pod: check vLLM's --kv-events-config and events= in --endpoint (or, on a bus, the pod's topic)",
 	string(eventplane.FaultKeyMismatch):        "block keys disagree with the pod's: check --hash-seed (PYTHONHASHSEED), --hash-algo and --block-size",
 	string(eventplane.FaultUnchained):          "stored blocks arrive without their parents: set replay= in --endpoint, or --hash-seed for exact keys",
 }

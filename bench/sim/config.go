@@ -3,7 +3,9 @@ package sim
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,8 +73,15 @@ type Config struct {
 	// EventsPort + 2·DP·i + r and answers replay on EventsPort + 2·DP·i + DP + r.
 	// 0 lets the OS choose (each pod still gets consecutive ports per rank).
 	EventsPort int
-	// Topic is the PUB topic frame (vLLM's default is empty).
+	// Topic is the PUB topic frame (vLLM's default is empty; with
+	// EventsConnect, kv@HOST:PORT@MODEL of each pod's HTTP address).
 	Topic string
+	// EventsConnect, when set (tcp://HOST:PORT), makes every pod's
+	// publishers connect there instead of binding, as vLLM does with an
+	// endpoint without a wildcard: rank r connects to PORT + r. Replay
+	// sockets stay bound on the pods (rank r's on the events port's place:
+	// EventsPort + 2·DP·i + DP + r).
+	EventsConnect string
 	// EventEncoding is map (vLLM ≥ 0.26, default) or array (older vLLM).
 	EventEncoding events.Encoding
 	// LegacyReplay answers replay without the topic frame (before vLLM PR
@@ -178,6 +187,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("HTTP ports %d..%d out of range", out.HTTPPort, out.HTTPPort+out.Pods-1)
 	case out.EventsPort < 0 || out.EventsPort+2*out.DP*out.Pods > 65536:
 		return out, fmt.Errorf("event ports %d..%d out of range", out.EventsPort, out.EventsPort+2*out.DP*out.Pods-1)
+	case out.EventsConnect != "" && !validConnect(out.EventsConnect, out.DP):
+		return out, fmt.Errorf("events connect address %q: want tcp://HOST:PORT with PORT + %d ranks within 1..65535", out.EventsConnect, out.DP)
 	case out.RandomHashSeed && out.HashSeed != "":
 		return out, fmt.Errorf("hash seed %q given with a random hash seed", out.HashSeed)
 	case !slices.Contains(KVSpecNames(), out.KVSpec):
@@ -218,6 +229,20 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, err
 	}
 	return out, nil
+}
+
+// validConnect checks an EventsConnect address for dp ranks.
+func validConnect(addr string, dp int) bool {
+	hp, ok := strings.CutPrefix(addr, "tcp://")
+	if !ok {
+		return false
+	}
+	host, ps, err := net.SplitHostPort(hp)
+	if err != nil || host == "" || host == "*" {
+		return false
+	}
+	port, err := strconv.Atoi(ps)
+	return err == nil && port >= 1 && port+dp-1 <= 65535
 }
 
 // CheckConfig reports a configuration StartFleet would reject, without

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -367,5 +369,56 @@ func TestDataParallelRanks(t *testing.T) {
 	code, _, _ := post(t, f.Pods[0].URL()+"/v1/completions", map[string]any{"prompt": tokenRange(0, 4)}, "X-data-parallel-rank", "2")
 	if code != 400 {
 		t.Fatalf("rank out of range: %d, want 400", code)
+	}
+}
+
+// TestEventsConnect: with EventsConnect the pods' publishers connect to a
+// collector, rank r to its port + r, each pod under the topic
+// kv@HOST:PORT@MODEL of its HTTP address; replay stays on the pod, and the
+// endpoint names no events address.
+func TestEventsConnect(t *testing.T) {
+	addr := publishtest.FreeAddr(t, 2)
+	port, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
+	collectors := []*publishtest.Subscriber{
+		publishtest.Listen(t, fmt.Sprintf("tcp://127.0.0.1:%d", port)),
+		publishtest.Listen(t, fmt.Sprintf("tcp://127.0.0.1:%d", port+1)),
+	}
+	f := startTestFleet(t, Config{DP: 2, EventsConnect: fmt.Sprintf("tcp://127.0.0.1:%d", port)})
+	pod := f.Pods[0]
+	topic := "kv@" + strings.TrimPrefix(pod.URL(), "http://") + "@sim-test"
+	if pod.Topic() != topic || strings.Contains(pod.Endpoint(), "events=") || !strings.Contains(pod.Endpoint(), "replay=") {
+		t.Fatalf("topic %q, endpoint %q", pod.Topic(), pod.Endpoint())
+	}
+	for rank, c := range collectors {
+		// The first batches may go before the subscription reaches the
+		// publisher: send until one arrives, then check it.
+		var m publishtest.Message
+		for i := 0; ; i++ {
+			code, _, body := post(t, pod.URL()+"/v1/completions", map[string]any{"prompt": tokenRange(rank*1000+i*50, 40), "max_tokens": 1},
+				"X-data-parallel-rank", fmt.Sprint(rank))
+			if code != 200 {
+				t.Fatalf("%d %s", code, body)
+			}
+			var ok bool
+			if m, ok = c.Recv(200 * time.Millisecond); ok {
+				break
+			}
+			if i == 50 {
+				t.Fatalf("rank %d: nothing reached the collector", rank)
+			}
+		}
+		b, err := events.Decode(m.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Topic != topic || b.DPRank != rank {
+			t.Fatalf("rank %d: topic %q, batch rank %d", rank, m.Topic, b.DPRank)
+		}
+		if _, payloads := replay(t, pod.ReplayAddr(rank), 0, false); len(payloads) == 0 {
+			t.Fatalf("rank %d: nothing to replay", rank)
+		}
+	}
+	if err := CheckConfig(Config{EventsConnect: "tcp://*:5557"}); err == nil {
+		t.Fatal("a wildcard collector address was accepted")
 	}
 }

@@ -86,6 +86,11 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 		rpBase = evBase + cfg.DP
 	}
 	seed := cfg.Seed*1000003 + uint64(index)
+	if cfg.EventsConnect != "" && cfg.Topic == "" {
+		// The topic deployments give each pod publishing to a collector.
+		cfg.Topic = "kv@" + p.ln.Addr().String() + "@" + cfg.Model
+		p.cfg.Topic = cfg.Topic
+	}
 	p.pubs, p.eventsPort, p.replayPort, err = startPublishers(cfg, evBase, rpBase, seed, p.log)
 	if err != nil {
 		return nil, fmt.Errorf("pod %d: %w", index, err)
@@ -180,13 +185,14 @@ func randomHasher(algo kvindex.HashAlgo, blockSize int) (*kvindex.Hasher, error)
 	return h, nil
 }
 
-// startPublishers binds one publisher per rank: PUB sockets on evBase+r and
-// ROUTER sockets on rpBase+r. With base 0 the OS picks rank 0's ports and
-// the other ranks take the following ones; when one is taken meanwhile the
-// whole run is released and tried again.
+// startPublishers binds one publisher per rank: PUB sockets on evBase+r
+// (or connecting to Config.EventsConnect's port + r) and ROUTER sockets on
+// rpBase+r. With base 0 the OS picks rank 0's ports and the other ranks
+// take the following ones; when one is taken meanwhile the whole run is
+// released and tried again. Connecting, the events port is 0.
 func startPublishers(cfg Config, evBase, rpBase int, seed uint64, log *slog.Logger) ([]*publish.Publisher, int, int, error) {
 	attempts := 1
-	if evBase == 0 {
+	if rpBase == 0 {
 		attempts = 32
 	}
 	var lastErr error
@@ -214,26 +220,46 @@ func tryPublishers(cfg Config, evBase, rpBase int, seed uint64, log *slog.Logger
 		}
 		return "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(base+r))
 	}
+	pick := rpBase == 0
 	for r := 0; r < cfg.DP; r++ {
-		pub, err := publish.New(publish.Config{
-			Bind: addr(evBase, r), ReplayBind: addr(rpBase, r), Topic: cfg.Topic,
+		pc := publish.Config{
+			ReplayBind: addr(rpBase, r), Topic: cfg.Topic,
 			BufferSize: cfg.ReplayBuffer, LegacyReplay: cfg.LegacyReplay,
 			Seed: seed + uint64(r)*7919, Logger: log.With("rank", r),
-		})
+		}
+		if cfg.EventsConnect != "" {
+			pc.Connect = connectAddr(cfg.EventsConnect, r)
+		} else {
+			pc.Bind = addr(evBase, r)
+		}
+		pub, err := publish.New(pc)
 		if err != nil {
 			return fail(err)
 		}
 		pubs = append(pubs, pub)
-		if r == 0 && evBase == 0 {
-			if evBase, err = portOfEndpoint(pub.Endpoint()); err != nil {
-				return fail(err)
+		if r == 0 && pick {
+			if cfg.EventsConnect == "" {
+				if evBase, err = portOfEndpoint(pub.Endpoint()); err != nil {
+					return fail(err)
+				}
 			}
 			if rpBase, err = portOfEndpoint(pub.ReplayEndpoint()); err != nil {
 				return fail(err)
 			}
 		}
 	}
+	if cfg.EventsConnect != "" {
+		evBase = 0
+	}
 	return pubs, evBase, rpBase, nil
+}
+
+// connectAddr is the collector address rank r connects to: the port
+// offset by the rank, as vLLM offsets a data-parallel rank's endpoint.
+func connectAddr(addr string, r int) string {
+	host, ps, _ := net.SplitHostPort(strings.TrimPrefix(addr, "tcp://")) // validated by withDefaults
+	port, _ := strconv.Atoi(ps)
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(port+r))
 }
 
 // portOfEndpoint reads the port of a bound ZMQ tcp endpoint.
@@ -277,14 +303,22 @@ func (p *Pod) Model() string { return p.cfg.Model }
 // URL is the pod's HTTP base URL, e.g. http://127.0.0.1:18000.
 func (p *Pod) URL() string { return "http://" + p.ln.Addr().String() }
 
-// EventsPort is rank 0's PUB port; rank r publishes on EventsPort()+r.
+// EventsPort is rank 0's PUB port; rank r publishes on EventsPort()+r. It is
+// 0 when the publishers connect to Config.EventsConnect.
 func (p *Pod) EventsPort() int { return p.eventsPort }
+
+// Topic is the topic frame the pod's publishers send.
+func (p *Pod) Topic() string { return p.cfg.Topic }
 
 // ReplayPort is rank 0's replay (ROUTER) port; rank r answers on ReplayPort()+r.
 func (p *Pod) ReplayPort() int { return p.replayPort }
 
-// EventsAddr is the ZMQ address rank r publishes on.
+// EventsAddr is the ZMQ address rank r publishes on: bound on the pod, or
+// the collector's it connects to.
 func (p *Pod) EventsAddr(rank int) string {
+	if p.cfg.EventsConnect != "" {
+		return connectAddr(p.cfg.EventsConnect, rank)
+	}
 	return "tcp://" + net.JoinHostPort(p.cfg.Host, strconv.Itoa(p.eventsPort+rank))
 }
 
@@ -294,10 +328,15 @@ func (p *Pod) ReplayAddr(rank int) string {
 }
 
 // Endpoint is the pod as `prefixrouter serve --endpoint` takes it:
-// http://HOST:PORT?events=tcp://HOST:EV&replay=tcp://HOST:RP&dp=N&model=NAME.
+// http://HOST:PORT?events=tcp://HOST:EV&replay=tcp://HOST:RP&dp=N&model=NAME,
+// without events= when the publishers connect to a collector (the router
+// then expects the pod on its --events-listen bus).
 func (p *Pod) Endpoint() string {
-	q := "events=" + p.EventsAddr(0) + "&replay=" + p.ReplayAddr(0) +
+	q := "replay=" + p.ReplayAddr(0) +
 		"&dp=" + strconv.Itoa(p.cfg.DP) + "&model=" + url.QueryEscape(p.cfg.Model)
+	if p.cfg.EventsConnect == "" {
+		q = "events=" + p.EventsAddr(0) + "&" + q
+	}
 	return p.URL() + "?" + q
 }
 

@@ -117,6 +117,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		events.int("events-max-queue-depth", "subscriber backlog beyond which a target is stale", &ev.MaxQueueDepth),
 		events.dur("events-eval-interval", "how often each target's event stream is judged", &ev.EvalInterval),
 		events.dur("health-routing-window", "window of the recent routing volume shown per target", &ev.RoutingWindow),
+		events.list("events-listen", "tcp://ADDR:PORT to bind, collecting the KV events of every pod whose publisher connects there (vLLM's endpoint without *), told apart by topic kv@HOST:PORT@MODEL; rank r connects to PORT + r; endpoints without events= are expected there (repeatable)", &ev.EventsListen),
+		defaultText(events.int("replay-port", "the pods' replay port for targets on an --events-listen bus whose endpoint has no replay= (rank r: port + r), on the topic's host", &ev.ReplayPort), "0, none"),
 
 		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per target from measured confirmation latency) or a duration (--policy speculative)",
 			&sp.TTL, speculative.FormatTTL, speculative.ParseTTL),
@@ -166,6 +168,7 @@ func (s *serveSettings) config() router.Config {
 	cfg := s.Config
 	cfg.Health.Endpoints = splitList(cfg.Health.Endpoints)
 	cfg.Health.DiscoverDNS = splitList(cfg.Health.DiscoverDNS)
+	cfg.Events.EventsListen = splitList(cfg.Events.EventsListen)
 	return cfg
 }
 

@@ -50,7 +50,9 @@ func simCommand() *cli.Command {
 		Description: "Starts N simulated vLLM pods and prints one line per pod: the --endpoint value\n" +
 			"`prefixrouter serve` takes. Pod i serves HTTP on the --listen port + i; with D data-parallel\n" +
 			"ranks, rank r of pod i publishes KV events on --events-port + 2·D·i + r and answers replay\n" +
-			"on --events-port + 2·D·i + D + r. Port 0 lets the OS choose. Runs until interrupted.\n" +
+			"on --events-port + 2·D·i + D + r. Port 0 lets the OS choose. With --events-connect the\n" +
+			"publishers connect to a collector instead, each pod under the topic kv@HOST:PORT@MODEL.\n" +
+			"Runs until interrupted.\n" +
 			"Every flag has an environment variable PREFIXROUTER_SIM_<FLAG> (dashes as underscores).",
 		Flags:  s.flags(t),
 		Action: func(ctx context.Context, cmd *cli.Command) error { return runSim(ctx, cmd.Root().Writer, &s) },
@@ -87,7 +89,8 @@ func (s *simSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(keys.int("cpu-offload-blocks", "CPU offloading tier of this many blocks per rank", &s.CPUOffloadBlocks), "0, none"),
 		keys.dur("cpu-load-per-block", "time to load one block from the CPU tier instead of recomputing it (model time)", &s.CPULoadPerBlock),
 
-		kvEvents.str("topic", "KV-event topic frame (vLLM's is empty unless configured)", &s.Topic),
+		defaultText(kvEvents.str("topic", "KV-event topic frame (vLLM's is empty unless configured)", &s.Topic), "empty; kv@HOST:PORT@MODEL with --events-connect"),
+		kvEvents.str("events-connect", "tcp://HOST:PORT of a collector (serve --events-listen) the pods' publishers connect to instead of binding; rank r connects to PORT + r", &s.EventsConnect),
 		choice(kvEvents, "event-encoding", "map (vLLM >= 0.26) or array (older vLLM)", &s.EventEncoding, encodingName, events.ParseEncoding),
 		kvEvents.bool("legacy-replay", "replay framing before vLLM PR #45177 (no topic frame)", &s.LegacyReplay),
 		kvEvents.int("replay-buffer", "event batches kept for replay", &s.ReplayBuffer),

@@ -42,6 +42,10 @@ type Config struct {
 	// supported by libzmq's tcp transport; use tcp://127.0.0.1:* for an
 	// ephemeral port and read Endpoint()).
 	Bind string
+	// Connect, instead of Bind, makes the PUB socket connect to a collector
+	// that binds (vLLM connects when its endpoint names no wildcard);
+	// libzmq reconnects on its own while the collector is away.
+	Connect string
 	// ReplayBind is the ROUTER address; empty disables replay.
 	ReplayBind string
 	Topic      string
@@ -147,6 +151,9 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Faults.Validate(); err != nil {
 		return nil, err
 	}
+	if (cfg.Bind == "") == (cfg.Connect == "") {
+		return nil, errors.New("publish: give one of Bind and Connect")
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -167,15 +174,23 @@ func New(cfg Config) (*Publisher, error) {
 	// A high-water mark well above a burst of steps, so a slow subscriber
 	// loses batches (a gap it repairs by replay) only under real overload.
 	_ = pub.SetSndhwm(100000)
-	if err := pub.Bind(cfg.Bind); err != nil {
-		pub.Close()
-		return nil, fmt.Errorf("bind %s: %w", cfg.Bind, err)
+	if cfg.Connect != "" {
+		if err := pub.Connect(cfg.Connect); err != nil {
+			pub.Close()
+			return nil, fmt.Errorf("connect %s: %w", cfg.Connect, err)
+		}
+		p.pubEndpoint = cfg.Connect
+	} else {
+		if err := pub.Bind(cfg.Bind); err != nil {
+			pub.Close()
+			return nil, fmt.Errorf("bind %s: %w", cfg.Bind, err)
+		}
+		if p.pubEndpoint, err = pub.GetLastEndpoint(); err != nil {
+			pub.Close()
+			return nil, fmt.Errorf("publish endpoint: %w", err)
+		}
 	}
 	p.pub = pub
-	if p.pubEndpoint, err = pub.GetLastEndpoint(); err != nil {
-		pub.Close()
-		return nil, fmt.Errorf("publish endpoint: %w", err)
-	}
 	var router *zmq.Socket
 	if cfg.ReplayBind != "" {
 		if router, err = zmq.NewSocket(zmq.ROUTER); err != nil {
@@ -201,7 +216,8 @@ func New(cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// Endpoint is the PUB socket's bound address (resolved wildcard port).
+// Endpoint is the PUB socket's bound address (resolved wildcard port), or
+// the address it connects to.
 func (p *Publisher) Endpoint() string { return p.pubEndpoint }
 
 // ReplayEndpoint is the ROUTER socket's bound address, or "".

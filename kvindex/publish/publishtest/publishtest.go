@@ -5,6 +5,8 @@
 package publishtest
 
 import (
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -29,6 +31,18 @@ type Subscriber struct {
 // Subscribe connects a SUB socket to endpoint; it closes with the test.
 func Subscribe(t testing.TB, endpoint string) *Subscriber {
 	t.Helper()
+	return newSubscriber(t, endpoint, false)
+}
+
+// Listen binds a SUB socket on endpoint, a collector that publishers
+// connect to; it closes with the test.
+func Listen(t testing.TB, endpoint string) *Subscriber {
+	t.Helper()
+	return newSubscriber(t, endpoint, true)
+}
+
+func newSubscriber(t testing.TB, endpoint string, bind bool) *Subscriber {
+	t.Helper()
 	s, err := zmq.NewSocket(zmq.SUB)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +54,11 @@ func Subscribe(t testing.TB, endpoint string) *Subscriber {
 	if err := s.SetSubscribe(""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Connect(endpoint); err != nil {
+	if bind {
+		if err := s.Bind(endpoint); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := s.Connect(endpoint); err != nil {
 		t.Fatal(err)
 	}
 	return &Subscriber{t: t, sock: s}
@@ -135,4 +153,32 @@ func Replay(t testing.TB, addr string, start uint64, legacy bool) []Message {
 		}
 		out = append(out, m)
 	}
+}
+
+// FreeAddr is a loopback tcp:// address whose port and the next ranks-1
+// were free a moment ago: a collector's address for publishers of ranks
+// ranks, which connect to its port + rank.
+func FreeAddr(t testing.TB, ranks int) string {
+	t.Helper()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		free := []net.Listener{ln}
+		for r := 1; r < ranks; r++ {
+			if next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+r)); err == nil {
+				free = append(free, next)
+			}
+		}
+		for _, l := range free {
+			l.Close()
+		}
+		if len(free) == ranks {
+			return "tcp://127.0.0.1:" + strconv.Itoa(port)
+		}
+	}
+	t.Fatal("no run of free ports on loopback")
+	return ""
 }

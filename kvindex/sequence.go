@@ -1,0 +1,295 @@
+package kvindex
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// sequencer owns one event stream's sequence: it applies the messages a
+// receiver queues in order, replays what the pod's replay socket still
+// holds on first join, after a gap and after a restart, detects restarts,
+// decodes and delivers batches, and keeps the stream's status. A per-pod
+// Subscriber feeds one from its SUB socket; a Bus feeds one per topic.
+type sequencer struct {
+	cfg   sequencerConfig
+	log   *slog.Logger
+	label string
+
+	mu     sync.Mutex
+	status SubscriberStatus
+
+	queue  chan rawMessage
+	resync chan struct{}
+}
+
+// sequencerConfig is what a stream's sequence tracking needs; the fields
+// mean what SubscriberConfig's of the same names do.
+type sequencerConfig struct {
+	Target        target.ID
+	Replay        string
+	Handle        func(seq uint64, b *events.Batch, replayed bool)
+	Restarted     func()
+	DecodeFailed  func(seq uint64, err error)
+	ReplayTimeout time.Duration
+	QueueSize     int
+	Logger        *slog.Logger // with the stream's attributes
+	Metrics       *Metrics
+}
+
+type rawMessage struct {
+	seq     uint64
+	payload []byte
+	err     error // malformed framing
+	// connected marks the socket (re)connecting rather than a message:
+	// the moment to catch up through replay.
+	connected bool
+}
+
+func newSequencer(cfg sequencerConfig) *sequencer {
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = 5 * time.Second
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 4096
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &sequencer{
+		cfg:    cfg,
+		label:  cfg.Target.String(),
+		log:    cfg.Logger,
+		status: SubscriberStatus{Target: cfg.Target},
+		queue:  make(chan rawMessage, cfg.QueueSize),
+		resync: make(chan struct{}, 1),
+	}
+}
+
+// Status returns a snapshot of the stream's state and counters.
+func (s *sequencer) Status() SubscriberStatus {
+	s.mu.Lock()
+	st := s.status
+	s.mu.Unlock()
+	st.QueueDepth = len(s.queue)
+	return st
+}
+
+func (s *sequencer) update(fn func(*SubscriberStatus)) {
+	s.mu.Lock()
+	fn(&s.status)
+	s.mu.Unlock()
+}
+
+// Resync tells the stream that the pod is known to have restarted (health
+// saw its process start time change, for instance) even though the
+// sequence numbers did not reveal it: placements are cleared and rebuilt
+// from the replay buffer. It does not block.
+func (s *sequencer) Resync() {
+	select {
+	case s.resync <- struct{}{}:
+	default:
+	}
+}
+
+// stream is the apply loop's view of the sequence.
+type stream struct {
+	have bool   // a batch has been applied since the last (re)start
+	next uint64 // next expected sequence
+	// [dupFrom, next) was delivered by replay while live copies of the same
+	// batches may still sit in the queue; those copies are not a restart.
+	dupFrom uint64
+	dupOpen bool
+}
+
+// apply owns sequence tracking and replay. On connecting it replays what
+// the pod's buffer holds (from 0 on first join, so a router joining late
+// learns what it can; from the next expected batch after a reconnect); on a
+// gap it replays the missing range; when the sequence goes backwards the pod
+// restarted, so placements are cleared and replay starts over from 0.
+func (s *sequencer) apply(ctx context.Context) {
+	var st stream
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.resync:
+			s.restart(ctx, &st, "resync requested")
+			if s.cfg.Replay != "" {
+				s.catchUp(ctx, &st)
+			}
+		case msg, ok := <-s.queue:
+			if !ok {
+				return
+			}
+			s.handle(ctx, &st, msg)
+		}
+	}
+}
+
+func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
+	if msg.err != nil {
+		s.decodeFailed(0, msg.err)
+		return
+	}
+	if msg.connected {
+		if s.cfg.Replay != "" {
+			s.catchUp(ctx, st)
+		}
+		return
+	}
+	switch {
+	case st.dupOpen && msg.seq >= st.dupFrom && msg.seq < st.next:
+		return // live copy of a batch the replay already delivered
+	case !st.have:
+		if s.cfg.Replay != "" && msg.seq > 0 {
+			st.next = s.replay(ctx, 0, msg.seq)
+		}
+	case msg.seq < st.next:
+		// Sequence numbers only go backwards when a new process starts
+		// counting from 0: live batches are never duplicated, and batches
+		// replayed ahead of the live stream are filtered below.
+		s.restart(ctx, st, "event sequence went backwards")
+		if s.cfg.Replay != "" && msg.seq > 0 {
+			st.next = s.replay(ctx, 0, msg.seq)
+		}
+	case msg.seq > st.next:
+		missing := msg.seq - st.next
+		s.update(func(ss *SubscriberStatus) { ss.Gaps++ })
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.gaps.WithLabelValues(s.label).Inc()
+		}
+		s.log.Warn("event sequence gap", "expected", st.next, "got", msg.seq, "missing", missing)
+		if s.cfg.Replay != "" {
+			st.next = s.replay(ctx, st.next, msg.seq)
+		} else {
+			s.unrecovered(missing)
+		}
+	}
+	if st.have && msg.seq < st.next {
+		return // the replay already delivered it
+	}
+	s.deliver(msg.seq, msg.payload, false)
+	st.have, st.next, st.dupOpen = true, msg.seq+1, false
+}
+
+// restart forgets the old process: its placements are cleared by the
+// Restarted callback and the sequence starts over.
+func (s *sequencer) restart(_ context.Context, st *stream, why string) {
+	s.log.Warn(why+": pod restarted, clearing its placements", "expected", st.next)
+	s.update(func(ss *SubscriberStatus) { ss.Restarts++; ss.HaveSeq = false })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()
+	}
+	if s.cfg.Restarted != nil {
+		s.cfg.Restarted()
+	}
+	*st = stream{}
+}
+
+// catchUp replays everything the pod buffered from the next expected batch
+// (from 0 when nothing was applied yet), without waiting for live traffic:
+// an idle pod's history is learned as soon as the connection is up.
+func (s *sequencer) catchUp(ctx context.Context, st *stream) {
+	start := uint64(0)
+	if st.have {
+		start = st.next
+	}
+	next := s.replay(ctx, start, events.EndOfReplay)
+	if next > start {
+		st.have, st.next = true, next
+		st.dupFrom, st.dupOpen = start, true
+	}
+}
+
+func (s *sequencer) unrecovered(n uint64) {
+	s.update(func(ss *SubscriberStatus) { ss.Unrecovered += n })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.unrecovered.WithLabelValues(s.label).Add(float64(n))
+	}
+}
+
+// deliver decodes and hands one batch to the handler.
+func (s *sequencer) deliver(seq uint64, payload []byte, replayed bool) {
+	b, err := events.Decode(payload)
+	if err != nil {
+		s.decodeFailed(seq, err)
+	} else {
+		s.cfg.Handle(seq, &b, replayed)
+	}
+	now := time.Now()
+	s.update(func(st *SubscriberStatus) {
+		st.LastSeq, st.HaveSeq, st.LastEvent = seq, true, now
+		if err == nil {
+			st.Batches++
+			st.Events += uint64(len(b.Events))
+		}
+		if replayed {
+			st.Replayed++
+		}
+	})
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.lastEvent.WithLabelValues(s.label).Set(float64(now.UnixNano()) / 1e9)
+		if replayed {
+			s.cfg.Metrics.replayedBatches.WithLabelValues(s.label).Inc()
+		}
+	}
+}
+
+func (s *sequencer) decodeFailed(seq uint64, err error) {
+	s.update(func(st *SubscriberStatus) { st.DecodeErrors++ })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.decodeErrors.WithLabelValues(s.label).Inc()
+	}
+	s.log.Warn("skipping undecodable event batch", "seq", seq, "err", err)
+	if s.cfg.DecodeFailed != nil {
+		s.cfg.DecodeFailed(seq, err)
+	}
+}
+
+// replay asks the pod's replay socket for batches from start and delivers
+// those before stop (the live batch that revealed the gap is delivered by the
+// caller). It returns the next sequence expected after what it delivered.
+// Failures are logged and counted; the stream then continues with the gap.
+func (s *sequencer) replay(ctx context.Context, start, stop uint64) uint64 {
+	s.update(func(st *SubscriberStatus) { st.Replaying = true; st.Replays++ })
+	defer s.update(func(st *SubscriberStatus) { st.Replaying = false })
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.replays.WithLabelValues(s.label).Inc()
+	}
+	next := start
+	err := ReplayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, func(seq uint64, payload []byte) bool {
+		if seq >= stop {
+			return false
+		}
+		if seq < next {
+			return true
+		}
+		if seq > next && !publisherStart(next, seq) {
+			s.log.Warn("replay buffer no longer holds the requested batches", "from", next, "oldest_available", seq)
+			s.unrecovered(seq - next)
+		}
+		s.deliver(seq, payload, true)
+		next = seq + 1
+		return true
+	})
+	if err != nil {
+		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
+	}
+	if stop != events.EndOfReplay && next < stop && !publisherStart(next, stop) {
+		s.log.Warn("replay did not reach the live stream", "from", start, "next", next, "live", stop)
+		s.unrecovered(stop - next)
+	}
+	return next
+}
+
+// publisherStart reports whether batch got, expected after want, is where
+// a publisher's numbering starts rather than a loss: vLLM numbers a
+// process's batches from 0, other publishers seen in the field from 1, so
+// from the origin (nothing applied since the subscriber joined or the pod
+// restarted) a missing batch 0 alone is no loss.
+func publisherStart(want, got uint64) bool { return want == 0 && got == 1 }
