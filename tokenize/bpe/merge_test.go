@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -30,8 +29,8 @@ type refModel struct {
 
 func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 	tb.Helper()
-	var js modelJS
-	if err := json.Unmarshal(raw, &js); err != nil {
+	js, err := referenceModel(raw)
+	if err != nil {
 		tb.Fatal(err)
 	}
 	r := &refModel{vocab: js.Vocab, fuseUnk: js.FuseUnk, byteFallback: js.ByteFallback,
@@ -40,12 +39,8 @@ func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 		id := r.vocab[*js.UnkToken]
 		r.unk = &id
 	}
-	pairs, err := parseMerges(js.Merges)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	r.merges = map[[2]uint32]mergeRule{}
-	for i, p := range pairs {
+	for i, p := range js.Merges {
 		right := p[1]
 		if r.prefix != nil {
 			right = strings.TrimPrefix(right, *r.prefix)
@@ -405,21 +400,13 @@ func noCache() *wordCache {
 	return c
 }
 
-func loadModel(tb testing.TB, name string) (*model, json.RawMessage) {
+func loadModel(tb testing.TB, name string) *model {
 	tb.Helper()
-	data, err := os.ReadFile(modelPath(tb, name))
+	tk, err := Load(modelPath(tb, name))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
-		tb.Fatal(err)
-	}
-	m, err := parseModel(f.Model)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return m, f.Model
+	return tk.model
 }
 
 // corpusWords splits the parity corpus into GPT-2 words (raw bytes), close
@@ -442,7 +429,7 @@ func BenchmarkMerge(b *testing.B) {
 	n := totalBytes(words)
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(name, func(b *testing.B) {
-			m, _ := loadModel(b, name)
+			m := loadModel(b, name)
 			m.words = noCache()
 			b.SetBytes(n)
 			b.ReportAllocs()
@@ -468,7 +455,7 @@ func BenchmarkMergeString(b *testing.B) {
 	}
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(name, func(b *testing.B) {
-			m, _ := loadModel(b, name)
+			m := loadModel(b, name)
 			b.SetBytes(n)
 			b.ReportAllocs()
 			var dst []uint32
