@@ -50,6 +50,16 @@ func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 	return r
 }
 
+// byteFallbackNames[b] is the name of b's byte-fallback token, <0xXX>,
+// formatted once: the reference looks the names up, it need not format
+// them per byte.
+var byteFallbackNames = func() (names [256]string) {
+	for b := range names {
+		names[b] = fmt.Sprintf("<0x%02X>", b)
+	}
+	return names
+}()
+
 func (m *refModel) tokenize(w string) []uint32 {
 	if m.ignoreMerges {
 		if id, ok := m.vocab[w]; ok {
@@ -84,7 +94,7 @@ func (m *refModel) tokenize(w string) []uint32 {
 			ok := true
 			var ids []uint32
 			for j := 0; j < len(s); j++ {
-				id, found := m.vocab[fmt.Sprintf("<0x%02X>", s[j])]
+				id, found := m.vocab[byteFallbackNames[s[j]]]
 				if !found {
 					ok = false
 					break
