@@ -63,7 +63,10 @@ $(STATICCHECK):
 # test prints a package's line when the package ends, so progress.sh says
 # every 20 s that it is still going. The test binaries are linked without
 # DWARF and the symbol table (-s -w), which takes half the time of a full
-# link; race reports, panics and stack traces need neither. UNIT_P test
+# link; race reports, panics and stack traces need neither. -trimpath keeps
+# the checkout's path out of what is compiled, so that the build cache
+# serves every checkout of the same code (a fresh clone, each worktree)
+# instead of compiling the module again per directory. UNIT_P test
 # binaries run at once, more than the cores: several packages' tests
 # mostly wait on timers and sockets (router's use about a fifth of a core
 # over their run), and with one binary per core such a package leaves its
@@ -71,7 +74,7 @@ $(STATICCHECK):
 UNIT_P ?= 4
 unit:
 	@echo "unit tests (-race) ..."
-	./scripts/progress.sh "unit tests (-race)" $(GO) test -race -count=1 -timeout 10m -ldflags '-s -w' -p $(UNIT_P) $(PKGS)
+	./scripts/progress.sh "unit tests (-race)" $(GO) test -race -count=1 -timeout 10m -trimpath -ldflags '-s -w' -p $(UNIT_P) $(PKGS)
 
 # fuzz-short gives every fuzz target FUZZ_SHORT executions from its seed
 # corpus (--fresh: its time does not grow with the corpus earlier runs

@@ -8,7 +8,8 @@
 # unchanged package is not linked again), without DWARF and the symbol
 # table (-s -w): linking is most of a build whose packages are cached, and
 # those tables roughly double it, while panics and stack traces need
-# neither. The targets then run FUZZ_JOBS at
+# neither. -trimpath lets every checkout of the same code share the
+# compiled packages in the build cache (see the Makefile's unit). The targets then run FUZZ_JOBS at
 # a time (default: one per core), each with one fuzzing worker, the ones
 # that took longest last time first: on two cores two targets proceed side
 # by side instead of one target's two workers waiting on its coordinator's
@@ -67,7 +68,7 @@ export bindir
 
 echo "fuzz: building $(wc -w <<<"$dirs") fuzz-instrumented test binaries into bin/fuzz ..."
 mkdir -p "$bindir"
-if ! ./scripts/progress.sh "fuzz: building" xargs -r -P "$jobs" -I{} bash -c 'go test -c -fuzz=. -ldflags="-s -w" -o "$(binary {})" ./{}' <<<"$dirs"; then
+if ! ./scripts/progress.sh "fuzz: building" xargs -r -P "$jobs" -I{} bash -c 'go test -c -fuzz=. -trimpath -ldflags="-s -w" -o "$(binary {})" ./{}' <<<"$dirs"; then
   echo "fuzz: build failed" >&2
   exit 1
 fi
