@@ -43,9 +43,10 @@ fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# -trimpath, as in unit: vet's results are cached across checkouts too.
 vet:
 	@echo "vet ..."
-	./scripts/progress.sh vet sh -c '$(GO) vet $(PKGS) && $(GO) vet -tags hftokenizers ./tokenize/...'
+	./scripts/progress.sh vet sh -c '$(GO) vet -trimpath $(PKGS) && $(GO) vet -trimpath -tags hftokenizers ./tokenize/...'
 
 # staticcheck fails the build on any finding.
 staticcheck: $(STATICCHECK)
