@@ -374,12 +374,14 @@ func TestSubscriberResync(t *testing.T) {
 		Handle:    func(seq uint64, _ *events.Batch, _ bool) { handled <- seq },
 		Restarted: func() { restarted <- struct{}{} },
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = sub.Run(ctx) }()
+	// Buffered before the subscriber starts: had it connected and caught up
+	// first, no live batch would come to make it look again.
 	for i := 0; i < 3; i++ {
 		_, _ = pub.PublishRaw(emptyBatch(t), false)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = sub.Run(ctx) }()
 	// No live traffic at all: connecting alone must bring the buffer.
 	waitFor(t, "idle pod's buffer replayed on connect", func() bool { return sub.Status().Replayed == 3 })
 	sub.Resync()

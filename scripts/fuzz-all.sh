@@ -5,7 +5,11 @@
 #
 # Each package's fuzz-instrumented test binary is built once, into bin/fuzz/
 # (the go command leaves a binary that is up to date as it is, so an
-# unchanged package is not linked again). The targets then run FUZZ_JOBS at
+# unchanged package is not linked again), without DWARF and the symbol
+# table (-s -w): linking is most of a build whose packages are cached, and
+# those tables roughly double it, while panics and stack traces need
+# neither. -trimpath lets every checkout of the same code share the
+# compiled packages in the build cache (see the Makefile's unit). The targets then run FUZZ_JOBS at
 # a time (default: one per core), each with one fuzzing worker, the ones
 # that took longest last time first: on two cores two targets proceed side
 # by side instead of one target's two workers waiting on its coordinator's
@@ -64,12 +68,13 @@ export bindir
 
 echo "fuzz: building $(wc -w <<<"$dirs") fuzz-instrumented test binaries into bin/fuzz ..."
 mkdir -p "$bindir"
-if ! ./scripts/progress.sh "fuzz: building" xargs -r -P "$jobs" -I{} bash -c 'go test -c -fuzz=. -o "$(binary {})" ./{}' <<<"$dirs"; then
+if ! ./scripts/progress.sh "fuzz: building" xargs -r -P "$jobs" -I{} bash -c 'go test -c -fuzz=. -trimpath -ldflags="-s -w" -o "$(binary {})" ./{}' <<<"$dirs"; then
   echo "fuzz: build failed" >&2
   exit 1
 fi
 
 echo "fuzz: $ntargets targets x $execs execs from $corpus, $jobs at a time ..."
+started=$SECONDS
 # run_target DIR TARGET: one target from its package directory (where a
 # crasher is written), reporting one line, or the whole output on failure.
 run_target() {
@@ -95,6 +100,7 @@ status=0
 xargs -r -P "$jobs" -L 1 bash -c 'run_target "$0" "$1"' <"$work/targets" || status=$?
 [ -f "$work/took" ] && cp "$work/took" "$durations"
 if [ "$status" -ne 0 ]; then
-  echo "fuzz: failed (crashers, if any, are under the packages' testdata/fuzz/)" >&2
+  echo "fuzz: failed after $((SECONDS - started))s (crashers, if any, are under the packages' testdata/fuzz/)" >&2
   exit 1
 fi
+echo "fuzz: $ntargets targets done in $((SECONDS - started))s"

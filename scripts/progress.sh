@@ -2,8 +2,9 @@
 # progress.sh LABEL COMMAND...: runs COMMAND and, while it runs, prints
 # "LABEL: Ns ..." every PROGRESS_EVERY seconds (default 20), so that a step
 # whose own output comes only at its end (go test prints a package's line
-# when the package is done) is never silent for long. Exits with COMMAND's
-# status.
+# when the package is done) is never silent for long; at the end it prints
+# "LABEL: done in Ns" (or "failed after Ns"), so that a log shows where the
+# time went. Exits with COMMAND's status.
 set -uo pipefail
 label="$1"
 shift
@@ -25,4 +26,9 @@ ticker=$!
 status=$?
 echo >&3
 wait "$ticker"
+if [ "$status" -eq 0 ]; then
+  echo "$label: done in $((SECONDS - start))s"
+else
+  echo "$label: failed after $((SECONDS - start))s"
+fi
 exit "$status"

@@ -2,8 +2,12 @@ package bpe
 
 import (
 	"fmt"
+	"os"
+	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // BenchmarkCorpus encodes every parity-corpus string on its own (as the HF
@@ -84,4 +88,55 @@ func totalBytes(texts []string) int64 {
 		n += int64(len(t))
 	}
 	return n
+}
+
+// BenchmarkLoad parses each tokenizer.json as Parse does and as it did with
+// encoding/json (referenceDecode), alternating within one run so that both
+// see the same machine; it first checks that both read the same file.
+// ns/op is the two together; ms/load and ms/load-encoding-json each alone.
+func BenchmarkLoad(b *testing.B) {
+	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
+		b.Run(model, func(b *testing.B) {
+			data, err := os.ReadFile(modelPath(b, model))
+			if err != nil {
+				b.Fatal(err)
+			}
+			got, err := decodeFile(data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			want, err := referenceDecode(data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				b.Fatal("decodeFile and encoding/json read different files")
+			}
+			var reader, encodingJSON time.Duration
+			for b.Loop() {
+				// Each from a collected heap, so that neither pays for the
+				// other's garbage.
+				runtime.GC()
+				start := time.Now()
+				if _, err := Parse(data); err != nil {
+					b.Fatal(err)
+				}
+				runtime.GC()
+				mid := time.Now()
+				f, err := referenceDecode(data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := build(f); err != nil {
+					b.Fatal(err)
+				}
+				reader += mid.Sub(start)
+				encodingJSON += time.Since(mid)
+			}
+			n := float64(b.N)
+			b.ReportMetric(reader.Seconds()*1e3/n, "ms/load")
+			b.ReportMetric(encodingJSON.Seconds()*1e3/n, "ms/load-encoding-json")
+			b.ReportMetric(float64(len(data))/1e6, "MB")
+		})
+	}
 }

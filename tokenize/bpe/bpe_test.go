@@ -276,12 +276,14 @@ func FuzzEncode(f *testing.F) {
 	})
 }
 
-// FuzzParse feeds arbitrary bytes to the tokenizer.json loader.
+// FuzzParse feeds arbitrary bytes to the tokenizer.json loader: it holds decodeFile to encoding/json and encodes with whatever
+// parses.
 func FuzzParse(f *testing.F) {
 	f.Add(tinyJSON(f, "bytelevel"))
 	f.Add(tinyJSON(f, "metaspace"))
 	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"\\s+(?!\\S)"},"behavior":"Contiguous","invert":true}}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
+		checkDecode(t, raw)
 		tk, err := Parse(raw)
 		if err != nil {
 			return

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -30,8 +29,8 @@ type refModel struct {
 
 func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 	tb.Helper()
-	var js modelJS
-	if err := json.Unmarshal(raw, &js); err != nil {
+	js, err := referenceModel(raw)
+	if err != nil {
 		tb.Fatal(err)
 	}
 	r := &refModel{vocab: js.Vocab, fuseUnk: js.FuseUnk, byteFallback: js.ByteFallback,
@@ -40,12 +39,8 @@ func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 		id := r.vocab[*js.UnkToken]
 		r.unk = &id
 	}
-	pairs, err := parseMerges(js.Merges)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	r.merges = map[[2]uint32]mergeRule{}
-	for i, p := range pairs {
+	for i, p := range js.Merges {
 		right := p[1]
 		if r.prefix != nil {
 			right = strings.TrimPrefix(right, *r.prefix)
@@ -54,6 +49,16 @@ func newRefModel(tb testing.TB, raw json.RawMessage) *refModel {
 	}
 	return r
 }
+
+// byteFallbackNames[b] is the name of b's byte-fallback token, <0xXX>,
+// formatted once: the reference looks the names up, it need not format
+// them per byte.
+var byteFallbackNames = func() (names [256]string) {
+	for b := range names {
+		names[b] = fmt.Sprintf("<0x%02X>", b)
+	}
+	return names
+}()
 
 func (m *refModel) tokenize(w string) []uint32 {
 	if m.ignoreMerges {
@@ -89,7 +94,7 @@ func (m *refModel) tokenize(w string) []uint32 {
 			ok := true
 			var ids []uint32
 			for j := 0; j < len(s); j++ {
-				id, found := m.vocab[fmt.Sprintf("<0x%02X>", s[j])]
+				id, found := m.vocab[byteFallbackNames[s[j]]]
 				if !found {
 					ok = false
 					break
@@ -405,21 +410,13 @@ func noCache() *wordCache {
 	return c
 }
 
-func loadModel(tb testing.TB, name string) (*model, json.RawMessage) {
+func loadModel(tb testing.TB, name string) *model {
 	tb.Helper()
-	data, err := os.ReadFile(modelPath(tb, name))
+	tk, err := Load(modelPath(tb, name))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
-		tb.Fatal(err)
-	}
-	m, err := parseModel(f.Model)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return m, f.Model
+	return tk.model
 }
 
 // corpusWords splits the parity corpus into GPT-2 words (raw bytes), close
@@ -442,7 +439,7 @@ func BenchmarkMerge(b *testing.B) {
 	n := totalBytes(words)
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(name, func(b *testing.B) {
-			m, _ := loadModel(b, name)
+			m := loadModel(b, name)
 			m.words = noCache()
 			b.SetBytes(n)
 			b.ReportAllocs()
@@ -468,7 +465,7 @@ func BenchmarkMergeString(b *testing.B) {
 	}
 	for _, name := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
 		b.Run(name, func(b *testing.B) {
-			m, _ := loadModel(b, name)
+			m := loadModel(b, name)
 			b.SetBytes(n)
 			b.ReportAllocs()
 			var dst []uint32

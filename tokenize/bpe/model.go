@@ -1,7 +1,6 @@
 package bpe
 
 import (
-	"encoding/json"
 	"fmt"
 	"math/bits"
 	"strings"
@@ -51,28 +50,11 @@ type optID struct {
 	ok bool
 }
 
-type modelJS struct {
-	Type                    string            `json:"type"`
-	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  json.RawMessage   `json:"merges"`
-	UnkToken                *string           `json:"unk_token"`
-	FuseUnk                 bool              `json:"fuse_unk"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	Dropout                 *float64          `json:"dropout"`
-}
-
-func parseModel(raw json.RawMessage) (*model, error) {
-	if isNull(raw) {
+func newModel(js *modelJS) (*model, error) {
+	if js == nil {
 		return nil, fmt.Errorf("model: missing")
 	}
-	var js modelJS
-	if err := json.Unmarshal(raw, &js); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
-	}
-	if js.Type == "" && js.Merges != nil {
+	if js.Type == "" && js.HasMerges {
 		js.Type = "BPE" // very old files omit the type
 	}
 	if js.Type != "BPE" {
@@ -105,10 +87,7 @@ func parseModel(raw json.RawMessage) (*model, error) {
 		}
 		m.unk = &id
 	}
-	pairs, err := parseMerges(js.Merges)
-	if err != nil {
-		return nil, fmt.Errorf("model BPE: %w", err)
-	}
+	pairs := js.Merges
 	m.merges = newMergeTable(len(pairs))
 	for i, p := range pairs {
 		a, ok := m.vocab[p[0]]
@@ -151,38 +130,6 @@ func parseModel(raw json.RawMessage) (*model, error) {
 		}
 	}
 	return m, nil
-}
-
-// parseMerges accepts both forms: ["a b", ...] and [["a", "b"], ...].
-func parseMerges(raw json.RawMessage) ([][2]string, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, fmt.Errorf("merges: %w", err)
-	}
-	out := make([][2]string, len(items))
-	for i, it := range items {
-		if len(it) > 0 && it[0] == '"' {
-			var s string
-			if err := json.Unmarshal(it, &s); err != nil {
-				return nil, fmt.Errorf("merges[%d]: %w", i, err)
-			}
-			parts := strings.Split(s, " ")
-			if len(parts) != 2 {
-				return nil, fmt.Errorf("merges[%d] %q: want two space-separated tokens", i, s)
-			}
-			out[i] = [2]string{parts[0], parts[1]}
-			continue
-		}
-		var pair []string
-		if err := json.Unmarshal(it, &pair); err != nil || len(pair) != 2 {
-			return nil, fmt.Errorf("merges[%d]: want a pair of strings", i)
-		}
-		out[i] = [2]string{pair[0], pair[1]}
-	}
-	return out, nil
 }
 
 // tokenize appends the ids of one pre-tokenized word, following HF's

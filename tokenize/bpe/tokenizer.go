@@ -7,8 +7,8 @@
 package bpe
 
 import (
-	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -59,13 +59,18 @@ func Load(path string) (*Tokenizer, error) {
 
 // Parse builds a tokenizer from tokenizer.json bytes.
 func Parse(data []byte) (*Tokenizer, error) {
-	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
+	f, err := decodeFile(data)
+	if err != nil {
 		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
 	}
+	return build(f)
+}
+
+// build makes a tokenizer of a decoded file.
+func build(f fileJSON) (*Tokenizer, error) {
 	t := &Tokenizer{special: map[uint32]bool{}}
 	var err error
-	if t.model, err = parseModel(f.Model); err != nil {
+	if t.model, err = newModel(f.Model); err != nil {
 		return nil, err
 	}
 	if t.norm, err = parseNormalizer(f.Normalizer); err != nil {
@@ -82,10 +87,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	t.hasPrefixM = usesFirstScheme(t.pre)
 	t.words = newWordSplitter(t.pre)
-	t.tokenToID = make(map[string]uint32, len(t.model.vocab)+len(f.AddedTokens))
+	t.tokenToID = maps.Clone(t.model.vocab) // a copy of the tables: no rehashing
 	t.idToToken = make(map[uint32]string, len(t.model.vocab)+len(f.AddedTokens))
 	for tok, id := range t.model.vocab {
-		t.tokenToID[tok] = id
 		t.idToToken[id] = tok
 	}
 	var rawPats, normPats []string
