@@ -86,8 +86,9 @@ var errDuplicateField = errors.New("duplicate field")
 // have read into the schema's structs (field names matched ignoring case,
 // null leaving a field unset, strings with invalid UTF-8 or lone surrogates
 // repaired to U+FFFD, ids that are not unsigned 32-bit integers refused),
-// except that a repeated field is an error; the tokenize/bpe tests hold it
-// to encoding/json. It exists because encoding/json's reflection made
+// except that a repeated field is an error and that nesting deeper than
+// encoding/json's 10,000 levels is not; the tokenize/bpe tests hold it to
+// encoding/json. It exists because encoding/json's reflection made
 // loading a 150k-token tokenizer take over a second; see
 // BenchmarkLoad.
 func decodeFile(data []byte) (fileJSON, error) {
