@@ -3,11 +3,9 @@ package deploy
 import (
 	"bytes"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -29,6 +27,7 @@ var kustomizations = map[string]string{
 	"base":    "kustomize/base",
 	"vllm":    "kustomize/vllm",
 	"per-pod": "kustomize/overlays/per-pod",
+	"central": "kustomize/overlays/central",
 	"rules":   "prometheus",
 	"grafana": "grafana",
 }
@@ -218,98 +217,6 @@ func TestRouterDeployment(t *testing.T) {
 	for k, v := range admin.Spec.Selector {
 		if d.Spec.Template.Labels[k] != v {
 			t.Errorf("admin Service selects %s=%s, the router's pods have %q", k, v, d.Spec.Template.Labels[k])
-		}
-	}
-}
-
-// TestPerPodWiring: the overlay's router finds the vLLM pods through the
-// headless Service on the ports their KV-event configuration binds, and
-// repeats the pods' hash seed, algorithm and block size.
-func TestPerPodWiring(t *testing.T) {
-	_, o := build(t, kustomizations["per-pod"])
-	router, vllm := o.deployments["prefixrouter"], o.deployments["vllm"]
-	if router == nil || vllm == nil {
-		t.Fatal("want the prefixrouter and vllm Deployments")
-	}
-	args := router.Spec.Template.Spec.Containers[0].Args
-	flagValue := func(name string) string {
-		for _, a := range args {
-			if v, ok := strings.CutPrefix(a, name+"="); ok {
-				return v
-			}
-		}
-		t.Errorf("router args %q: no %s", args, name)
-		return ""
-	}
-	dns := flagValue("--discover-dns")
-	svc := o.services[strings.Split(dns, ":")[0]]
-	if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
-		t.Fatalf("--discover-dns %q: want a headless Service of that name", dns)
-	}
-	svcPorts := map[int32]bool{}
-	for _, p := range svc.Spec.Ports {
-		svcPorts[p.Port] = true
-	}
-	vc := vllm.Spec.Template.Spec.Containers[0]
-	cPorts := map[int32]bool{}
-	for _, p := range vc.Ports {
-		cPorts[p.ContainerPort] = true
-	}
-	kvConfig := ""
-	for _, a := range vc.Args {
-		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
-			kvConfig = v
-		}
-	}
-	var kv struct {
-		Enable    bool   `json:"enable_kv_cache_events"`
-		Publisher string `json:"publisher"`
-		Endpoint  string `json:"endpoint"`
-		Replay    string `json:"replay_endpoint"`
-		Topic     string `json:"topic"`
-	}
-	if err := yaml.UnmarshalStrict([]byte(kvConfig), &kv); err != nil {
-		t.Fatalf("--kv-events-config %q: %v", kvConfig, err)
-	}
-	if !kv.Enable || kv.Publisher != "zmq" || kv.Topic == "" {
-		t.Errorf("--kv-events-config %+v: want events on, zmq, a topic", kv)
-	}
-	for _, c := range []struct{ option, bind string }{{"events-port", kv.Endpoint}, {"replay-port", kv.Replay}} {
-		port := ""
-		if _, q, ok := strings.Cut(dns, "?"); ok {
-			for _, kvp := range strings.Split(q, "&") {
-				if v, ok := strings.CutPrefix(kvp, c.option+"="); ok {
-					port = v
-				}
-			}
-		}
-		if c.bind != "tcp://*:"+port {
-			t.Errorf("--discover-dns %s=%s, vLLM binds %s", c.option, port, c.bind)
-		}
-		var n int32
-		fmt.Sscan(port, &n)
-		if !svcPorts[n] || !cPorts[n] {
-			t.Errorf("port %s (%s) missing from the headless Service or the vLLM container", port, c.option)
-		}
-	}
-	env := map[string]string{}
-	for _, e := range vc.Env {
-		env[e.Name] = e.Value
-	}
-	pod := map[string]string{"--hash-seed": env["PYTHONHASHSEED"]}
-	for _, a := range vc.Args {
-		for _, f := range []string{"--block-size", "--prefix-caching-hash-algo"} {
-			if v, ok := strings.CutPrefix(a, f+"="); ok {
-				pod[f] = v
-			}
-		}
-	}
-	if !slices.Contains(vc.Args, "--enable-prompt-tokens-details") {
-		t.Error("vLLM without --enable-prompt-tokens-details: the router cannot compare cached tokens")
-	}
-	for router, podFlag := range map[string]string{"--hash-seed": "--hash-seed", "--block-size": "--block-size", "--hash-algo": "--prefix-caching-hash-algo"} {
-		if got, want := flagValue(router), pod[podFlag]; got != want || want == "" {
-			t.Errorf("router %s=%q, pods %q", router, got, want)
 		}
 	}
 }
