@@ -85,7 +85,17 @@ func TestSimEventBus(t *testing.T) {
 	if err := pod.SetFaults(ctx, sim.Faults{DropEvents: 1}); err != nil {
 		t.Fatal(err)
 	}
+	droppedBatches := func() (n uint64) {
+		for _, st := range pod.Stats() {
+			n += st.EventBatchesDropped
+		}
+		return n
+	}
+	dropped := droppedBatches()
 	direct(pod, prompt("the lost batch"))
+	// The batch leaves after the answer: clear the fault only once it was
+	// dropped, or it may go out whole and leave no gap to repair.
+	waitFor(t, "the pod to drop the batch", func() bool { return droppedBatches() > dropped })
 	if err := pod.SetFaults(ctx, sim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
