@@ -73,6 +73,8 @@ type SpecFalseWarm struct {
 }
 
 // SpecPod is one pod's TTL (model seconds) and why, and its trust.
+// TTLWhy is the router's own explanation, in the router's wall-clock time
+// (model time divided by the time scale), as the report's table says.
 type SpecPod struct {
 	Pod    string  `json:"pod"`
 	TTLS   float64 `json:"ttl_s"`
