@@ -94,6 +94,10 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	cfg.Events.EvalInterval = scaled(def.Events.EvalInterval)
 	cfg.Events.StaleAfter = scaled(def.Events.StaleAfter)
 	cfg.Health.SuccessThreshold = 1
+	// A breaker opened by a pod's failures stays open as long in model
+	// time as serve's would in real time.
+	cfg.Health.BreakerCooldown = scaled(def.Health.BreakerCooldown)
+	cfg.Health.BreakerMaxCooldown = scaled(def.Health.BreakerMaxCooldown)
 	// Predictions live as long in model time as serve's defaults let them
 	// in real time; a fixed TTL is given in model time.
 	cfg.Speculative.MaxStale = scaled(def.Speculative.MaxStale)
