@@ -240,7 +240,7 @@ type liveRun struct {
 }
 
 func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*liveRun, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, o.Logger)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, "", o.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +32,9 @@ const (
 	// their connections, the cache is lost without an event, sequence
 	// numbers start again.
 	FaultRestart = "restart"
+	// FaultUnlisted takes the pod out of the router's endpoints file and
+	// puts it back: the router forgets the target, then adds it anew.
+	FaultUnlisted = "unlisted"
 )
 
 // faultPlan is one fault of the schedule, on pod (modulo the fleet's
@@ -43,12 +47,14 @@ type faultPlan struct {
 }
 
 // faultSchedule overlaps the faults so that the router meets more than
-// one at a time, each on its own pod, all while requests arrive. The
+// one at a time, on different pods (a pod's two faults apart in time),
+// all while requests arrive. The
 // drop lasts 60% of the span: on the quick preset's 20 s, longer than the
 // router's 10 s stale-after, so that the silence is seen.
 var faultSchedule = []faultPlan{
 	{FaultDead, 0, 0.10, 0.30},
 	{FaultDropEvents, 1, 0.20, 0.80},
+	{FaultUnlisted, 3, 0.25, 0.40},
 	{FaultDelayEvents, 2, 0.40, 0.60},
 	{FaultRestart, 3, 0.70, 0.70},
 }
@@ -66,7 +72,12 @@ const (
 // runFaults runs the workload's requests under one policy while the
 // schedule's faults come and go, then accounts for every request.
 func (o *Options) runFaults(ctx context.Context, policy string, prog *progress) (*liveRun, *report.Faults, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, o.Logger)
+	dir, err := os.MkdirTemp("", "prefixrouter-faults-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("faults: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, dir, o.Logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -209,6 +220,11 @@ func (fi *faultInjector) inject(ctx context.Context, t0 time.Time, plan faultPla
 		err = set(func(f *sim.Faults) { f.EventDelay = faultEventDelay })
 	case FaultRestart:
 		err = pod.Restart(ctx)
+	case FaultUnlisted:
+		// Without a router (the oracle) there is no file to take it out of.
+		if fi.fr.endpointsFile != "" {
+			err = fi.fr.listEndpoints(i)
+		}
 	default:
 		err = fmt.Errorf("unknown fault")
 	}
@@ -222,7 +238,16 @@ func (fi *faultInjector) inject(ctx context.Context, t0 time.Time, plan faultPla
 				return f, nil
 			}
 		}
-		if err := pod.SetFaults(ctx, base); err != nil {
+		lift := func() error { return pod.SetFaults(ctx, base) }
+		if plan.kind == FaultUnlisted {
+			lift = func() error {
+				if fi.fr.endpointsFile == "" {
+					return nil
+				}
+				return fi.fr.listEndpoints(-1)
+			}
+		}
+		if err := lift(); err != nil {
 			return f, err
 		}
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,8 @@ func TestSinceIfKeepsTheLastStreak(t *testing.T) {
 // TestConvergenceReadsTheRouterAndThePod checks the measurement itself on
 // one tiny pod behind the precise policy: the router's index matches the
 // pod after a request, stops matching while the pod's events are dropped,
-// and matches again (with nothing cached) after a restart.
+// matches again (with nothing cached) after a restart, and again once the
+// pod, taken out of the endpoints file, is listed anew.
 func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {
@@ -77,7 +79,7 @@ func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := sim.Config{Pods: 1, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond}
-	fr, err := startFleetRun(ctx, cfg, "precise", 1, SpeculativeOptions{}, slog.New(slog.DiscardHandler))
+	fr, err := startFleetRun(ctx, cfg, "precise", 1, SpeculativeOptions{}, t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +143,22 @@ func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 		t.Fatal(err)
 	}
 	converged("after a restart")
+
+	send(strings.Repeat("a prompt cached before the pod is unlisted. ", 20))
+	if err := fr.listEndpoints(0); err != nil {
+		t.Fatal(err)
+	}
+	f := report.Fault{}
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(f.RouterSaw, "removed"); {
+		fi.observe(0, &f)
+		if time.Now().After(deadline) || !sleepCtx(ctx, convergePoll) {
+			t.Fatalf("the router kept an unlisted pod (it saw %v)", f.RouterSaw)
+		}
+	}
+	if err := fr.listEndpoints(-1); err != nil {
+		t.Fatal(err)
+	}
+	converged("after the pod was listed again")
 }
 
 func TestFaultsReportRendersInChromium(t *testing.T) {
