@@ -179,15 +179,22 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		res.Workload["event_delay_s"] = tm.eventDelay.Seconds()
 		res.Workload["delayed_event_delay_s"] = tm.delayed.Seconds()
 	}
+	if w.Name == workload.KindFaults {
+		res.Workload["faults"] = faultScheduleParams(w)
+	}
 	for _, pol := range o.Policies {
 		var (
-			run   *liveRun
-			pairs []report.Pair
-			err   error
+			run    *liveRun
+			pairs  []report.Pair
+			faults *report.Faults
+			err    error
 		)
-		if w.Name == workload.KindPairedGap {
+		switch w.Name {
+		case workload.KindPairedGap:
 			run, pairs, err = o.runPairs(ctx, pol, tm, prog)
-		} else {
+		case workload.KindFaults:
+			run, faults, err = o.runFaults(ctx, pol, prog)
+		default:
 			run, err = o.runLive(ctx, pol, prog)
 		}
 		if err != nil {
@@ -195,6 +202,7 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		}
 		p := report.Summarize(run.recs)
 		p.Pairs = pairs
+		p.Faults = faults
 		if w.Name == workload.KindBurst {
 			p.Holder = report.HolderOf(run.recs)
 		}
@@ -204,6 +212,9 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		res.Policies[pol] = p
 		res.Order = append(res.Order, pol)
 		res.Notes = append(res.Notes, unfinishedNote(pol, p)...)
+		if f := p.Faults; f != nil && f.LostCount() > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: %d requests ended in neither a response nor an OpenAI error (lost silently)", pol, f.LostCount()))
+		}
 		if p.Speculative != nil {
 			res.Notes = append(res.Notes, speculativeNote(pol, p.Speculative))
 		}
@@ -229,7 +240,7 @@ type liveRun struct {
 }
 
 func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*liveRun, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, o.Logger)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, "", o.Logger)
 	if err != nil {
 		return nil, err
 	}

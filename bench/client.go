@@ -54,6 +54,11 @@ type answer struct {
 	routed routedOn
 	err    string // a short kind, "" when complete
 	detail error
+	// apiError is the type of the OpenAI-shaped error the request ended in
+	// ({"error": {"message", "type"}} as the body or a stream chunk), ""
+	// when it ended in none: a failure without one reached the client
+	// only as a cut or garbled stream.
+	apiError string
 }
 
 // Error kinds: few and stable, since the report counts by them.
@@ -93,6 +98,7 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		a.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
 		a.detail = fmt.Errorf("%s: %s", a.err, bytes.TrimSpace(msg))
+		a.apiError = openAIErrorType(msg)
 		return a
 	}
 	var text strings.Builder
@@ -127,6 +133,7 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 		}
 		if len(chunk.Error) > 0 && string(chunk.Error) != "null" {
 			a.err, a.detail = errStream, fmt.Errorf("%s", chunk.Error)
+			a.apiError = openAIErrorType(line)
 			return a
 		}
 		if len(chunk.Choices) > 0 {
@@ -151,6 +158,21 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 	}
 	a.text = text.String()
 	return a
+}
+
+// openAIErrorType is the type of an OpenAI-shaped error body
+// ({"error": {"message": "...", "type": "..."}}), "" when body is not one.
+func openAIErrorType(body []byte) string {
+	var e struct {
+		Error *struct {
+			Message *string `json:"message"`
+			Type    string  `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil || e.Error == nil || e.Error.Message == nil || e.Error.Type == "" {
+		return ""
+	}
+	return e.Error.Type
 }
 
 // routedOn is what the router's decision counted on the target it chose:

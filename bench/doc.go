@@ -18,4 +18,9 @@
 // time whatever the server does; within a multi-turn session each turn
 // waits for the previous answer and the think time. Every request streams
 // a completions call and the client times its first token.
+//
+// The faults workload (faults.go) drives shared-prefix's requests while a
+// schedule kills, restarts and silences pods, then sorts every request by
+// how it ended and measures how long each router took to see each faulted
+// pod as it is again.
 package bench

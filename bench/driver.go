@@ -87,7 +87,7 @@ sessions:
 				rec.Sent = model(sent.Sub(start))
 				d.prog.sent()
 				a := d.send(ctx, s, k, answers)
-				rec.Status, rec.Err = a.status, a.err
+				rec.Status, rec.Err, rec.APIError = a.status, a.err, a.apiError
 				if a.err == "" {
 					rec.TTFT, rec.E2E = model(a.ttft), model(a.e2e)
 					rec.PromptTokens, rec.CachedTokens, rec.OutputTokens = a.prompt, a.cached, a.output

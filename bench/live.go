@@ -2,8 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -24,6 +27,9 @@ type fleetRun struct {
 	close  func()
 	// pods names each target ("endpoint#rank") by its pod (pod-0, ...).
 	pods map[string]string
+	// endpointsFile is the file the router reads its pods from ("": the
+	// pods are its flags).
+	endpointsFile string
 
 	lagMu  sync.Mutex
 	maxLag time.Duration
@@ -33,8 +39,9 @@ type fleetRun struct {
 
 // startFleetRun starts pods (and the router) for one policy and waits until
 // requests can be routed as the policy means: every pod routable with a
-// fresh event stream.
-func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, spec SpeculativeOptions, log *slog.Logger) (_ *fleetRun, err error) {
+// fresh event stream. With endpointsDir the router reads its pods from an
+// endpoints file there (listEndpoints rewrites it), else from its flags.
+func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, spec SpeculativeOptions, endpointsDir string, log *slog.Logger) (_ *fleetRun, err error) {
 	fr := &fleetRun{stop: make(chan struct{})}
 	var cleanup []func()
 	fr.close = func() {
@@ -56,7 +63,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	fr.podOf = func(_ answer, d dest) string { return d.pod }
 	if policy == Oracle {
 		fr.route = newOracle(fr.fleet, seed).route
-	} else if err := fr.startRouter(ctx, policy, spec, log, &cleanup); err != nil {
+	} else if err := fr.startRouter(ctx, policy, spec, endpointsDir, log, &cleanup); err != nil {
 		return nil, err
 	}
 	fr.wg.Add(1)
@@ -68,7 +75,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	return fr, nil
 }
 
-func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec SpeculativeOptions, log *slog.Logger, cleanup *[]func()) error {
+func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec SpeculativeOptions, endpointsDir string, log *slog.Logger, cleanup *[]func()) error {
 	pol, err := router.ParsePolicy(policy)
 	if err != nil {
 		return err
@@ -79,6 +86,13 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	cfg.Policy = pol
 	cfg.DebugHeaders = true // requests are attributed to pods by X-Prefixrouter-Target
 	cfg.Health.Endpoints = fr.fleet.Endpoints()
+	if endpointsDir != "" {
+		fr.endpointsFile = filepath.Join(endpointsDir, "endpoints.json")
+		if err := fr.listEndpoints(-1); err != nil {
+			return err
+		}
+		cfg.Health.Endpoints, cfg.Health.EndpointsFile = nil, fr.endpointsFile
+	}
 	// The router watches the pods as often in model time as serve's
 	// defaults do in real time: at time scale 8 a 500 ms scrape interval is
 	// 62 ms of wall time, or the router would judge on data eight times
@@ -94,6 +108,10 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	cfg.Events.EvalInterval = scaled(def.Events.EvalInterval)
 	cfg.Events.StaleAfter = scaled(def.Events.StaleAfter)
 	cfg.Health.SuccessThreshold = 1
+	// A breaker opened by a pod's failures stays open as long in model
+	// time as serve's would in real time.
+	cfg.Health.BreakerCooldown = scaled(def.Health.BreakerCooldown)
+	cfg.Health.BreakerMaxCooldown = scaled(def.Health.BreakerMaxCooldown)
 	// Predictions live as long in model time as serve's defaults let them
 	// in real time; a fixed TTL is given in model time.
 	cfg.Speculative.MaxStale = scaled(def.Speculative.MaxStale)
@@ -136,6 +154,29 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	url := "http://" + rt.Addr() + "/v1/completions"
 	fr.route = func(context.Context, string) (dest, error) { return dest{url: url}, nil }
 	fr.podOf = func(a answer, _ dest) string { return fr.pods[a.target] }
+	return nil
+}
+
+// listEndpoints writes the router's endpoints file: every pod but unlisted
+// (-1: every pod), replaced at once by a rename as a ConfigMap update is.
+func (fr *fleetRun) listEndpoints(unlisted int) error {
+	list := []string{} // "[]", not "null": an empty list is valid, no list is not
+	for i, ep := range fr.fleet.Endpoints() {
+		if i != unlisted {
+			list = append(list, ep)
+		}
+	}
+	raw, err := json.Marshal(list)
+	if err != nil {
+		return fmt.Errorf("endpoints file: %w", err)
+	}
+	tmp := fr.endpointsFile + ".tmp"
+	if err := os.WriteFile(tmp, raw, 0o644); err != nil {
+		return fmt.Errorf("endpoints file: %w", err)
+	}
+	if err := os.Rename(tmp, fr.endpointsFile); err != nil {
+		return fmt.Errorf("endpoints file: %w", err)
+	}
 	return nil
 }
 

@@ -27,6 +27,12 @@ type Preset struct {
 	SpeculativeTTL time.Duration
 }
 
+func init() {
+	// The faults workload is the shared-prefix preset's requests: the
+	// faults are the only difference.
+	presets[workload.KindFaults] = presets[workload.KindSharedPrefix]
+}
+
 // LookupPreset returns the preset of a workload kind, the quick one
 // (under a minute for every policy on a 2-core machine) or the full one.
 func LookupPreset(kind string, quick bool) Preset {
@@ -112,6 +118,14 @@ var quickPresets = map[string]Preset{
 		Spec: workload.Spec{PrefixTokens: 2000, SuffixTokens: 50, OutputTokens: 4},
 		Pods: 3, Profile: "h100x2-32b", KVBlocks: 1200, TimeScale: 4, StreamInterval: 100 * time.Millisecond, Drain: 30 * time.Second,
 		EventDelay: 500 * time.Millisecond,
+	},
+	// shared-prefix's groups, prompts and fleet on a gentler ladder (8 then
+	// 12 requests/s, 10 s each): the faults, not the load, should be what
+	// fails requests, and every policy's run fits the minute.
+	workload.KindFaults: {
+		Spec: workload.Spec{Users: 5, SystemTokens: 4000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
+			Rates: []float64{8, 12}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
 	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},

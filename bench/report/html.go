@@ -42,6 +42,9 @@ func HTML(r *Results) ([]byte, error) {
 			break
 		}
 	}
+	if c, ok := faultsChart(r); ok {
+		charts = append(charts, c)
+	}
 	specPolicy, spec := r.specOf()
 	if spec != nil {
 		charts = append(charts, specFunnel(specPolicy, spec), specHoldback(specPolicy, spec))
@@ -84,7 +87,7 @@ func HTML(r *Results) ([]byte, error) {
 	var buf bytes.Buffer
 	err = page.Execute(&buf, map[string]any{
 		"R": r, "Rows": rows, "Figs": figs, "Params": string(params), "FleetJSON": string(fleet),
-		"Name": r.Workload["name"], "Spec": spec, "SpecPolicy": specPolicy, "SpecRows": specRows(spec),
+		"Name": r.Workload["name"], "Spec": spec, "Faults": faultRows(r), "SpecPolicy": specPolicy, "SpecRows": specRows(spec),
 	})
 	if err != nil {
 		return nil, err
@@ -141,6 +144,15 @@ dl.read dt { font-weight: 600; } dl.read dd { margin: 0 0 6px 0; color: #444; }
 </figure>
 {{end}}</div>
 
+{{if .Faults}}<h2>Faults: how every request ended</h2>
+<table id="faults">
+<thead><tr><th>policy</th><th>responses</th><th>OpenAI errors</th><th>lost silently</th><th>unfinished</th><th style="text-align:left">ended as</th></tr></thead>
+<tbody>
+{{range .Faults}}<tr><td>{{.Policy}}</td><td>{{.Responses}}</td><td>{{.APIErrors}}</td><td>{{.Lost}}</td><td>{{.Unfinished}}</td><td style="text-align:left; white-space:normal">{{.Kinds}}</td></tr>
+{{end}}</tbody>
+</table>
+<p>A request is lost silently when it ended in neither a complete answer nor an OpenAI-shaped error: a stream cut without <code>[DONE]</code> or an error event, a refused connection, a body that is no OpenAI error.</p>
+{{end}}
 {{if .Spec}}<h2>Speculative routing: {{.SpecPolicy}}</h2>
 <table id="speculative">
 <thead><tr><th>pod</th><th>TTL</th><th>trust</th><th>mature block confirmation</th><th>why this TTL (the router's clock: wall time, model time × 1/{{.R.TimeScale}})</th></tr></thead>

@@ -30,6 +30,9 @@ type Record struct {
 	// Status is the HTTP status (0: no answer); Err says why it failed.
 	Status int
 	Err    string
+	// APIError is the type of the OpenAI-shaped error a failed request
+	// ended in ("" when it ended in none).
+	APIError string
 }
 
 // Failed reports a request without a complete answer.
@@ -108,6 +111,9 @@ type Policy struct {
 	// Holder counts, in a burst workload, the requests after a burst's
 	// first that reached the pod the first one went to.
 	Holder *Holder `json:"holder,omitempty"`
+	// Faults is the faults workload's account: how every request ended
+	// and how fast the router's view of each faulted pod converged back.
+	Faults *Faults `json:"faults,omitempty"`
 
 	// DurationS is the run's span in model seconds.
 	DurationS float64 `json:"duration_s"`

@@ -15,11 +15,14 @@ const (
 	KindBurst        = "burst"
 	KindTrace        = "trace"
 	KindPairedGap    = "paired-gap"
+	// KindFaults is shared-prefix's requests while the benchmark injects
+	// faults into the fleet (bench/faults.go owns the schedule).
+	KindFaults = "faults"
 )
 
 // Kinds lists the workloads --workload takes (a trace as trace:PATH).
 func Kinds() []string {
-	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindTrace + ":PATH"}
+	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindTrace + ":PATH"}
 }
 
 // ParseKind reads --workload: a kind, or trace:PATH.
@@ -31,12 +34,8 @@ func ParseKind(s string) (kind, path string, err error) {
 		return KindTrace, p, nil
 	}
 	switch s {
-	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap:
+	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults:
 		return s, "", nil
-	case "faults":
-		// The other workload reports how the index recovers from
-		// faults; it is not built yet.
-		return "", "", fmt.Errorf("workload %s is not available yet", s)
 	}
 	return "", "", fmt.Errorf("unknown workload %q (want %s)", s, strings.Join(Kinds(), ", "))
 }
@@ -142,21 +141,25 @@ func Build(s Spec, lim Limits) (*Workload, error) {
 	common := Common{Seed: s.Seed, Vocab: s.Vocab}
 	stages := Ladder(s.Rates, s.StageDuration)
 	switch s.Kind {
-	case KindSharedPrefix:
+	case KindSharedPrefix, KindFaults:
 		groups := s.Groups
 		if groups == 0 {
 			if lim.KVTokens == 0 || !(s.PrefixFill > 0) || s.SystemTokens < 1 {
-				return nil, fmt.Errorf("shared-prefix: give --groups (the fleet's KV capacity is unknown)")
+				return nil, fmt.Errorf("%s: give --groups (the fleet's KV capacity is unknown)", s.Kind)
 			}
 			groups = max(1, int(math.Round(s.PrefixFill*float64(lim.KVTokens)/float64(s.SystemTokens))))
 		}
 		w, err := SharedPrefix{Common: common, Groups: groups, Users: s.Users, SystemTokens: s.SystemTokens,
 			QuestionTokens: s.QuestionTokens, OutputTokens: s.OutputTokens, Stages: stages, Arrival: s.Arrival}.Generate()
-		if err == nil && lim.KVTokens > 0 {
+		if err != nil {
+			return nil, err
+		}
+		w.Name = s.Kind
+		if lim.KVTokens > 0 {
 			fill := float64(groups*s.SystemTokens) / float64(lim.KVTokens)
 			w.Params["prefix_fill"] = math.Round(fill*1000) / 1000
 		}
-		return w, err
+		return w, nil
 	case KindMultiTurn:
 		return MultiTurn{Common: common, Turns: s.Turns, SystemTokens: s.SystemTokens, QuestionTokens: s.QuestionTokens,
 			OutputTokens: s.OutputTokens, Think: s.Think, Stages: stages, Arrival: s.Arrival}.Generate()

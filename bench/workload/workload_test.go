@@ -302,3 +302,35 @@ func TestSequentialBurst(t *testing.T) {
 		}
 	}
 }
+
+func TestFaultsSendsTheSharedPrefixRequests(t *testing.T) {
+	kind, _, err := ParseKind("faults")
+	if err != nil || kind != KindFaults {
+		t.Fatalf("ParseKind(faults) = %q, %v", kind, err)
+	}
+	spec := Spec{Seed: 3, Vocab: Bytes, Users: 2, SystemTokens: 200, QuestionTokens: 20, OutputTokens: 5, PrefixFill: 0.5,
+		Rates: []float64{50}, StageDuration: time.Second, Arrival: Poisson}
+	lim := Limits{KVTokens: 2000}
+	spec.Kind = KindSharedPrefix
+	shared, err := Build(spec, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Kind = KindFaults
+	faults, err := Build(spec, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if faults.Name != KindFaults || shared.Name != KindSharedPrefix || faults.Params["prefix_fill"] != 0.5 {
+		t.Fatalf("names %q, %q; params %v", faults.Name, shared.Name, faults.Params)
+	}
+	if len(faults.Sessions) == 0 || len(faults.Sessions) != len(shared.Sessions) {
+		t.Fatalf("%d sessions, shared-prefix %d", len(faults.Sessions), len(shared.Sessions))
+	}
+	for i := range faults.Sessions {
+		a, b := &faults.Sessions[i], &shared.Sessions[i]
+		if a.Start != b.Start || a.Group != b.Group || a.Prompt(0, nil) != b.Prompt(0, nil) {
+			t.Fatalf("session %d differs from shared-prefix's", i)
+		}
+	}
+}

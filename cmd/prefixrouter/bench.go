@@ -246,6 +246,9 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		if policiesSet {
 			return o, usageError("--policies: with --target-url the one policy is whatever serves the URL")
 		}
+		if kind == workload.KindFaults {
+			return o, usageError("--workload faults injects its faults into the simulated pods: it cannot run with --target-url")
+		}
 		if !strings.HasPrefix(s.TargetURL, "http://") && !strings.HasPrefix(s.TargetURL, "https://") {
 			return o, usageError("--target-url %q: want http://HOST:PORT or https://…", s.TargetURL)
 		}
@@ -350,6 +353,9 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 		return err
 	}
 	if err := report.PairsTable(stdout, res); err != nil {
+		return err
+	}
+	if err := report.FaultsTable(stdout, res); err != nil {
 		return err
 	}
 	for _, n := range res.Notes {

@@ -216,7 +216,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--policies", "precise,magic"}, `unknown policy "magic"`},
 		{[]string{"--workload", "chatty"}, `unknown workload "chatty"`},
 		{[]string{"--workload", "trace:"}, "want trace:PATH"},
-		{[]string{"--workload", "faults"}, "workload faults is not available yet"},
+		{[]string{"--workload", "faults", "--target-url", "http://127.0.0.1:1"}, "cannot run with --target-url"},
 		{[]string{"--holdback", "0.9"}, "--holdback 0.9"},
 		{[]string{"--speculative-ttl", "soon"}, "--speculative-ttl"},
 		{[]string{"--gap", "-1s"}, "--gap must not be negative"},
