@@ -347,6 +347,9 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 	var sc usageScanner
 	chunk, buf := a.first, *a.bufp
 	var rerr error
+	// tail is the last two bytes relayed: whether they end an event (a
+	// blank line) tells an error event that may have to follow them.
+	tail := [2]byte{'\n', '\n'}
 	for {
 		if len(chunk) > 0 {
 			sc.Write(chunk)
@@ -357,6 +360,11 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 			if err := w.Flush(); err != nil {
 				a.call.abort(errClientGone)
 				break
+			}
+			if n := len(chunk); n >= 2 {
+				tail = [2]byte{chunk[n-2], chunk[n-1]}
+			} else {
+				tail = [2]byte{tail[1], chunk[0]}
 			}
 		}
 		if rerr != nil {
@@ -374,9 +382,29 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 	case rerr != nil && !errors.Is(rerr, io.EOF):
 		a.label = a.failureLabel()
 		a.upstreamFailed(upstreamStreamBroken, rerr.Error())
+		a.endStreamWithError(w, tail == [2]byte{'\n', '\n'})
 	default:
 		a.label = statusLabel(a.status)
 	}
+}
+
+// endStreamWithError ends a stream the pod broke off (its connection cut,
+// or silent past --idle-timeout) with an OpenAI-shaped error event, as a
+// pod ends a stream it fails itself: a client cannot tell a cut from an
+// end otherwise, and the request would be lost without a word. An event
+// the relayed bytes left unfinished (ended false) is closed first.
+func (a *attempt) endStreamWithError(w *bufio.Writer, ended bool) {
+	msg := "the model server's stream broke off before its end"
+	if a.label == "timeout" {
+		msg = "the model server stopped sending before the stream's end"
+	}
+	if !ended {
+		w.WriteString("\n\n")
+	}
+	w.WriteString("data: ")
+	w.Write(errUpstream(fasthttp.StatusBadGateway, msg).body())
+	w.WriteString("\n\n")
+	w.Flush()
 }
 
 // failureLabel names an answer that broke off: why the call was

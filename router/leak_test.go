@@ -157,6 +157,27 @@ func TestClientErrorsNameNoAddress(t *testing.T) {
 		p.setHandler(brokeOff)
 	}
 	check("answer-broke-off", "POST", "/v1/completions", `{"model":"m","prompt":"hi"}`, 502)
+	// A stream cut after its first event, once mid-event: the client
+	// gets the events relayed, then an error event that says so.
+	for _, cut := range []string{"data: {\"id\":\"a\"}\n\n", "data: {\"id\":\"a\"}\n\ndata: {\"id\""} {
+		streamBrokeOff := func(w http.ResponseWriter, q *http.Request) {
+			conn, bw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(cut), cut)
+			bw.Flush()
+			conn.Close()
+		}
+		for _, p := range pods {
+			p.setHandler(streamBrokeOff)
+		}
+		out := check("stream-broke-off", "POST", "/v1/completions", `{"model":"m","prompt":"hi","stream":true}`, 200)
+		want := "\n\ndata: {\"error\":{\"message\":\"the model server's stream broke off before its end\",\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_error\"}}\n\n"
+		if !strings.HasPrefix(out, "data: {\"id\":\"a\"}\n\n") || !strings.HasSuffix(out, want) || strings.Count(out, "\n\n\n") > 0 && strings.HasSuffix(cut, "\n\n") {
+			t.Fatalf("a stream cut after %q reached the client as %q", cut, out)
+		}
+	}
 
 	// What the router refuses itself.
 	check("bad-json", "POST", "/v1/completions", `{"model":`, 400)
