@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -129,4 +130,23 @@ func renderInChromium(t *testing.T, path string) rendered {
 	defer mu.Unlock()
 	out.Charts = charts
 	return out
+}
+
+// checkChartInChromium renders the report at path and checks that it has
+// no problems and that the chart id drew exactly the series want.
+func checkChartInChromium(t *testing.T, path, id string, want ...string) {
+	t.Helper()
+	got := renderInChromium(t, path)
+	if len(got.Problems) > 0 {
+		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
+	}
+	for _, c := range got.Charts {
+		if c.ID == id {
+			if !slices.Equal(c.Drawn, want) || c.Width < 200 {
+				t.Fatalf("%s chart %+v, want %v drawn", id, c, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s chart among %+v", id, got.Charts)
 }

@@ -186,17 +186,5 @@ func TestFaultsReportRendersInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := renderInChromium(t, path)
-	if len(got.Problems) > 0 {
-		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
-	}
-	for _, c := range got.Charts {
-		if c.ID == "faults" {
-			if strings.Join(c.Drawn, ",") != "precise" || c.Width < 200 {
-				t.Fatalf("faults chart %+v", c)
-			}
-			return
-		}
-	}
-	t.Fatalf("no faults chart among %+v", got.Charts)
+	checkChartInChromium(t, path, "faults", "precise")
 }

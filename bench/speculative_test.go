@@ -93,17 +93,5 @@ func TestPairedGapReportRendersInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := renderInChromium(t, path)
-	if len(got.Problems) > 0 {
-		t.Fatalf("the page logged or requested:\n%s", strings.Join(got.Problems, "\n"))
-	}
-	for _, c := range got.Charts {
-		if c.ID == "paired-gap" {
-			if strings.Join(c.Drawn, ",") != "precise,speculative" || c.Width < 200 {
-				t.Fatalf("paired-gap chart %+v", c)
-			}
-			return
-		}
-	}
-	t.Fatalf("no paired-gap chart in %+v", got.Charts)
+	checkChartInChromium(t, path, "paired-gap", "precise", "speculative")
 }
