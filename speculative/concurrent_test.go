@@ -33,8 +33,7 @@ func TestConcurrentUse(t *testing.T) {
 				c := r.Assign(Conversation{Model: "m", RequestID: fmt.Sprint(w, i), Keys: prompt})
 				ext := r.Lookup(id, prompt, 2)
 				f := r.Follow(ext.Ref, "follower")
-				h := r.Predict(dispatch(id, "r"), prompt[2:8])
-				h.Extend(prompt[8:])
+				h := r.Predict(dispatch(id, "r"), prompt[2:])
 				if i%17 == 0 {
 					h.Withdraw()
 				}

@@ -26,9 +26,8 @@
 //     the candidate's confirmed run, weighted by trust in [0, 1].
 //  3. Predict (at dispatch): the blocks the chosen target does not hold
 //     yet become predictions (the router reads the whole prompt before
-//     dispatch, so they are all of them; Placement.Extend adds blocks
-//     keyed later, for a caller that dispatches earlier); Follow when the
-//     choice counted predictions.
+//     dispatch, so they are all of them); Follow when the choice counted
+//     predictions.
 //  4. Placement.Withdraw (when the pod rejected the request before its
 //     first byte; never on a client cancel).
 //  5. Record (when the request's usage is known): the arm's numbers and

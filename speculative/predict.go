@@ -74,7 +74,7 @@ type Dispatch struct {
 }
 
 // Placement is one request's predictions on its target: the handle Predict
-// returns for Extend and Withdraw. A nil *Placement is valid and does
+// returns for Withdraw. A nil *Placement is valid and does
 // nothing. It is safe for concurrent use.
 type Placement struct {
 	s      *Store
@@ -97,8 +97,8 @@ type Placement struct {
 // prediction with deadline now + TTL(target); a key already pending on the
 // target is not a new prediction (the placement only claims it). The
 // router calls it at dispatch, for every attempt and in both holdback
-// arms, with the keys the decision read (possibly none: Extend adds the
-// rest).
+// arms, with the prompt's keys (the router reads the whole prompt before
+// dispatch).
 func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
 	t := s.targetOrAdd(d.Target)
 	now := s.clock()
@@ -112,24 +112,6 @@ func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
 	}
 	s.insertLocked(t, h, keys, now)
 	return h
-}
-
-// Extend adds the keys of the rest of the prompt, once the prompt's tail
-// has keyed it: the blocks beyond those given to Predict, each a new
-// prediction (deadline now + TTL) unless already pending. Lookups made
-// before the extension never saw it. A withdrawn placement, or one made
-// before the target was invalidated, adds nothing. The router's prompt
-// tail calls it when it finishes.
-func (h *Placement) Extend(keys []kvindex.Key) {
-	if h == nil || len(keys) == 0 {
-		return
-	}
-	t := h.t
-	now := h.s.clock()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	h.s.expireLocked(t, now)
-	h.s.insertLocked(t, h, keys, now)
 }
 
 // Withdraw ends the placement's pending predictions at once: the pod
@@ -354,7 +336,7 @@ func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) 
 	p.followers = nil
 }
 
-// batch is the predictions one Predict or Extend call inserted: they
+// batch is the predictions one Predict call inserted: they
 // share a deadline.
 type batch struct {
 	deadline int64

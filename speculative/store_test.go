@@ -72,11 +72,10 @@ func TestTransitions(t *testing.T) {
 			r.step(200 * time.Millisecond)
 			r.confirm(podA, keys)
 		}, outcomes{inserted: 4, invalidated: 4}},
-		{"restarted: the old placement's extension adds nothing", func(r *rig, h *Placement) {
+		{"restarted: the new process confirms nothing", func(r *rig, _ *Placement) {
 			r.step(100 * time.Millisecond)
 			r.Invalidate(podA, ReasonRestarted)
-			h.Extend(keyRange(200, 4))
-			r.confirm(podA, append(keys, keyRange(200, 4)...))
+			r.confirm(podA, keys)
 		}, outcomes{inserted: 4, invalidated: 4}},
 		{"unknown: the deadline passed while the stream was not fresh", func(r *rig, _ *Placement) {
 			r.streams.set(podA, unfresh)
@@ -174,41 +173,6 @@ func TestUniqueness(t *testing.T) {
 	}
 }
 
-// TestExtend: the tail's extension counts only in lookups made after it,
-// lives its own TTL from its insertion, and a withdrawn placement extends
-// nothing.
-func TestExtend(t *testing.T) {
-	r := newRig(t, DefaultConfig())
-	prompt := keyRange(0, 8)
-	h := r.Predict(dispatch(podA, "r"), prompt[:4])
-	before := r.Lookup(podA, prompt, 0)
-	r.step(time.Second)
-	h.Extend(prompt[4:])
-	if before.Blocks != 4 || len(before.Ref.keys) != 4 {
-		t.Fatalf("lookup before the extension: %d blocks", before.Blocks)
-	}
-	if got := r.Lookup(podA, prompt, 0).Blocks; got != 8 {
-		t.Fatalf("lookup after the extension: %d blocks, want 8", got)
-	}
-	r.clock.Advance(1500 * time.Millisecond) // 2.5 s: the first four expired, the extension lives to 3 s
-	if got := r.Lookup(podA, prompt, 4).Blocks; got != 4 {
-		t.Fatalf("extension alive past the first deadline: %d blocks, want 4", got)
-	}
-	if got := r.Lookup(podA, prompt, 0).Blocks; got != 0 {
-		t.Fatalf("the run from block 0 starts with expired blocks, yet %d counted", got)
-	}
-
-	w := r.Predict(dispatch(podB, "w"), prompt[:2])
-	w.Withdraw()
-	w.Extend(prompt[2:])
-	if got := r.targetView(t, podB).Funnel.Inserted; got != 2 {
-		t.Fatalf("a withdrawn placement extended: %d inserted, want 2", got)
-	}
-	var none *Placement
-	none.Extend(prompt)
-	none.Withdraw()
-}
-
 func TestLookup(t *testing.T) {
 	r := newRig(t, DefaultConfig())
 	prompt := keyRange(0, 10)
@@ -281,8 +245,7 @@ func TestRemovedTarget(t *testing.T) {
 	if len(v.Targets) != 1 || v.Targets[0].Target != podB.String() {
 		t.Fatalf("targets after removal: %+v", v.Targets)
 	}
-	h.Extend(keyRange(3, 3)) // a request still in flight
-	h.Withdraw()
+	h.Withdraw() // a request still in flight
 	if got := r.Lookup(podA, keyRange(0, 6), 0).Blocks; got != 0 {
 		t.Fatalf("a removed target has %d predicted blocks", got)
 	}
