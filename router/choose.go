@@ -71,8 +71,8 @@ func PolicyNames() []string {
 // excess waiting requests at the mean uncached size seen recently. running is
 // the larger of the scraped running gauge and the router's own decoding
 // requests. cached_estimate is the tier-weighted confirmed run (plus trusted
-// predicted blocks, zero until the speculative policy lands) times the block
-// size, counted only while t's event stream is trusted.
+// predicted blocks under the speculative policy) times the block size,
+// counted only while t's event stream is trusted.
 type CostConfig struct {
 	DecodeWeight float64
 	KVThreshold  float64
@@ -170,25 +170,67 @@ func loadOf(t *health.Target, v eventplane.Verdict) LoadView {
 	}
 }
 
-// preciseCost is the cost model of CostConfig for one candidate.
-func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float64 {
-	l := cd.Load
+// queuedTokens is what the cost model counts as waiting ahead of a new
+// request on the candidate, in prefill tokens: the router's own
+// dispatched-but-unanswered uncached tokens and, when a fresh scrape shows
+// more waiting requests than the router has in flight there, the excess at
+// the mean uncached size seen recently.
+func (c *chooser) queuedTokens(l LoadView) float64 {
 	queued := float64(l.QueuedUncachedTokens)
-	running := float64(l.InFlight - l.Prefilling)
 	if !l.Stale {
 		if extra := int64(l.Waiting) - l.Prefilling; extra > 0 {
 			queued += float64(extra) * math.Float64frombits(c.meanUncached.Load())
 		}
+	}
+	return queued
+}
+
+// runningOf is the candidate's decoding sequences: the router's own, or
+// the fresh scrape's when it says more.
+func (c *chooser) runningOf(l LoadView) float64 {
+	running := float64(l.InFlight - l.Prefilling)
+	if !l.Stale {
 		running = math.Max(running, float64(l.Running))
 	}
+	return running
+}
+
+// spareCapacity says how far a second computation of a prefix would cost
+// the fleet nothing: 1 when some usable pod is idle, falling to 0 once the
+// least busy one has a whole prompt's worth of work. It weighs
+// the follower discount of preciseCost. A pod's busyness is its queued
+// prefill and its decoding sequences in the cost's units: a pod that is
+// decoding is not idle however short its queue is at this instant.
+func (c *chooser) spareCapacity(cands []Candidate, usable []int, promptTokens int) float64 {
+	if promptTokens <= 0 {
+		return 1
+	}
+	least := math.Inf(1)
+	for _, i := range usable {
+		least = math.Min(least, c.queuedTokens(cands[i].Load)+c.cost.DecodeWeight*c.runningOf(cands[i].Load))
+	}
+	return 1 - math.Min(1, least/float64(promptTokens))
+}
+
+// preciseCost is the cost model of CostConfig for one candidate; spare is
+// the fleet's spareCapacity.
+func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int, spare float64) float64 {
+	l := cd.Load
+	queued := c.queuedTokens(l)
+	running := c.runningOf(l)
 	predicted := float64(cd.SpeculativeBlocks*blockSize) * cd.PredictionWeight
 	// A follower of predictions waits on their target for the queued
-	// prefill that computes them, as it would compute them itself on
-	// another pod: those queued tokens are the blocks it reuses, not a
-	// wait on top of them. Without this a sibling arriving during its
-	// prefix's prefill costs as much on the holder as on an idle pod
-	// (2,000 queued + 50 own against 2,050), and siblings scatter.
-	queued -= math.Min(float64(l.QueuedUncachedTokens), predicted)
+	// prefill that computes them: its first token comes no sooner than if
+	// it computed those blocks itself on an idle pod. What it saves is the
+	// capacity a second computation would spend, and that is worth a wait
+	// only when no pod has capacity to spare: under load the holder's
+	// queued prefill of the follower's blocks is not charged to it (else a
+	// sibling arriving during its prefix's prefill costs as much on the
+	// holder as on a busy pod, 2,000 queued + 50 own against 2,050, and
+	// siblings scatter, each pod computing the prefix again); on an idle
+	// fleet it is, and siblings spread over idle pods, whose prefills run
+	// side by side (docs/performance.md, "Speculative placements").
+	queued -= (1 - spare) * math.Min(float64(l.QueuedUncachedTokens), predicted)
 	cached := cd.Weighted*cd.Trust*float64(blockSize) + predicted
 	cached = math.Min(cached, float64(promptTokens))
 	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
@@ -196,6 +238,12 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int) float6
 		cost += c.cost.KVPressure * float64(promptTokens) * (l.KVUsage - c.cost.KVThreshold) / (1 - c.cost.KVThreshold)
 	}
 	return cost
+}
+
+// cachedRun is the candidate's run the precise cost counted, in blocks:
+// confirmed and trusted, plus trusted predictions.
+func cachedRun(cd *Candidate) float64 {
+	return cd.Weighted*cd.Trust + float64(cd.SpeculativeBlocks)*cd.PredictionWeight
 }
 
 // leastLoadCost counts requests: the router's own in flight, or the pod's
@@ -236,7 +284,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		for _, i := range usable {
 			cands[i].Cost = leastLoadCost(cands[i].Load)
 		}
-		return choice{idx: minCost(cands, usable), reason: "least load"}
+		return choice{idx: minCost(cands, usable, nil), reason: "least load"}
 	case PolicyApproximate:
 		// Gateways' prefix-aware scoring: matched characters stand in for
 		// cached tokens (about four characters a token), minus load.
@@ -245,16 +293,19 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 			saved := float64(cd.ApproxChunks*approxChunkChars) / 4
 			cd.Cost = c.cost.DecodeWeight*leastLoadCost(cd.Load) + math.Max(0, float64(promptTokens)-saved)
 		}
-		i := minCost(cands, usable)
+		i := minCost(cands, usable, nil)
 		if cands[i].ApproxChunks > 0 {
 			return choice{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
 		}
 		return choice{idx: i, reason: "no approximate prefix match; least load"}
 	}
+	spare := c.spareCapacity(cands, usable, promptTokens)
 	for _, i := range usable {
-		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize)
+		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize, spare)
 	}
-	i := minCost(cands, usable)
+	// At equal cost the longer cached run wins: the same wait, and the
+	// fleet computes the prefix once.
+	i := minCost(cands, usable, cachedRun)
 	cd := &cands[i]
 	predicted := cd.SpeculativeBlocks > 0 && cd.PredictionWeight > 0
 	switch {
@@ -269,15 +320,35 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	return choice{idx: i, reason: "lowest cost; no cached prefix"}
 }
 
-// minCost returns the usable candidate with the lowest cost, breaking ties
-// uniformly at random so equal pods share the work.
-func minCost(cands []Candidate, usable []int) int {
+// minCost returns the usable candidate with the lowest cost. Among equal
+// costs, the highest prefer (when not nil) wins, and what is still tied
+// breaks uniformly at random so equal pods share the work.
+func minCost(cands []Candidate, usable []int, prefer func(*Candidate) float64) int {
+	better := func(i, best int) int {
+		if d := cands[i].Cost - cands[best].Cost; d < -1e-9 {
+			return 1
+		} else if d > 1e-9 {
+			return -1
+		}
+		if prefer != nil {
+			if d := prefer(&cands[i]) - prefer(&cands[best]); d > 1e-9 {
+				return 1
+			} else if d < -1e-9 {
+				return -1
+			}
+		}
+		return 0
+	}
 	best, ties := -1, 0
 	for _, i := range usable {
-		switch {
-		case best < 0 || cands[i].Cost < cands[best].Cost-1e-9:
+		if best < 0 {
 			best, ties = i, 1
-		case math.Abs(cands[i].Cost-cands[best].Cost) <= 1e-9:
+			continue
+		}
+		switch better(i, best) {
+		case 1:
+			best, ties = i, 1
+		case 0:
 			ties++
 			if rand.IntN(ties) == 0 {
 				best = i

@@ -75,14 +75,22 @@ func TestPreciseCost(t *testing.T) {
 			cand("a", 0, eventplane.VerdictFresh, LoadView{Waiting: 10, Running: 50, Stale: true}),
 			cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1})},
 			100, "a"},
-		{"a follower is not charged the queued prefill of its predicted blocks", []Candidate{
-			cand("a", 0, eventplane.VerdictFresh, idle),
-			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}), 125, 0.8)},
+		{"on a busy fleet a follower is not charged the queued prefill of its predicted blocks", []Candidate{
+			cand("a", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2500}),
+			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: 2100}), 125, 0.8)},
 			2050, "b"},
 		{"but the rest of the holder's queue is", []Candidate{
-			cand("a", 0, eventplane.VerdictFresh, idle),
+			cand("a", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2500}),
 			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 4, Prefilling: 4, QueuedUncachedTokens: 8000}), 125, 0.8)},
 			2050, "a"},
+		{"beside an idle pod a follower waits for the prefill it reuses", []Candidate{
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: 2100}), 125, 1)},
+			2050, "a"},
+		{"at equal cost the longer cached run wins", []Candidate{
+			cand("a", 0, eventplane.VerdictFresh, idle),
+			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}), 125, 1)},
+			2050, "b"},
 		{"a nearly full KV cache costs", []Candidate{
 			cand("a", 4, eventplane.VerdictFresh, LoadView{KVUsage: 0.99}),
 			cand("b", 0, eventplane.VerdictFresh, LoadView{KVUsage: 0.2})},
