@@ -35,6 +35,11 @@ const (
 	// FaultUnlisted takes the pod out of the router's endpoints file and
 	// puts it back: the router forgets the target, then adds it anew.
 	FaultUnlisted = "unlisted"
+	// FaultSevered cuts the router's event subscriber off the pod (a
+	// relay between them closes its connections and refuses new ones,
+	// as a network cut would) and lets it reconnect at the end: the
+	// batches published meanwhile must come back through replay.
+	FaultSevered = "severed subscriber"
 )
 
 // faultPlan is one fault of the schedule, on pod (modulo the fleet's
@@ -56,6 +61,7 @@ var faultSchedule = []faultPlan{
 	{FaultDropEvents, 1, 0.20, 0.80},
 	{FaultUnlisted, 3, 0.25, 0.40},
 	{FaultDelayEvents, 2, 0.40, 0.60},
+	{FaultSevered, 0, 0.55, 0.70},
 	{FaultRestart, 3, 0.70, 0.70},
 }
 
@@ -225,6 +231,11 @@ func (fi *faultInjector) inject(ctx context.Context, t0 time.Time, plan faultPla
 		if fi.fr.endpointsFile != "" {
 			err = fi.fr.listEndpoints(i)
 		}
+	case FaultSevered:
+		// Without a router there is no subscriber to sever.
+		if fi.fr.relays != nil {
+			fi.fr.relays[i].sever()
+		}
 	default:
 		err = fmt.Errorf("unknown fault")
 	}
@@ -239,12 +250,20 @@ func (fi *faultInjector) inject(ctx context.Context, t0 time.Time, plan faultPla
 			}
 		}
 		lift := func() error { return pod.SetFaults(ctx, base) }
-		if plan.kind == FaultUnlisted {
+		switch plan.kind {
+		case FaultUnlisted:
 			lift = func() error {
 				if fi.fr.endpointsFile == "" {
 					return nil
 				}
 				return fi.fr.listEndpoints(-1)
+			}
+		case FaultSevered:
+			lift = func() error {
+				if fi.fr.relays != nil {
+					fi.fr.relays[i].mend()
+				}
+				return nil
 			}
 		}
 		if err := lift(); err != nil {

@@ -69,8 +69,9 @@ func TestSinceIfKeepsTheLastStreak(t *testing.T) {
 // TestConvergenceReadsTheRouterAndThePod checks the measurement itself on
 // one tiny pod behind the precise policy: the router's index matches the
 // pod after a request, stops matching while the pod's events are dropped,
-// matches again (with nothing cached) after a restart, and again once the
-// pod, taken out of the endpoints file, is listed anew.
+// matches again (with nothing cached) after a restart, again after its
+// subscriber was severed and reconnected, and again once the pod, taken
+// out of the endpoints file, is listed anew.
 func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {
@@ -144,11 +145,28 @@ func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 	}
 	converged("after a restart")
 
+	// Severed, the router's subscriber sees its stream go; a prompt
+	// cached meanwhile comes back through replay once it reconnects.
+	fr.relays[0].sever()
+	f := report.Fault{}
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(f.RouterSaw, "disconnected"); {
+		fi.observe(0, &f)
+		if time.Now().After(deadline) || !sleepCtx(ctx, convergePoll) {
+			t.Fatalf("the router did not see its subscriber severed (it saw %v)", f.RouterSaw)
+		}
+	}
+	send(strings.Repeat("a prompt cached while the subscriber is cut off. ", 20))
+	if ok, why := fi.matches(ctx, pod, 1); ok || !strings.Contains(why, "router 0 blocks") {
+		t.Fatalf("the index matched while its subscriber was severed (%q)", why)
+	}
+	fr.relays[0].mend()
+	converged("after the subscriber reconnected")
+
 	send(strings.Repeat("a prompt cached before the pod is unlisted. ", 20))
 	if err := fr.listEndpoints(0); err != nil {
 		t.Fatal(err)
 	}
-	f := report.Fault{}
+	f = report.Fault{}
 	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(f.RouterSaw, "removed"); {
 		fi.observe(0, &f)
 		if time.Now().After(deadline) || !sleepCtx(ctx, convergePoll) {

@@ -30,6 +30,10 @@ type fleetRun struct {
 	// endpointsFile is the file the router reads its pods from ("": the
 	// pods are its flags).
 	endpointsFile string
+	// endpoints are the pods' endpoint URLs as the router is given them;
+	// with relays, events come through relays[i] (the faults workload).
+	endpoints []string
+	relays    []*eventRelay
 
 	lagMu  sync.Mutex
 	maxLag time.Duration
@@ -85,7 +89,13 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", ""
 	cfg.Policy = pol
 	cfg.DebugHeaders = true // requests are attributed to pods by X-Prefixrouter-Target
-	cfg.Health.Endpoints = fr.fleet.Endpoints()
+	fr.endpoints = fr.fleet.Endpoints()
+	if endpointsDir != "" {
+		if err := fr.relayEvents(cleanup); err != nil {
+			return err
+		}
+	}
+	cfg.Health.Endpoints = fr.endpoints
 	if endpointsDir != "" {
 		fr.endpointsFile = filepath.Join(endpointsDir, "endpoints.json")
 		if err := fr.listEndpoints(-1); err != nil {
@@ -161,7 +171,7 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 // (-1: every pod), replaced at once by a rename as a ConfigMap update is.
 func (fr *fleetRun) listEndpoints(unlisted int) error {
 	list := []string{} // "[]", not "null": an empty list is valid, no list is not
-	for i, ep := range fr.fleet.Endpoints() {
+	for i, ep := range fr.endpoints {
 		if i != unlisted {
 			list = append(list, ep)
 		}
@@ -176,6 +186,28 @@ func (fr *fleetRun) listEndpoints(unlisted int) error {
 	}
 	if err := os.Rename(tmp, fr.endpointsFile); err != nil {
 		return fmt.Errorf("endpoints file: %w", err)
+	}
+	return nil
+}
+
+// relayEvents puts an eventRelay between the router and each pod's event
+// publishers, so that a fault can sever the router's subscriber.
+func (fr *fleetRun) relayEvents(cleanup *[]func()) error {
+	dp := fr.fleet.Config().DP
+	for i, p := range fr.fleet.Pods {
+		addrs := make([]string, dp)
+		for r := range dp {
+			addrs[r] = p.EventsAddr(r)
+		}
+		rel, err := newEventRelay(addrs)
+		if err != nil {
+			return err
+		}
+		*cleanup = append(*cleanup, func() { _ = rel.close() })
+		fr.relays = append(fr.relays, rel)
+		if fr.endpoints[i], err = rel.endpoint(fr.endpoints[i]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
