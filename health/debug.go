@@ -83,6 +83,9 @@ type LoadView struct {
 	QueuedPromptTokens   int64     `json:"queued_prompt_tokens"`
 	QueuedUncachedTokens int64     `json:"queued_uncached_tokens"`
 	Dispatched           uint64    `json:"dispatched"`
+	// Peers is the in-flight work the other router replicas report
+	// (--peers); the fields above are this router's own.
+	Peers *Flights `json:"peers,omitempty"`
 }
 
 // Debug returns the debug view. It takes the registry lock briefly; it is
@@ -139,7 +142,7 @@ func (m *Monitor) Debug() DebugView {
 				ScrapedAt: t.Scraped.At, Stale: t.Scraped.Stale, PodWide: t.Scraped.PodWide, ScrapeError: ep.scrapeError,
 				InFlight: l.inflight.Load(), Prefilling: l.prefilling.Load(),
 				QueuedPromptTokens: l.queuedPrompt.Load(), QueuedUncachedTokens: l.queuedUncached.Load(),
-				Dispatched: l.dispatched.Load(),
+				Dispatched: l.dispatched.Load(), Peers: l.peers.Load(),
 			},
 			Cache:                 t.Cache,
 			Conflict:              t.ConfigConflict,

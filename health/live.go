@@ -56,6 +56,10 @@ type live struct {
 	queuedPrompt   atomic.Int64
 	queuedUncached atomic.Int64
 
+	// peers is what the other router replicas last reported of the
+	// target (SetPeerFlights); nil: nothing.
+	peers atomic.Pointer[Flights]
+
 	dispatched atomic.Uint64
 	answered   atomic.Uint64 // first bytes
 	upstream   atomic.Uint64 // upstream failures

@@ -130,18 +130,43 @@ func (t *Target) CanRoute() bool {
 	return t.live.breakerAllows()
 }
 
-// Busy is the combined load of a target: the last scrape plus the router's
-// own in-flight accounting, which is exact for this router and immediate.
+// Busy is the combined load of a target: the last scrape plus the
+// in-flight accounting of this router and of the other router replicas
+// that share theirs (SetPeerFlights), which together are what the fleet's
+// front door has sent the pod and not seen answered.
 type Busy struct {
 	Load
-	// InFlight are requests dispatched by this router and not finished.
+	// InFlight are requests dispatched and not finished, by this router
+	// and its peers.
 	InFlight int64
 	// Prefilling are in-flight requests without a first byte yet.
 	Prefilling int64
-	// QueuedPromptTokens and QueuedUncachedTokens are the prompt tokens (all
-	// and uncached) of the prefilling requests.
+	// QueuedPromptTokens are the prompt tokens of this router's
+	// prefilling requests (peers share only the uncached ones);
+	// QueuedUncachedTokens the uncached prompt tokens of every prefilling
+	// request, this router's and its peers'.
 	QueuedPromptTokens   int64
 	QueuedUncachedTokens int64
+	// Peers is the part of InFlight, Prefilling and QueuedUncachedTokens
+	// the other replicas reported.
+	Peers Flights
+}
+
+// Flights is a router's in-flight work on one target: what replicas share
+// with each other so that each sees the queue the others put on a pod.
+type Flights struct {
+	InFlight             int64 `json:"in_flight"`
+	Prefilling           int64 `json:"prefilling"`
+	QueuedUncachedTokens int64 `json:"queued_uncached_tokens"`
+}
+
+// IsZero reports whether f holds no work.
+func (f Flights) IsZero() bool { return f == Flights{} }
+
+// Add is f plus g.
+func (f Flights) Add(g Flights) Flights {
+	return Flights{InFlight: f.InFlight + g.InFlight, Prefilling: f.Prefilling + g.Prefilling,
+		QueuedUncachedTokens: f.QueuedUncachedTokens + g.QueuedUncachedTokens}
 }
 
 // Busy returns the target's combined load. Lock-free.
@@ -149,13 +174,43 @@ func (t *Target) Busy() Busy {
 	if t == nil {
 		return Busy{}
 	}
-	return Busy{
+	b := Busy{
 		Load:                 t.Scraped,
 		InFlight:             t.live.inflight.Load(),
 		Prefilling:           t.live.prefilling.Load(),
 		QueuedPromptTokens:   t.live.queuedPrompt.Load(),
 		QueuedUncachedTokens: t.live.queuedUncached.Load(),
 	}
+	if p := t.live.peers.Load(); p != nil {
+		b.Peers = *p
+		b.InFlight += p.InFlight
+		b.Prefilling += p.Prefilling
+		b.QueuedUncachedTokens += p.QueuedUncachedTokens
+	}
+	return b
+}
+
+// Flights is this router's own in-flight work on the target, as it shares
+// it with its peers. Lock-free.
+func (t *Target) Flights() Flights {
+	if t == nil {
+		return Flights{}
+	}
+	return Flights{InFlight: t.live.inflight.Load(), Prefilling: t.live.prefilling.Load(),
+		QueuedUncachedTokens: t.live.queuedUncached.Load()}
+}
+
+// SetPeerFlights replaces what the other router replicas report of the
+// target (their sum); Busy adds it to this router's own. Lock-free.
+func (t *Target) SetPeerFlights(f Flights) {
+	if t == nil {
+		return
+	}
+	if f.IsZero() {
+		t.live.peers.Store(nil)
+		return
+	}
+	t.live.peers.Store(&f)
 }
 
 // Dispatch records that the router sent a request to the target with

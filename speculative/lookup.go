@@ -92,6 +92,9 @@ type Follower struct {
 	id string // the follower's correlation id: in debug logs, never a label
 	// Guarded by t.mu.
 	failed bool // false-warm: counted in routes
+	// blame is the peer replica's ledger whose prediction failed it, nil
+	// for a local prediction: false warmth per origin.
+	blame *peerLedger
 	// The request's outcome, once recorded.
 	ended         bool
 	predicted     int
@@ -131,13 +134,17 @@ func (s *Store) Follow(ref Ref, requestID string) *Follower {
 		found = true
 		if !p.followed {
 			p.followed = true
-			t.funnel.followed++
+			if l := p.owner.peer; l != nil {
+				l.followed++
+			} else {
+				t.funnel.followed++
+			}
 		}
 		switch p.state {
 		case statePending:
 			p.followers = append(p.followers, f)
 		case stateExpired, stateWithdrawn:
-			t.failFollower(f)
+			t.failFollower(f, p.owner.peer)
 		}
 	}
 	if !found {
@@ -147,14 +154,18 @@ func (s *Store) Follow(ref Ref, requestID string) *Follower {
 	return f
 }
 
-// failFollower makes f's route false-warm, once; its prefill cost is
-// counted when its outcome is known.
-func (t *targetState) failFollower(f *Follower) {
+// failFollower makes f's route false-warm, once, blaming the origin of the
+// prediction that failed (peer; nil: local); its prefill cost is counted
+// when its outcome is known.
+func (t *targetState) failFollower(f *Follower, peer *peerLedger) {
 	if f.failed {
 		return
 	}
-	f.failed = true
+	f.failed, f.blame = true, peer
 	t.funnel.falseWarmRoutes++
+	if peer != nil {
+		peer.falseWarmRoutes++
+	}
 	t.countFalseWarmTokens(f)
 	t.log.Debug("false-warm route: a prediction it was routed on failed", "target", t.name, "request_id", f.id)
 }
@@ -167,7 +178,11 @@ func (t *targetState) countFalseWarmTokens(f *Follower) {
 		return
 	}
 	f.tokensCounted = true
-	t.funnel.falseWarmTokens += uint64(max(0, f.predicted-f.reported))
+	cost := uint64(max(0, f.predicted-f.reported))
+	t.funnel.falseWarmTokens += cost
+	if f.blame != nil {
+		f.blame.falseWarmTokens += cost
+	}
 }
 
 // recordFollower takes a follower's outcome.

@@ -112,12 +112,34 @@ var (
 		"Time to first byte per holdback arm.", am, nil)
 	descIncremental = prometheus.NewDesc("prefixrouter_speculative_incremental_cached_tokens",
 		"Cached tokens the speculative arm got beyond the holdback's at equal volume.", []string{"model"}, nil)
+
+	// The peer replicas' predictions, by origin (the replica's id, at most
+	// MaxOrigins), summed over targets: counted apart from the local ones.
+	og = []string{"origin"}
+
+	descPeerInserted = prometheus.NewDesc("prefixrouter_speculative_peer_predictions_inserted_total",
+		"Predictions received from a peer replica and inserted (unique per target and block).", og, nil)
+	descPeerOutcomes = prometheus.NewDesc("prefixrouter_speculative_peer_predictions_total",
+		"A peer replica's predictions of mature cohorts by outcome: confirmed, expired_early, expired_stale, invalidated, withdrawn, unknown.",
+		[]string{"origin", "outcome"}, nil)
+	descPeerArrivedExpired = prometheus.NewDesc("prefixrouter_speculative_peer_predictions_arrived_expired_total",
+		"Predictions received from a peer replica after their deadline (not inserted).", og, nil)
+	descPeerPending = prometheus.NewDesc("prefixrouter_speculative_peer_pending_predictions",
+		"A peer replica's live unconfirmed predictions.", og, nil)
+	descPeerFollowed = prometheus.NewDesc("prefixrouter_speculative_peer_followed_total",
+		"A peer replica's predictions a follower request of this replica was routed on.", og, nil)
+	descPeerFalseWarm = prometheus.NewDesc("prefixrouter_speculative_peer_false_warm_routes_total",
+		"This replica's routes on a peer replica's prediction that later expired unconfirmed or was withdrawn.", og, nil)
+	descPeerFalseWarmTokens = prometheus.NewDesc("prefixrouter_speculative_peer_false_warm_tokens_total",
+		"Prefill tokens those false-warm routes cost: predicted minus reported cached tokens.", og, nil)
 )
 
 var allDescs = []*prometheus.Desc{descInserted, descOutcomes, descOutcomeTokens, descRequests, descRequestsConfirmed,
 	descCohorts, descPending, descImmature, descTTL, descTrust, descExposure, descLatency, descReferenced, descFollowed,
 	descFollowerRoutes, descFollowerCached, descFalseWarm, descFalseWarmTokens, descInvalidations,
-	descArmRequests, descArmPrompt, descArmReported, descArmCached, descArmTTFT, descIncremental}
+	descArmRequests, descArmPrompt, descArmReported, descArmCached, descArmTTFT, descIncremental,
+	descPeerInserted, descPeerOutcomes, descPeerArrivedExpired, descPeerPending, descPeerFollowed,
+	descPeerFalseWarm, descPeerFalseWarmTokens}
 
 // collector produces every series at scrape time from the store, so that
 // a removed target's series vanish with it and the request path never
@@ -156,6 +178,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) { emit(d, prometheus.CounterValue, v, labels...) }
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) { emit(d, prometheus.GaugeValue, v, labels...) }
 	s := c.s
+	peers := map[string]*peerSums{}
 	for _, t := range *s.targets.Load() {
 		trust := s.Trust(t.id)
 		t.mu.RLock()
@@ -189,7 +212,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for r, v := range t.invalidations {
 			counter(descInvalidations, float64(v), n, Reason(r).String())
 		}
+		t.peerSumsLocked(peers)
 		t.mu.RUnlock()
+	}
+	for origin, p := range peers {
+		counter(descPeerInserted, float64(p.l.inserted), origin)
+		for _, o := range outcomeSeries {
+			counter(descPeerOutcomes, float64(o.value(&p.total.blocks)), origin, o.name)
+		}
+		counter(descPeerArrivedExpired, float64(p.l.arrivedExpired), origin)
+		gauge(descPeerPending, float64(p.l.live), origin)
+		counter(descPeerFollowed, float64(p.l.followed), origin)
+		counter(descPeerFalseWarm, float64(p.l.falseWarmRoutes), origin)
+		counter(descPeerFalseWarmTokens, float64(p.l.falseWarmTokens), origin)
 	}
 	s.arms.models.Range(func(k, v any) bool {
 		model, m := k.(string), v.(*modelArms)

@@ -83,6 +83,12 @@ type Placement struct {
 	id     string // the request's correlation id: in debug logs, never a label
 	ns     Namespace
 	routed int64
+	// deadline is when its new predictions expire: now + the target's TTL
+	// at Predict, or the origin's deadline (PredictFrom).
+	deadline int64
+	// peer is the origin's ledger on the target for a peer replica's
+	// placement (PredictFrom); nil for a local one.
+	peer *peerLedger
 	// Guarded by t.mu.
 	preds     []*prediction // inserted or claimed
 	cohort    *cohort       // where the request counts: its first insertion's
@@ -106,7 +112,7 @@ func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
 	defer t.mu.Unlock()
 	s.expireLocked(t, now)
 	h := &Placement{s: s, t: t, gen: t.gen, id: d.RequestID, ns: d.Namespace, routed: now,
-		preds: make([]*prediction, 0, len(keys))}
+		deadline: now + t.ttl.Load(), preds: make([]*prediction, 0, len(keys))}
 	if d.Namespace.Model != "" {
 		t.model = d.Namespace.Model
 	}
@@ -153,7 +159,11 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 	if h.withdrawn || h.gen != t.gen || t.removed {
 		return
 	}
-	deadline := now + t.ttl.Load()
+	deadline := h.deadline
+	book := &t.cohorts
+	if h.peer != nil {
+		book = &h.peer.cohorts
+	}
 	var c *cohort
 	// New predictions are allocated together, from the first new key to
 	// the end of keys (claims of pending ones come first in a follower's
@@ -177,7 +187,7 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 		}
 		if c == nil {
 			if c = h.cohort; c == nil || c.mature {
-				c = t.cohorts.current(now)
+				c = book.current(now)
 			}
 		}
 		slab = append(slab, prediction{key: k, claims: 1, inserted: now, deadline: deadline, routed: h.routed, owner: h, cohort: c})
@@ -191,12 +201,19 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 		return
 	}
 	heap.Push(&t.queue, &batch{deadline: deadline, preds: slab})
-	t.funnel.inserted += uint64(inserted)
+	if h.peer != nil {
+		h.peer.inserted += uint64(inserted)
+		h.peer.live += int64(inserted)
+	} else {
+		t.funnel.inserted += uint64(inserted)
+	}
 	c.lastDeadline = max(c.lastDeadline, deadline)
 	if h.cohort == nil {
 		h.cohort = c
 		c.reqs = append(c.reqs, h)
-		t.rate.requests++
+		if h.peer == nil {
+			t.rate.requests++
+		}
 	}
 	t.publishCounts()
 }
@@ -245,6 +262,13 @@ func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
 	p.followers = nil
 	p.cohort.add(outcomeConfirmed, p.tokens())
 	p.owner.confirmed++
+	if l := p.owner.peer; l != nil {
+		// Its latency runs from its arrival here, not from the origin's
+		// dispatch: it says nothing of the target's event latency.
+		l.confirmed++
+		l.live--
+		return
+	}
 	t.funnel.confirmed++
 	if !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
@@ -258,6 +282,10 @@ func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
 func (s *Store) lateLocked(t *targetState, p *prediction, ts int64) {
 	p.early = true
 	p.cohort.add(outcomeEarly, p.tokens())
+	if l := p.owner.peer; l != nil {
+		l.late++
+		return
+	}
 	t.funnel.late++
 	if !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
@@ -315,6 +343,9 @@ func (s *Store) endLocked(t *targetState, p *prediction, st state, at int64) {
 // finishLocked records a prediction's unconfirmed end.
 func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) {
 	p.state, p.endedAt = st, at
+	if l := p.owner.peer; l != nil {
+		l.live--
+	}
 	switch st {
 	case stateExpired:
 		p.cohort.add(outcomeExpired, p.tokens())
@@ -330,7 +361,7 @@ func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) 
 		t.ended[p.key] = p
 		t.endedFIFO = append(t.endedFIFO, p)
 		for _, f := range p.followers {
-			t.failFollower(f)
+			t.failFollower(f, p.owner.peer)
 		}
 	}
 	p.followers = nil

@@ -70,6 +70,11 @@ type Store struct {
 
 	arms *holdback
 
+	// origins are the peer replicas whose predictions the store received
+	// (PredictFrom), by name.
+	originsMu sync.Mutex
+	origins   map[string]*Origin
+
 	// lastEval is when the slow evaluations last ran; Run's goroutine
 	// (or a test calling tick) alone touches it.
 	lastEval int64
@@ -93,6 +98,7 @@ func New(cfg Config, deps Deps) (*Store, error) {
 		s.stream = func(target.ID) Stream { return Stream{Fresh: true} }
 	}
 	s.epoch = s.now()
+	s.origins = map[string]*Origin{}
 	s.targets.Store(&map[target.ID]*targetState{})
 	s.arms = newHoldback(cfg.Holdback)
 	if deps.Registerer != nil {
@@ -153,6 +159,9 @@ type targetState struct {
 	cohorts cohortBook
 	rate    rateMeter
 	funnel  funnel
+	// peers are the peer replicas' predictions on the target, counted
+	// apart from the local ones (cohorts, funnel).
+	peers map[*Origin]*peerLedger
 	// invalidations counts invalidations by reason.
 	invalidations [numReasons]uint64
 	latHist       [2]histogram // in time, late
@@ -358,6 +367,9 @@ func (t *targetState) unfreshSince(from int64) bool { return !t.fresh || t.unfre
 // evaluateLocked does the slow work for one target.
 func (s *Store) evaluateLocked(t *targetState, now int64) {
 	t.cohorts.mature(now, s.grace())
+	for _, l := range t.peers {
+		l.cohorts.mature(now, s.grace())
+	}
 	recent := t.cohorts.recentSum()
 	t.posterior.Store(math.Float64bits(recent.posterior()))
 	t.ctl.update(&s.cfg, &t.lat, t.backlog, &t.scratch)

@@ -15,6 +15,11 @@ type View struct {
 	Overall  Stats        `json:"overall"`
 	Targets  []TargetView `json:"targets"`
 	Holdback HoldbackView `json:"holdback"`
+	// Peers are the predictions received from peer replicas, by origin,
+	// summed over targets (--peers); the numbers above are this
+	// replica's own, save the follower and false-warm routes, which are
+	// its routes on any origin's predictions.
+	Peers []PeerView `json:"peers"`
 }
 
 // ConfigView is the configuration and the constants the numbers rest on.
@@ -44,6 +49,8 @@ type TargetView struct {
 	TTL        TTLView   `json:"ttl"`
 	Trust      TrustView `json:"trust"`
 	Stats
+	// Peers are the peer replicas' predictions on the target, by origin.
+	Peers []PeerView `json:"peers,omitempty"`
 }
 
 // TTLView is a target's TTL and why it is what it is.
@@ -243,7 +250,19 @@ func (s *Store) View() View {
 	v.Overall.Exposure = exposure
 	v.Overall.Invalidations = inv
 	v.Holdback = s.holdbackView()
+	v.Peers = s.peerViews()
 	return v
+}
+
+// peerViews sums every target's peer ledgers by origin.
+func (s *Store) peerViews() []PeerView {
+	by := map[string]*peerSums{}
+	for _, t := range *s.targets.Load() {
+		t.mu.RLock()
+		t.peerSumsLocked(by)
+		t.mu.RUnlock()
+	}
+	return peerViews(by)
 }
 
 // targetCounts are what View sums over targets.
@@ -290,6 +309,11 @@ func (s *Store) targetView(t *targetState) (TargetView, targetCounts) {
 		Followed: f.followed, FollowerRoutes: f.followerRoutes, FollowerReported: f.followerReported,
 		FollowerCachedTokens: f.followerCachedTokens}
 	tv.FalseWarm = FalseWarmView{Routes: f.falseWarmRoutes, Tokens: f.falseWarmTokens}
+	if len(t.peers) > 0 {
+		by := map[string]*peerSums{}
+		t.peerSumsLocked(by)
+		tv.Peers = peerViews(by)
+	}
 	tv.Invalidations = map[string]uint64{}
 	for r, n := range t.invalidations {
 		tv.Invalidations[Reason(r).String()] = n

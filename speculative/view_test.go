@@ -93,11 +93,17 @@ func TestMetrics(t *testing.T) {
 		t.Fatal("a second store registered on the same registry")
 	}
 	scenario(r)
+	// A peer replica's prediction on B: its series are by origin.
+	o, err := r.Origin("router-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.PredictFrom(o, dispatch(podB, "secret"), keyRange(7777, 3), r.clock.Now().Add(time.Second))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{"target", "model", "arm", "outcome", "reason"}
+	allowed := []string{"target", "model", "arm", "outcome", "reason", "origin"}
 	values := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
@@ -150,6 +156,8 @@ func TestMetrics(t *testing.T) {
 		"prefixrouter_speculative_predictions_total{model=m,outcome=unknown,target=" + a + "}":                 0,
 		"prefixrouter_speculative_predictions_total{model=m,outcome=invalidated,target=" + a + "}":             0,
 		"prefixrouter_speculative_confirmation_seconds{model=,outcome=confirmed,target=" + podB.String() + "}": 0,
+		"prefixrouter_speculative_peer_pending_predictions{origin=router-b}":                                   3,
+		"prefixrouter_speculative_peer_predictions_inserted_total{origin=router-b}":                            3,
 	} {
 		got, ok := values[series]
 		if !ok {
