@@ -319,3 +319,28 @@ func TestProcessRestartIsAChange(t *testing.T) {
 		t.Fatalf("restarts reported: %v", restarted)
 	}
 }
+
+// TestPeerFlightsJoinBusy: what peer replicas report of a target adds to
+// the router's own in-flight work in Busy, apart in Busy.Peers, and stays
+// out of what the router shares (Flights) and of its own counters.
+func TestPeerFlightsJoinBusy(t *testing.T) {
+	pod := newFakePod(t, "m")
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}}, Deps{})
+	env.tick()
+	tg := env.target(t, pod.id(0))
+	f := tg.Dispatch(1000, 800)
+	defer f.Finish(OutcomeSuccess)
+	peers := Flights{InFlight: 3, Prefilling: 2, QueuedUncachedTokens: 4000}
+	tg.SetPeerFlights(peers)
+	b := tg.Busy()
+	if b.InFlight != 4 || b.Prefilling != 3 || b.QueuedUncachedTokens != 4800 || b.QueuedPromptTokens != 1000 || b.Peers != peers {
+		t.Fatalf("busy %+v", b)
+	}
+	if own := tg.Flights(); own != (Flights{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 800}) {
+		t.Fatalf("own flights %+v", own)
+	}
+	tg.SetPeerFlights(Flights{})
+	if b := tg.Busy(); b.InFlight != 1 || !b.Peers.IsZero() {
+		t.Fatalf("after the peers' work ended: %+v", b)
+	}
+}

@@ -1,0 +1,24 @@
+// Package peers owns prediction sharing between router replicas. Several
+// replicas behind one Service each follow every pod's KV events, so their
+// confirmed view converges, but what each predicts between a routing
+// decision and the event that confirms it, and the prefill it has queued
+// on each pod, is its own: a sibling request reaching another replica
+// inside the event gap is blind to both. Each replica publishes its
+// predictions (target, block keys, deadline, origin), their withdrawals
+// and, every flights interval, its dispatched-but-unanswered work per
+// target on a ZeroMQ PUB socket (--peer-listen), and subscribes to the
+// others (--peers: addresses, or a headless Service's name re-resolved;
+// its own address skipped).
+//
+// It owns the wire format (versioned msgpack, Encode and Decode), the peer
+// list and its resolution, one SUB socket per peer waiting in Go's poller
+// (kvindex/zmqwait), each peer's state (connecting, connected, silent,
+// incompatible, failed, self) with the reason, the sum of the live peers'
+// in-flight work, the prefixrouter_peer_* series and the "peers" view of
+// GET /debug/targets. What the predictions and the in-flight work mean is
+// not its business: the router hands them to the speculative store (as
+// the origin's) and to health's load ledger (Handlers).
+//
+// It imports kvindex (block keys, the listen address form, zmqwait) and
+// target; never router, health or speculative.
+package peers

@@ -1,0 +1,556 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// Config is what the serve command's --peer-* flags set.
+type Config struct {
+	// ID names this replica on the wire (the origin of its predictions,
+	// the origin label on the others). Flag --replica-id.
+	ID string
+	// Listen is the PUB address the other replicas subscribe to,
+	// tcp://ADDR:PORT. Flag --peer-listen.
+	Listen string
+	// Peers are the other replicas (ParseSpec); this replica's own
+	// address among them is skipped. Flag --peers.
+	Peers []string
+	// ResolveInterval is how often names are resolved again. Flag
+	// --peers-resolve-interval.
+	ResolveInterval time.Duration
+	// FlightsInterval is how often this replica sends its in-flight work
+	// (and so the heartbeat). Flag --peer-flights-interval.
+	FlightsInterval time.Duration
+}
+
+// DefaultConfig is the serve command's defaults: off.
+func DefaultConfig() Config {
+	return Config{ResolveInterval: 10 * time.Second, FlightsInterval: 100 * time.Millisecond}
+}
+
+// Enabled reports whether the replica shares with peers.
+func (c Config) Enabled() bool { return c.Listen != "" }
+
+// Validate reports every problem in c at once, naming the flags.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Listen != "" {
+		if _, _, err := kvindex.ParseListenAddr(c.Listen); err != nil {
+			bad("--peer-listen %v", err)
+		}
+	}
+	for _, p := range c.Peers {
+		if _, err := ParseSpec(p); err != nil {
+			bad("--peers %v", err)
+		}
+	}
+	if len(c.Peers) > 0 && c.Listen == "" {
+		bad("--peers needs --peer-listen: replicas share with each other, so each must publish too")
+	}
+	if len(c.ID) > maxOrigin {
+		bad("--replica-id: %d bytes, at most %d", len(c.ID), maxOrigin)
+	}
+	if c.ResolveInterval <= 0 {
+		bad("--peers-resolve-interval %s: want a positive duration", c.ResolveInterval)
+	}
+	if c.FlightsInterval <= 0 {
+		bad("--peer-flights-interval %s: want a positive duration", c.FlightsInterval)
+	}
+	return errors.Join(errs...)
+}
+
+// Handlers are what the router does with what peers say. Each is called
+// from one of the mesh's goroutines, never with its lock held.
+type Handlers struct {
+	// Prediction: a peer recorded predicted placements.
+	Prediction func(origin string, p Prediction)
+	// Withdrawal: the pod rejected the peer's request before computing
+	// anything.
+	Withdrawal func(origin string, placement uint64)
+	// Flights receives, every flights interval when it changed, the sum
+	// per target of the in-flight work of every live peer; a target
+	// missing from it has none.
+	Flights func(map[target.ID]TargetFlights)
+	// Own is this replica's in-flight work, sent every flights interval.
+	Own func() []TargetFlights
+}
+
+// Mesh is this replica's side of prediction sharing: a PUB socket the
+// other replicas subscribe to, a SUB socket per peer address, the peer
+// list resolved and re-resolved, and what each peer said. Create it with
+// New, bind with Listen, then Run until its context ends.
+type Mesh struct {
+	cfg   Config
+	h     Handlers
+	log   *slog.Logger
+	now   func() time.Time
+	res   Resolver
+	specs []Spec
+
+	pub     *zmq.Socket
+	out     chan []byte
+	seq     atomic.Uint64
+	dropped atomic.Uint64
+	sent    [KindBye + 1]atomic.Uint64
+	self    map[string]bool // this replica's own addresses
+
+	mu      sync.Mutex
+	sources map[string]*source // by spec text
+	peers   map[string]*peer   // by address
+	// flights are each origin's last in-flight report; dirty says the sum
+	// changed since it was last handed over.
+	flights map[string]*originFlights
+	dirty   bool
+	wg      sync.WaitGroup
+}
+
+type source struct {
+	spec    Spec
+	addrs   []string
+	lastOK  time.Time
+	lastErr string
+	errAt   time.Time
+	logged  time.Time
+	errors  uint64
+}
+
+type originFlights struct {
+	at      time.Time
+	targets []TargetFlights
+}
+
+// Deps are the mesh's collaborators; every field is optional.
+type Deps struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Resolver   Resolver
+	Now        func() time.Time
+}
+
+// New checks cfg; nothing is bound until Listen.
+func New(cfg Config, h Handlers, deps Deps) (*Mesh, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ID == "" {
+		return nil, errors.New("peers: no replica id")
+	}
+	m := &Mesh{cfg: cfg, h: h, log: deps.Logger, now: deps.Now, res: deps.Resolver,
+		out: make(chan []byte, 4096), sources: map[string]*source{}, peers: map[string]*peer{},
+		flights: map[string]*originFlights{}}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	m.log = m.log.With("replica", cfg.ID)
+	if m.now == nil {
+		m.now = time.Now
+	}
+	if m.res == nil {
+		m.res = net.DefaultResolver
+	}
+	for _, p := range cfg.Peers {
+		s, _ := ParseSpec(p) // validated
+		m.specs = append(m.specs, s)
+		m.sources[s.Text] = &source{spec: s}
+	}
+	if deps.Registerer != nil {
+		if err := deps.Registerer.Register(&collector{m}); err != nil {
+			return nil, fmt.Errorf("peers: metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// ID is the replica's id.
+func (m *Mesh) ID() string { return m.cfg.ID }
+
+// Listen binds the PUB socket; an address that cannot be bound is an
+// error the replica should not start with.
+func (m *Mesh) Listen(ctx context.Context) error {
+	self, err := localAddrs(ctx, m.cfg.Listen, m.res)
+	if err != nil {
+		return fmt.Errorf("--peer-listen %s: %w", m.cfg.Listen, err)
+	}
+	pub, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		return fmt.Errorf("--peer-listen %s: %w", m.cfg.Listen, err)
+	}
+	_ = pub.SetLinger(0)
+	_ = pub.SetSndhwm(100000)
+	if err := pub.Bind(m.cfg.Listen); err != nil {
+		pub.Close()
+		return fmt.Errorf("--peer-listen: bind %s: %w", m.cfg.Listen, err)
+	}
+	m.pub, m.self = pub, self
+	m.log.Info("sharing predictions with peer replicas", "listen", m.cfg.Listen, "peers", m.cfg.Peers)
+	return nil
+}
+
+// Run resolves the peers, subscribes to them, sends what Publish and
+// Withdraw queue and the flights every interval, until ctx ends; then it
+// says bye, and closes every socket. Listen first.
+func (m *Mesh) Run(ctx context.Context) error {
+	if m.pub == nil {
+		return errors.New("peers: Run before Listen")
+	}
+	defer m.wg.Wait()
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		m.send(ctx)
+	}()
+	m.resolve(ctx)
+	resolve := time.NewTicker(m.cfg.ResolveInterval)
+	defer resolve.Stop()
+	flights := time.NewTicker(m.cfg.FlightsInterval)
+	defer flights.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			<-sendDone
+			m.stopPeers()
+			return nil
+		case <-resolve.C:
+			m.resolve(ctx)
+		case <-flights.C:
+			m.tick()
+		}
+	}
+}
+
+// send owns the PUB socket: it sends queued messages until ctx ends, then
+// a bye, and closes it.
+func (m *Mesh) send(ctx context.Context) {
+	defer m.pub.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			if b, err := m.encode(&Message{Kind: KindBye}); err == nil {
+				_, _ = m.pub.SendBytes(b, zmq.DONTWAIT)
+			}
+			return
+		case b := <-m.out:
+			// A PUB socket never blocks: past its high-water mark it
+			// drops, and the receiver counts the gap.
+			if _, err := m.pub.SendBytes(b, zmq.DONTWAIT); err != nil {
+				m.dropped.Add(1)
+			}
+		}
+	}
+}
+
+// encode stamps m as this replica's next message.
+func (m *Mesh) encode(msg *Message) ([]byte, error) {
+	msg.Origin, msg.Sent, msg.Seq = m.cfg.ID, m.now(), m.seq.Add(1)
+	b, err := Encode(nil, msg)
+	if err != nil {
+		return nil, err
+	}
+	if int(msg.Kind) < len(m.sent) {
+		m.sent[msg.Kind].Add(1)
+	}
+	return b, nil
+}
+
+// queue hands a message to the sender without waiting: a full queue drops
+// it (counted).
+func (m *Mesh) queue(msg *Message) {
+	b, err := m.encode(msg)
+	if err != nil {
+		m.log.Error("peer message not sent", "kind", msg.Kind.String(), "err", err)
+		return
+	}
+	select {
+	case m.out <- b:
+	default:
+		m.dropped.Add(1)
+	}
+}
+
+// Publish shares a prediction this replica recorded. Safe for concurrent
+// use; it never waits on the network.
+func (m *Mesh) Publish(p Prediction) {
+	if m == nil {
+		return
+	}
+	m.queue(&Message{Kind: KindPrediction, Prediction: p})
+}
+
+// Withdraw shares the withdrawal of a placement this replica published.
+func (m *Mesh) Withdraw(placement uint64) {
+	if m == nil {
+		return
+	}
+	m.queue(&Message{Kind: KindWithdrawal, Withdrawal: placement})
+}
+
+// silentAfter is how long a peer may say nothing before it counts as
+// lost: its in-flight work is dropped and it shows silent.
+func (m *Mesh) silentAfter() time.Duration { return max(3*m.cfg.FlightsInterval, time.Second) }
+
+// connectGrace is how long a new peer may take to send its first message
+// before it shows as a fault.
+const connectGrace = 6 * time.Second
+
+// tick sends this replica's flights, drops those of peers gone silent, and
+// hands the sum over when it changed.
+func (m *Mesh) tick() {
+	var own []TargetFlights
+	if m.h.Own != nil {
+		own = m.h.Own()
+	}
+	m.queue(&Message{Kind: KindFlights, Flights: own})
+	now := m.now()
+	m.mu.Lock()
+	for origin, f := range m.flights {
+		if now.Sub(f.at) > m.silentAfter() {
+			delete(m.flights, origin)
+			m.dirty = true
+		}
+	}
+	for _, p := range m.peers {
+		p.judge(now, m)
+	}
+	var sum map[target.ID]TargetFlights
+	if m.dirty {
+		m.dirty = false
+		sum = map[target.ID]TargetFlights{}
+		for _, f := range m.flights {
+			for _, t := range f.targets {
+				s := sum[t.Target]
+				s.Target = t.Target
+				s.InFlight += t.InFlight
+				s.Prefilling += t.Prefilling
+				s.QueuedUncachedTokens += t.QueuedUncachedTokens
+				sum[t.Target] = s
+			}
+		}
+	}
+	m.mu.Unlock()
+	if sum != nil && m.h.Flights != nil {
+		m.h.Flights(sum)
+	}
+}
+
+// resolve resolves every spec and follows the union of their addresses,
+// this replica's own left out. A name that fails to resolve keeps its
+// previous addresses (a DNS outage must not cut the replicas apart).
+func (m *Mesh) resolve(ctx context.Context) {
+	want := map[string]string{} // address → spec text
+	for _, s := range m.specs {
+		rctx, cancel := context.WithTimeout(ctx, min(m.cfg.ResolveInterval, 5*time.Second))
+		addrs, err := s.resolve(rctx, m.res)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := m.now()
+		m.mu.Lock()
+		src := m.sources[s.Text]
+		if err != nil {
+			src.lastErr, src.errAt = err.Error(), now
+			if now.Sub(src.logged) >= time.Minute {
+				src.logged = now
+				m.log.Warn("a --peers entry cannot be resolved: keeping its previous addresses", "peers", s.Text, "addresses", len(src.addrs), "err", err)
+			}
+			src.errors++
+		} else {
+			if src.lastErr != "" {
+				m.log.Info("a --peers entry resolves again", "peers", s.Text, "addresses", len(addrs))
+			}
+			slices.Sort(addrs)
+			src.addrs, src.lastOK, src.lastErr, src.logged = slices.Compact(addrs), now, "", time.Time{}
+		}
+		for _, a := range src.addrs {
+			if _, dup := want[a]; !dup {
+				want[a] = s.Text
+			}
+		}
+		m.mu.Unlock()
+	}
+	m.follow(ctx, want)
+}
+
+// follow subscribes to every address in want not followed yet and stops
+// following those no longer in it.
+func (m *Mesh) follow(ctx context.Context, want map[string]string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for addr, p := range m.peers {
+		if _, ok := want[addr]; !ok {
+			p.stop()
+			delete(m.peers, addr)
+			if p.origin != "" {
+				delete(m.flights, p.origin)
+				m.dirty = true
+			}
+			m.log.Info("peer replica left the --peers list", "peer", addr)
+		}
+	}
+	for _, addr := range slices.Sorted(maps.Keys(want)) {
+		if m.peers[addr] != nil {
+			continue
+		}
+		p := &peer{addr: addr, source: want[addr], since: m.now(), lag: newLagStats()}
+		m.peers[addr] = p
+		if m.self[addr] {
+			p.state, p.reason = stateSelf, "this replica's own --peer-listen address"
+			continue
+		}
+		if err := m.subscribe(ctx, p); err != nil {
+			p.state, p.reason = stateFailed, err.Error()
+			m.log.Warn("cannot subscribe to a peer replica", "peer", addr, "err", err)
+			continue
+		}
+		p.state, p.reason = stateConnecting, "subscribed; no message yet"
+	}
+}
+
+// stopPeers ends every peer's subscription and waits for them.
+func (m *Mesh) stopPeers() {
+	m.mu.Lock()
+	for _, p := range m.peers {
+		p.stop()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+}
+
+// subscribe connects a SUB socket to p and receives on it until p is
+// stopped.
+func (m *Mesh) subscribe(ctx context.Context, p *peer) error {
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		return err
+	}
+	_ = sub.SetLinger(0)
+	_ = sub.SetRcvhwm(100000)
+	_ = sub.SetMaxmsgsize(8 << 20)
+	if err := sub.SetSubscribe(""); err != nil {
+		sub.Close()
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := sub.Connect(p.addr); err != nil {
+		sub.Close()
+		return fmt.Errorf("connect %s: %w", p.addr, err)
+	}
+	w, err := zmqwait.New(sub)
+	if err != nil {
+		sub.Close()
+		return err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	p.cancel = cancel
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer sub.Close()
+		defer w.Close()
+		for {
+			if _, err := w.Wait(pctx, 0); err != nil {
+				if pctx.Err() == nil {
+					m.log.Error("peer socket failed", "peer", p.addr, "err", err)
+				}
+				return
+			}
+			for {
+				b, err := sub.RecvBytes(zmq.DONTWAIT)
+				if err != nil {
+					break
+				}
+				if !m.receive(p, b) {
+					return // it is this replica
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// receive handles one message from p; false when p turned out to be this
+// replica (its subscription ends).
+func (m *Mesh) receive(p *peer, b []byte) bool {
+	now := m.now()
+	msg, err := Decode(b)
+	m.mu.Lock()
+	if err != nil {
+		p.decodeErrors++
+		p.lastError = err.Error()
+		if errors.Is(err, ErrVersion) {
+			p.state, p.reason = stateIncompatible, err.Error()
+		}
+		m.mu.Unlock()
+		m.log.Debug("skipping a peer message", "peer", p.addr, "err", err)
+		return true
+	}
+	if msg.Origin == m.cfg.ID {
+		p.state, p.reason = stateSelf, "its messages carry this replica's --replica-id"
+		m.mu.Unlock()
+		return false
+	}
+	if p.origin != msg.Origin {
+		if p.origin != "" {
+			delete(m.flights, p.origin)
+			m.dirty = true
+		}
+		p.origin, p.lastSeq = msg.Origin, 0
+	}
+	if p.state != stateConnected {
+		m.log.Info("peer replica connected", "peer", p.addr, "origin", msg.Origin)
+	}
+	p.state, p.reason = stateConnected, ""
+	switch {
+	case p.lastSeq != 0 && msg.Seq > p.lastSeq+1:
+		p.lost += msg.Seq - p.lastSeq - 1
+	case msg.Seq <= p.lastSeq:
+		p.restarts++
+	}
+	p.lastSeq, p.lastMessage = msg.Seq, now
+	p.messages++
+	p.lag.observe(now.Sub(msg.Sent))
+	switch msg.Kind {
+	case KindPrediction:
+		p.predictions++
+		p.predictedBlocks += uint64(len(msg.Prediction.Keys))
+	case KindWithdrawal:
+		p.withdrawals++
+	case KindFlights:
+		m.flights[msg.Origin] = &originFlights{at: now, targets: msg.Flights}
+		m.dirty = true
+		p.flights = msg.Flights
+	case KindBye:
+		delete(m.flights, msg.Origin)
+		m.dirty = true
+		p.flights = nil
+		p.state, p.reason = stateSilent, "said bye (shutting down)"
+	}
+	m.mu.Unlock()
+	switch msg.Kind {
+	case KindPrediction:
+		if m.h.Prediction != nil {
+			m.h.Prediction(msg.Origin, msg.Prediction)
+		}
+	case KindWithdrawal:
+		if m.h.Withdrawal != nil {
+			m.h.Withdrawal(msg.Origin, msg.Withdrawal)
+		}
+	}
+	return true
+}
