@@ -11,6 +11,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/target"
 )
 
@@ -150,6 +151,9 @@ type targetsView struct {
 	// EventBuses are the --events-listen sockets: the topics each follows
 	// and the publishers matching no target.
 	EventBuses []kvindex.BusStatus `json:"event_buses,omitempty"`
+	// Peers are the router replicas this one shares predictions and
+	// in-flight work with (--peer-listen, --peers).
+	Peers *peers.View `json:"peers,omitempty"`
 }
 
 // debugHealth is health's debug view with every target's "event_stream"
@@ -187,6 +191,9 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 		Index:  r.ev.IndexView(),
 
 		EventBuses: r.ev.Buses(),
+	}
+	if pv, ok := r.PeersView(); ok {
+		v.Peers = &pv
 	}
 	for _, tv := range hv.Targets {
 		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}

@@ -96,6 +96,10 @@ type attempt struct {
 	first     []byte
 	decided   time.Duration // arrival to dispatch
 
+	// shared is the placement's number as published to peer replicas
+	// (0: not shared).
+	shared uint64
+
 	// What the client got, set before end.
 	answered  bool // the pod's answer (status and first bytes) was relayed
 	status    int  // the pod's
@@ -145,11 +149,23 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 func (a *attempt) predict(c *Candidate) {
 	d, x, spec := a.d, a.x, a.x.dec.spec
 	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
-	a.placement = spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: x.id,
-		Namespace: speculative.Namespace{Model: x.model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize}},
-		d.chain.Keys[from:])
+	ns := speculative.Namespace{Model: x.model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize}
+	keys := d.chain.Keys[from:]
+	a.placement = spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: x.id, Namespace: ns}, keys)
+	a.shared = a.r.links.share(a.placement, c.Target.ID, ns, keys)
 	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
 		a.follower = spec.Follow(c.predicted, x.id)
+	}
+}
+
+// withdraw ends the attempt's predictions, here and at the peer replicas
+// it shared them with: the pod rejected the request before computing
+// anything.
+func (a *attempt) withdraw() {
+	a.placement.Withdraw()
+	if a.shared != 0 {
+		a.r.mesh.Withdraw(a.shared)
+		a.shared = 0
 	}
 }
 
@@ -174,7 +190,7 @@ func (a *attempt) run() attemptResult {
 	}
 	a.first = (*a.bufp)[:n]
 	if reason := a.retryableAnswer(); reason != "" {
-		a.placement.Withdraw() // the pod computed nothing
+		a.withdraw() // the pod computed nothing
 		a.label = "upstream_error"
 		a.upstreamFailed(reason, "HTTP "+itoa(resp.StatusCode)+", tried on another target: "+string(a.first[:min(len(a.first), 256)]))
 		return attemptRetryable
@@ -237,7 +253,7 @@ func (a *attempt) failedBeforeByte(err error) attemptResult {
 	a.label = "upstream_error"
 	// Refused, reset or closed before any answer: the pod stored nothing
 	// of this request.
-	a.placement.Withdraw()
+	a.withdraw()
 	a.upstreamFailed(upstreamBeforeFirstByte, err.Error())
 	r.log.Warn("target failed before the first byte", "request_id", a.x.id, "target", a.name, "err", err)
 	return attemptRetryable
@@ -263,7 +279,7 @@ func (a *attempt) answer() {
 		// Rejected before computing anything: its predictions will not
 		// be confirmed. (A client that cancels keeps them: the pod may
 		// have stored blocks already.)
-		a.placement.Withdraw()
+		a.withdraw()
 	}
 	if resp.StatusCode >= 500 {
 		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", relayed to the client: no other target to try")

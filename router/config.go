@@ -12,6 +12,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/positive"
+	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
@@ -86,6 +87,10 @@ type Config struct {
 	// policy (--speculative-ttl, --speculative-ttl-percentile,
 	// --speculative-max-stale, --holdback); other policies ignore it.
 	Speculative speculative.Config
+	// Peers configures prediction sharing between router replicas
+	// (--replica-id, --peer-listen, --peers, --peers-resolve-interval,
+	// --peer-flights-interval); off without --peer-listen.
+	Peers peers.Config
 }
 
 // DefaultConfig returns the defaults, which are also the serve command's.
@@ -108,6 +113,7 @@ func DefaultConfig() Config {
 		Health:           health.DefaultConfig(),
 		Events:           eventplane.DefaultConfig(),
 		Speculative:      speculative.DefaultConfig(),
+		Peers:            peers.DefaultConfig(),
 	}
 }
 
@@ -177,6 +183,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Speculative.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Peers.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if h := c.Health; len(h.Endpoints) == 0 && h.EndpointsFile == "" && len(h.DiscoverDNS) == 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/target"
 	"github.com/prefixrouter/prefixrouter/tokenize"
@@ -57,6 +58,10 @@ type Router struct {
 	aln  net.Listener
 	stop context.CancelFunc
 	bg   sync.WaitGroup
+	// mesh shares predictions and in-flight work with the other replicas
+	// (--peer-listen; nil otherwise), links composes what they say.
+	mesh  *peers.Mesh
+	links *peerLinks
 	// tails counts prompts still being encoded after dispatch
 	// (promptTail), and the outcomes waiting for them; a clean shutdown
 	// waits for them.
@@ -125,6 +130,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("router: metrics: %w", err)
 	}
 	r.cat = newCatalog(r.up, r.mon)
+	if err := r.newPeers(cfg.Peers, reg); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	if cfg.AccessLog != "" {
 		// Opened last: nothing after it can fail and leave the file open.
 		if r.alog, err = openAccessLog(cfg.AccessLog, reg, log); err != nil {
@@ -185,6 +193,22 @@ func (r *Router) Start(ctx context.Context) error {
 			aln.Close()
 		}
 		return fmt.Errorf("router: %w", err)
+	}
+	if r.mesh != nil {
+		if err := r.mesh.Listen(bctx); err != nil {
+			stop()
+			r.ev.Wait()
+			ln.Close()
+			if aln != nil {
+				aln.Close()
+			}
+			return fmt.Errorf("router: %w", err)
+		}
+		r.goBG(func() {
+			if err := r.mesh.Run(bctx); err != nil {
+				r.log.Error("peer replicas' sharing stopped", "err", err)
+			}
+		})
 	}
 	r.ln, r.aln = ln, aln
 	r.stop = stop

@@ -120,6 +120,15 @@ func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
 	return h
 }
 
+// Deadline is when the placement's new predictions expire (zero for a nil
+// placement): what a replica shares with its peers beside the keys.
+func (h *Placement) Deadline() time.Time {
+	if h == nil {
+		return time.Time{}
+	}
+	return h.s.epoch.Add(time.Duration(h.deadline))
+}
+
 // Withdraw ends the placement's pending predictions at once: the pod
 // rejected the request before computing anything (a 4xx or 5xx before the
 // first byte), so no event will confirm them. A prediction another live
