@@ -313,3 +313,14 @@ func FuzzHashCommandLine(f *testing.F) {
 		}
 	})
 }
+
+// TestBadPeersExitTwo: a --peers entry that is neither form, or peers
+// without --peer-listen, is one usage line naming the flag.
+func TestBadPeersExitTwo(t *testing.T) {
+	clearEnv(t)
+	wantUsageLine(t, `--peers "10.0.0.5:5571": want tcp://HOST:PORT or dns:NAME:PORT`,
+		"serve", "--endpoint", "http://127.0.0.1:1", "--peer-listen", "tcp://127.0.0.1:5571", "--peers", "10.0.0.5:5571")
+	t.Setenv("PREFIXROUTER_PEERS", "tcp://10.0.0.5:5571,dns:routers.default.svc:5571")
+	wantUsageLine(t, "--peers needs --peer-listen: replicas share with each other, so each must publish too",
+		"serve", "--endpoint", "http://127.0.0.1:1")
+}

@@ -61,6 +61,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	events := t.group("KV-event streams")
 	spec := t.group("Speculative placements")
 	sp := &s.Speculative
+	replicas := t.group("Router replicas")
+	pr := &s.Peers
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -126,6 +128,12 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 			speculative.CheckPercentile),
 		spec.dur("speculative-max-stale", "cap on every TTL: a prediction never counts longer without its KV event", &sp.MaxStale),
 		spec.float("holdback", "share of conversations routed without predictions, to measure what they save (0 to 0.5; 0: off)", &sp.Holdback),
+
+		replicas.str("peer-listen", "tcp://ADDR:PORT to bind, publishing this replica's predictions and in-flight work to the other router replicas (empty: no sharing)", &pr.Listen),
+		replicas.list("peers", "the other router replicas: tcp://HOST:PORT, or dns:NAME:PORT for a headless Service, re-resolved; this replica's own address is skipped (repeatable)", &pr.Peers),
+		defaultText(replicas.str("replica-id", "this replica's name to its peers (the origin label of the predictions it shares)", &pr.ID), "host name:peer port"),
+		replicas.dur("peers-resolve-interval", "how often --peers names are re-resolved", &pr.ResolveInterval),
+		replicas.dur("peer-flights-interval", "how often this replica sends its in-flight work to its peers (also the heartbeat: a peer silent for 3 intervals, at least 1s, is lost)", &pr.FlightsInterval),
 	}
 }
 
@@ -169,6 +177,7 @@ func (s *serveSettings) config() router.Config {
 	cfg.Health.Endpoints = splitList(cfg.Health.Endpoints)
 	cfg.Health.DiscoverDNS = splitList(cfg.Health.DiscoverDNS)
 	cfg.Events.EventsListen = splitList(cfg.Events.EventsListen)
+	cfg.Peers.Peers = splitList(cfg.Peers.Peers)
 	return cfg
 }
 
