@@ -83,7 +83,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descWithdrawals, p.withdrawals, a)
 		counter(descLost, p.lost, a)
 		counter(descDecodeErrors, p.decodeErrors, a)
-		ch <- p.lag.hist.metric(descLag, a)
+		ch <- p.lag.hist.Metric(descLag, a)
 		for _, f := range faultNames {
 			gauge(descFault, b2f(p.fault() == f), a, f)
 		}
@@ -104,18 +104,4 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-func (h *histogram) metric(d *prometheus.Desc, labels ...string) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(lagBuckets))
-	var cum uint64
-	for i, b := range lagBuckets {
-		cum += h.counts[i]
-		buckets[b] = cum
-	}
-	m, err := prometheus.NewConstHistogram(d, h.n, h.sum, buckets, labels...)
-	if err != nil {
-		return prometheus.NewInvalidMetric(d, err)
-	}
-	return m
 }

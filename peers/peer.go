@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/lockedhist"
 )
 
 // Peer states, as GET /debug/targets shows them.
@@ -92,36 +94,17 @@ func (p *peer) fault() string {
 type lagStats struct {
 	last, max, sum float64
 	n              uint64
-	hist           histogram
+	hist           lockedhist.Histogram
 }
 
-func newLagStats() *lagStats { return &lagStats{hist: newHistogram()} }
+func newLagStats() *lagStats { return &lagStats{hist: lockedhist.New(lagBuckets)} }
 
 func (l *lagStats) observe(d time.Duration) {
 	s := math.Max(d.Seconds(), 0)
 	l.last, l.max = s, math.Max(l.max, s)
 	l.sum += s
 	l.n++
-	l.hist.observe(s)
-}
-
-// histogram is a Prometheus histogram of lag kept under the mesh's lock.
-type histogram struct {
-	counts []uint64 // per bucket; the last is +Inf
-	sum    float64
-	n      uint64
+	l.hist.Observe(s)
 }
 
 var lagBuckets = []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
-
-func newHistogram() histogram { return histogram{counts: make([]uint64, len(lagBuckets)+1)} }
-
-func (h *histogram) observe(v float64) {
-	i := 0
-	for i < len(lagBuckets) && v > lagBuckets[i] {
-		i++
-	}
-	h.counts[i]++
-	h.sum += v
-	h.n++
-}

@@ -48,31 +48,7 @@ func runReplicas(t *testing.T, replicas int, share bool) replicaRun {
 	t.Helper()
 	const pods, followers = 4, 3
 	f := startFleet(t, pods, sim.Faults{EventDelay: 600 * time.Millisecond})
-	addrs := make([]string, replicas)
-	for i := range addrs {
-		addrs[i] = publishtest.FreeAddr(t, 1)
-	}
-	rs := make([]*Router, replicas)
-	for i := range rs {
-		cfg := DefaultConfig()
-		cfg.Policy = PolicySpeculative
-		cfg.DebugHeaders = true
-		cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
-		cfg.Health = fastHealth(f.Endpoints()...)
-		cfg.Speculative.Holdback = 0
-		if share {
-			cfg.Peers.ID = fmt.Sprint("router-", i)
-			// Every replica lists all of them, itself included, as a
-			// headless Service's name resolves.
-			cfg.Peers.Listen, cfg.Peers.Peers = addrs[i], addrs
-			cfg.Peers.FlightsInterval = 50 * time.Millisecond
-		}
-		rs[i] = startRouter(t, cfg, "sim-tiny=bytes")
-	}
-	for _, r := range rs {
-		waitFor(t, "fresh pods", func() bool { return freshCount(r, "sim-tiny") == pods })
-		waitFor(t, "block keys learned from the pods", r.KeysReady)
-	}
+	rs, addrs := startReplicas(t, f, replicas, share, nil)
 	if share {
 		for i, r := range rs {
 			waitFor(t, "every peer connected", func() bool {
@@ -138,6 +114,36 @@ func runReplicas(t *testing.T, replicas int, share bool) replicaRun {
 	return run
 }
 
+// startReplicas starts n speculative routers (specConfig) in front of f,
+// sharing with each other when share is set (every one lists all of
+// them, itself included, as a headless Service's name resolves), and
+// waits until each sees the pods fresh and knows their block keys; tune
+// changes each config before its router starts.
+func startReplicas(t *testing.T, f *sim.Fleet, n int, share bool, tune func(*Config)) ([]*Router, []string) {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = publishtest.FreeAddr(t, 1)
+	}
+	rs := make([]*Router, n)
+	for i := range rs {
+		cfg := specConfig(f)
+		if share {
+			cfg.Peers.ID, cfg.Peers.Listen, cfg.Peers.Peers = fmt.Sprint("router-", i), addrs[i], addrs
+			cfg.Peers.FlightsInterval = 50 * time.Millisecond
+		}
+		if tune != nil {
+			tune(&cfg)
+		}
+		rs[i] = startRouter(t, cfg, "sim-tiny=bytes")
+	}
+	for _, r := range rs {
+		waitFor(t, "fresh pods", func() bool { return freshCount(r, "sim-tiny") == len(f.Pods) })
+		waitFor(t, "block keys learned from the pods", r.KeysReady)
+	}
+	return rs, addrs
+}
+
 func peerState(v peers.View, addr string) string {
 	for _, p := range v.Peers {
 		if p.Peer == addr {
@@ -180,9 +186,6 @@ func waitShared(t *testing.T, rs []*Router) {
 // The received predictions are counted as the origin's, apart from the
 // local ones, and confirmed by the pods' events.
 func TestSimReplicasSharePredictions(t *testing.T) {
-	if testing.Short() {
-		t.Skip("three fleets of simulated pods")
-	}
 	alone := runReplicas(t, 1, false)
 	shared := runReplicas(t, 2, true)
 	apart := runReplicas(t, 2, false)
@@ -205,21 +208,7 @@ func TestSimReplicasSharePredictions(t *testing.T) {
 // the other's in-flight work on a pod shows in this one's load.
 func TestSimPeerPredictionsAccounted(t *testing.T) {
 	f := startFleet(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond})
-	addrs := []string{publishtest.FreeAddr(t, 1), publishtest.FreeAddr(t, 1)}
-	rs := make([]*Router, 2)
-	for i := range rs {
-		cfg := DefaultConfig()
-		cfg.Policy = PolicySpeculative
-		cfg.DebugHeaders = true
-		cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
-		cfg.Health = fastHealth(f.Endpoints()...)
-		cfg.Speculative.Holdback = 0
-		cfg.Speculative.MaxStale = time.Second
-		cfg.Peers.ID, cfg.Peers.Listen, cfg.Peers.Peers = fmt.Sprint("router-", i), addrs[i], addrs
-		rs[i] = startRouter(t, cfg, "sim-tiny=bytes")
-		waitFor(t, "fresh pods", func() bool { return freshCount(rs[i], "sim-tiny") == 2 })
-		waitFor(t, "block keys learned from the pods", rs[i].KeysReady)
-	}
+	rs, addrs := startReplicas(t, f, 2, true, func(c *Config) { c.Speculative.MaxStale = time.Second })
 	g := &specRig{t: t, f: f, r: rs[0]}
 	first := g.send(g.body("", 0))
 	waitFor(t, "router-0's prediction confirmed at router-1 as its origin's", func() bool {

@@ -185,17 +185,10 @@ func (r *Router) Start(ctx context.Context) error {
 		}
 	}
 	bctx, stop := context.WithCancel(ctx)
-	if err := r.ev.Listen(bctx); err != nil {
-		stop()
-		r.ev.Wait()
-		ln.Close()
-		if aln != nil {
-			aln.Close()
-		}
-		return fmt.Errorf("router: %w", err)
-	}
-	if r.mesh != nil {
-		if err := r.mesh.Listen(bctx); err != nil {
+	// bind binds what others connect to (the event buses, the peer
+	// socket); a failure undoes everything bound so far.
+	bind := func(listen func(context.Context) error) error {
+		if err := listen(bctx); err != nil {
 			stop()
 			r.ev.Wait()
 			ln.Close()
@@ -203,6 +196,15 @@ func (r *Router) Start(ctx context.Context) error {
 				aln.Close()
 			}
 			return fmt.Errorf("router: %w", err)
+		}
+		return nil
+	}
+	if err := bind(r.ev.Listen); err != nil {
+		return err
+	}
+	if r.mesh != nil {
+		if err := bind(r.mesh.Listen); err != nil {
+			return err
 		}
 		r.goBG(func() {
 			if err := r.mesh.Run(bctx); err != nil {

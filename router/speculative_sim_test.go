@@ -38,12 +38,7 @@ const specPrefixBlocks = 2000 / 16
 func startSpecRig(t *testing.T, pods int, faults sim.Faults, tune func(*Config)) *specRig {
 	t.Helper()
 	f := startFleet(t, pods, faults)
-	cfg := DefaultConfig()
-	cfg.Policy = PolicySpeculative
-	cfg.DebugHeaders = true
-	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
-	cfg.Health = fastHealth(f.Endpoints()...)
-	cfg.Speculative.Holdback = 0
+	cfg := specConfig(f)
 	cfg.Speculative.MaxStale = time.Second
 	if tune != nil {
 		tune(&cfg)
@@ -52,6 +47,19 @@ func startSpecRig(t *testing.T, pods int, faults sim.Faults, tune func(*Config))
 	waitFor(t, "fresh pods", func() bool { return freshCount(r, "sim-tiny") == pods })
 	waitFor(t, "block keys learned from the pods", r.KeysReady)
 	return &specRig{t: t, f: f, r: r}
+}
+
+// specConfig is a speculative router's config in front of f: debug
+// headers on, vLLM-exact keys (the pods' seed), fast health, no holdback
+// (every request in the speculative arm).
+func specConfig(f *sim.Fleet) Config {
+	cfg := DefaultConfig()
+	cfg.Policy = PolicySpeculative
+	cfg.DebugHeaders = true
+	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
+	cfg.Health = fastHealth(f.Endpoints()...)
+	cfg.Speculative.Holdback = 0
+	return cfg
 }
 
 // body is a completion of the rig's prefix behind head (a prompt of its

@@ -183,7 +183,7 @@ func (s *Store) Record(o Outcome) {
 	}
 	if o.TTFT > 0 {
 		a.ttft.add(o.TTFT, false)
-		a.ttftHist.observe(o.TTFT.Seconds())
+		a.ttftHist.Observe(o.TTFT.Seconds())
 	}
 }
 

@@ -5,50 +5,20 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/internal/lockedhist"
 )
+
+// histogram is a Prometheus histogram kept under its owner's lock.
+type histogram = lockedhist.Histogram
+
+var newHistogram = lockedhist.New
 
 // Bucket bounds, in seconds.
 var (
 	latencyBuckets = prometheus.ExponentialBuckets(0.005, 1.5, 20) // 5 ms to 11 s
 	ttftBuckets    = prometheus.ExponentialBuckets(1e-3, 2, 18)    // the router's TTFT buckets
 )
-
-// histogram is a Prometheus histogram kept under its owner's lock and
-// exported at scrape time.
-type histogram struct {
-	bounds []float64
-	counts []uint64 // per bucket, not cumulative; the last is +Inf
-	sum    float64
-	n      uint64
-}
-
-func newHistogram(bounds []float64) histogram {
-	return histogram{bounds: bounds, counts: make([]uint64, len(bounds)+1)}
-}
-
-func (h *histogram) observe(v float64) {
-	i := 0
-	for i < len(h.bounds) && v > h.bounds[i] {
-		i++
-	}
-	h.counts[i]++
-	h.sum += v
-	h.n++
-}
-
-func (h *histogram) metric(d *prometheus.Desc, labels ...string) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(h.bounds))
-	var cum uint64
-	for i, b := range h.bounds {
-		cum += h.counts[i]
-		buckets[b] = cum
-	}
-	m, err := prometheus.NewConstHistogram(d, h.n, h.sum, buckets, labels...)
-	if err != nil {
-		return prometheus.NewInvalidMetric(d, err)
-	}
-	return m
-}
 
 // Series. Labels are bounded: target (endpoint#rank), model, arm, outcome,
 // reason — never prompt text, token ids, hashes or request ids. The
@@ -200,8 +170,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTrust, trust, n, md)
 		post := math.Float64frombits(t.posterior.Load())
 		gauge(descExposure, Exposure(t.rate.perSec, 1-post, ttl), n, md)
-		ch <- t.latHist[0].metric(descLatency, n, md, "confirmed")
-		ch <- t.latHist[1].metric(descLatency, n, md, "late")
+		ch <- t.latHist[0].Metric(descLatency, n, md, "confirmed")
+		ch <- t.latHist[1].Metric(descLatency, n, md, "late")
 		f := &t.funnel
 		counter(descReferenced, float64(t.referenced.Load()), n, md)
 		counter(descFollowed, float64(f.followed), n, md)
@@ -236,7 +206,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descArmPrompt, float64(st.promptTokens), model, arm)
 			counter(descArmReported, float64(st.reportedRequests), model, arm)
 			counter(descArmCached, float64(st.cachedTokens), model, arm)
-			ch <- st.ttftHist.metric(descArmTTFT, model, arm)
+			ch <- st.ttftHist.Metric(descArmTTFT, model, arm)
 		}
 		spec, hold := &m.arms[ArmSpeculative], &m.arms[ArmHoldback]
 		if inc, ok := IncrementalReuse(spec.cachedTokens, spec.reportedRequests, hold.cachedTokens, hold.reportedRequests); ok {

@@ -282,7 +282,7 @@ func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
 	if !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
 		t.lat.add(lat, false)
-		t.latHist[0].observe(lat.Seconds())
+		t.latHist[0].Observe(lat.Seconds())
 	}
 }
 
@@ -299,7 +299,7 @@ func (s *Store) lateLocked(t *targetState, p *prediction, ts int64) {
 	if !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
 		t.lat.add(lat, true)
-		t.latHist[1].observe(lat.Seconds())
+		t.latHist[1].Observe(lat.Seconds())
 	}
 }
 
