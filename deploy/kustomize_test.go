@@ -24,12 +24,13 @@ var update = flag.Bool("update", false, "rewrite the rendered manifests under te
 // kustomizations are every kustomization under deploy/, each rendered to
 // testdata/rendered/NAME.yaml.
 var kustomizations = map[string]string{
-	"base":    "kustomize/base",
-	"vllm":    "kustomize/vllm",
-	"per-pod": "kustomize/overlays/per-pod",
-	"central": "kustomize/overlays/central",
-	"rules":   "prometheus",
-	"grafana": "grafana",
+	"base":     "kustomize/base",
+	"vllm":     "kustomize/vllm",
+	"per-pod":  "kustomize/overlays/per-pod",
+	"central":  "kustomize/overlays/central",
+	"replicas": "kustomize/overlays/replicas",
+	"rules":    "prometheus",
+	"grafana":  "grafana",
 }
 
 // objects is one rendered kustomization, decoded.

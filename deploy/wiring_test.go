@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/peers"
 )
 
 // fleet is an overlay's router and example vLLM pods, as the wiring tests
@@ -339,4 +340,70 @@ func (f fleet) checkBusAdmitted(t *testing.T, port, dp int) {
 			t.Errorf("no NetworkPolicy admits the vLLM pods to the router's bus port %d", port+r)
 		}
 	}
+}
+
+// TestReplicaSharingWiring: the replicas overlay runs several replicas,
+// each following every pod itself (per-pod), predicting (speculative),
+// publishing on a port its peers reach through a headless Service that
+// --peers names, on the same port, and admitting only the other replicas
+// there.
+func TestReplicaSharingWiring(t *testing.T) {
+	f := loadFleet(t, "replicas")
+	f.headlessDiscovery(t)
+	if n := f.router.Spec.Replicas; n == nil || *n < 2 {
+		t.Errorf("router replicas %s: sharing wants at least 2", replicas(n))
+	}
+	if p := f.routerFlag(t, "--policy"); p != "speculative" {
+		t.Errorf("--policy=%s: predictions exist only with the speculative policy", p)
+	}
+	listen := f.routerFlag(t, "--peer-listen")
+	host, port := tcpPort(t, "--peer-listen", listen)
+	if host != "0.0.0.0" && host != "*" {
+		t.Errorf("--peer-listen on %s: the other replicas cannot reach it", host)
+	}
+	spec, err := peers.ParseSpec(f.routerFlag(t, "--peers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !spec.DNS || spec.Port != port {
+		t.Errorf("--peers %s: want dns:NAME:%d, a headless Service's name on the --peer-listen port", spec.Text, port)
+	}
+	cfg := peers.DefaultConfig()
+	cfg.Listen, cfg.Peers = listen, []string{spec.Text}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc := f.o.services[spec.Host]
+	rc := f.router.Spec.Template.Spec.Containers[0]
+	if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || !selects(svc.Spec.Selector, f.router.Spec.Template.Labels) {
+		t.Fatalf("--peers names %s: want a headless Service of that name selecting the router's pods", spec.Host)
+	}
+	if !servicePortReaches(svc, rc, port) {
+		t.Errorf("Service %s does not reach the router's port %d", spec.Host, port)
+	}
+	if !svc.Spec.PublishNotReadyAddresses {
+		t.Errorf("Service %s leaves out replicas that are not ready: a new replica would not be found before it serves", spec.Host)
+	}
+	admitted := false
+	for _, np := range f.o.networkPolicies {
+		if !selects(np.Spec.PodSelector.MatchLabels, f.router.Spec.Template.Labels) {
+			continue
+		}
+		for _, rule := range np.Spec.Ingress {
+			fromRouters := slices.ContainsFunc(rule.From, func(p networkingv1.NetworkPolicyPeer) bool {
+				return p.PodSelector != nil && p.NamespaceSelector == nil && selects(p.PodSelector.MatchLabels, f.router.Spec.Template.Labels)
+			})
+			for _, p := range rule.Ports {
+				if fromRouters && p.Port != nil && (p.Port.IntValue() == port || slices.ContainsFunc(rc.Ports, func(cp corev1.ContainerPort) bool {
+					return cp.Name == p.Port.StrVal && int(cp.ContainerPort) == port
+				})) {
+					admitted = true
+				}
+			}
+		}
+	}
+	if !admitted {
+		t.Errorf("no NetworkPolicy admits the other replicas on the peer port %d", port)
+	}
+	f.checkBlockKeys(t)
 }
