@@ -339,6 +339,13 @@ func TestPeerFlightsJoinBusy(t *testing.T) {
 	if own := tg.Flights(); own != (Flights{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 800}) {
 		t.Fatalf("own flights %+v", own)
 	}
+	name := map[string]string{"target": pod.name(0)}
+	if v, _ := env.gauge(t, "prefixrouter_health_peer_queued_uncached_tokens", name); v != 4000 {
+		t.Fatalf("peer queued gauge %v", v)
+	}
+	if v, _ := env.gauge(t, "prefixrouter_health_queued_uncached_tokens", name); v != 800 {
+		t.Fatalf("own queued gauge %v: want this router's only", v)
+	}
 	tg.SetPeerFlights(Flights{})
 	if b := tg.Busy(); b.InFlight != 1 || !b.Peers.IsZero() {
 		t.Fatalf("after the peers' work ended: %+v", b)

@@ -25,6 +25,7 @@ type metrics struct {
 	dispatched, upstreamFailures, breakerOpens, probeFailures *prometheus.Desc
 	scrapeFailures, transitions, conflict, targets            *prometheus.Desc
 	prefixCachingOff                                          *prometheus.Desc
+	peerInflight, peerQueuedUncached                          *prometheus.Desc
 }
 
 func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
@@ -42,24 +43,26 @@ func newMetrics(m *Monitor, reg prometheus.Registerer) (*metrics, error) {
 			Name: "prefixrouter_health_discovery_reloads_total",
 			Help: "Discovery results applied (file changes, DNS resolutions).",
 		}, []string{"source"}),
-		state:            d("target_state", "1 for the target's current state and reason.", t, "state", "reason"),
-		running:          d("load_requests_running", "Scraped vllm:num_requests_running.", t),
-		waiting:          d("load_requests_waiting", "Scraped vllm:num_requests_waiting.", t),
-		kvUsage:          d("load_kv_cache_usage_ratio", "Scraped vllm:kv_cache_usage_perc (a fraction).", t),
-		loadAge:          d("load_age_seconds", "Seconds since the last successful /metrics scrape (absent: never).", t),
-		loadStale:        d("load_stale", "1 when the scraped load is older than the staleness bound.", t),
-		inflight:         d("inflight_requests", "Requests this router dispatched to the target and not finished.", t),
-		prefilling:       d("prefilling_requests", "In-flight requests without a first byte yet.", t),
-		queuedUncached:   d("queued_uncached_tokens", "Uncached prompt tokens of prefilling requests.", t),
-		dispatched:       d("dispatched_total", "Requests dispatched to the target.", t),
-		upstreamFailures: d("upstream_failures_total", "Upstream failures reported by the router.", t),
-		breakerOpens:     d("breaker_opens_total", "Times the target's circuit breaker opened.", t),
-		probeFailures:    d("probe_failures_total", "Failed GET /health probes.", t),
-		scrapeFailures:   d("scrape_failures_total", "Failed GET /metrics scrapes.", t),
-		transitions:      d("state_transitions_total", "Changes of the target's state.", t),
-		conflict:         d("cache_config_conflict", "1 when the target's cache config disagrees with its model's peers or the flags.", t, "model"),
-		targets:          d("targets", "Targets per state.", "state"),
-		prefixCachingOff: d("prefix_caching_disabled", "1 when the pod reports enable_prefix_caching=False: it publishes no KV events and gives no cache hits (absent: cache config not scraped).", t),
+		state:              d("target_state", "1 for the target's current state and reason.", t, "state", "reason"),
+		running:            d("load_requests_running", "Scraped vllm:num_requests_running.", t),
+		waiting:            d("load_requests_waiting", "Scraped vllm:num_requests_waiting.", t),
+		kvUsage:            d("load_kv_cache_usage_ratio", "Scraped vllm:kv_cache_usage_perc (a fraction).", t),
+		loadAge:            d("load_age_seconds", "Seconds since the last successful /metrics scrape (absent: never).", t),
+		loadStale:          d("load_stale", "1 when the scraped load is older than the staleness bound.", t),
+		inflight:           d("inflight_requests", "Requests this router dispatched to the target and not finished.", t),
+		prefilling:         d("prefilling_requests", "In-flight requests without a first byte yet.", t),
+		queuedUncached:     d("queued_uncached_tokens", "Uncached prompt tokens of prefilling requests.", t),
+		dispatched:         d("dispatched_total", "Requests dispatched to the target.", t),
+		upstreamFailures:   d("upstream_failures_total", "Upstream failures reported by the router.", t),
+		breakerOpens:       d("breaker_opens_total", "Times the target's circuit breaker opened.", t),
+		probeFailures:      d("probe_failures_total", "Failed GET /health probes.", t),
+		scrapeFailures:     d("scrape_failures_total", "Failed GET /metrics scrapes.", t),
+		transitions:        d("state_transitions_total", "Changes of the target's state.", t),
+		conflict:           d("cache_config_conflict", "1 when the target's cache config disagrees with its model's peers or the flags.", t, "model"),
+		targets:            d("targets", "Targets per state.", "state"),
+		peerInflight:       d("peer_inflight_requests", "Requests the other router replicas report in flight to the target (--peers; 0 without).", t),
+		peerQueuedUncached: d("peer_queued_uncached_tokens", "Uncached prompt tokens the other router replicas report queued on the target without a first byte.", t),
+		prefixCachingOff:   d("prefix_caching_disabled", "1 when the pod reports enable_prefix_caching=False: it publishes no KV events and gives no cache hits (absent: cache config not scraped).", t),
 	}
 	if reg == nil {
 		return mt, nil
@@ -77,7 +80,8 @@ func (mt *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mt.state,
 		mt.running, mt.waiting, mt.kvUsage, mt.loadAge, mt.loadStale, mt.inflight, mt.prefilling,
 		mt.queuedUncached, mt.dispatched, mt.upstreamFailures, mt.breakerOpens, mt.probeFailures,
-		mt.scrapeFailures, mt.transitions, mt.conflict, mt.targets, mt.prefixCachingOff} {
+		mt.scrapeFailures, mt.transitions, mt.conflict, mt.targets, mt.prefixCachingOff,
+		mt.peerInflight, mt.peerQueuedUncached} {
 		ch <- d
 	}
 }
@@ -116,6 +120,12 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 		g(mt.inflight, float64(l.inflight.Load()), n)
 		g(mt.prefilling, float64(l.prefilling.Load()), n)
 		g(mt.queuedUncached, float64(l.queuedUncached.Load()), n)
+		var peers Flights
+		if p := l.peers.Load(); p != nil {
+			peers = *p
+		}
+		g(mt.peerInflight, float64(peers.InFlight), n)
+		g(mt.peerQueuedUncached, float64(peers.QueuedUncachedTokens), n)
 		c(mt.dispatched, l.dispatched.Load(), n)
 		c(mt.upstreamFailures, l.upstream.Load(), n)
 		c(mt.breakerOpens, l.breakerOpens.Load(), n)

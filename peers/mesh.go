@@ -243,6 +243,9 @@ func (m *Mesh) send(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			if b, err := m.encode(&Message{Kind: KindBye}); err == nil {
+				// A moment for the bye to leave: closing with linger 0
+				// would discard it.
+				_ = m.pub.SetLinger(byeLinger)
 				_, _ = m.pub.SendBytes(b, zmq.DONTWAIT)
 			}
 			return
@@ -304,6 +307,9 @@ func (m *Mesh) Withdraw(placement uint64) {
 // silentAfter is how long a peer may say nothing before it counts as
 // lost: its in-flight work is dropped and it shows silent.
 func (m *Mesh) silentAfter() time.Duration { return max(3*m.cfg.FlightsInterval, time.Second) }
+
+// byeLinger bounds how long closing the PUB socket waits for the bye.
+const byeLinger = 100 * time.Millisecond
 
 // connectGrace is how long a new peer may take to send its first message
 // before it shows as a fault.

@@ -217,6 +217,9 @@ prefixrouter_peer_predictions_received_total{peer="`+addrA+`"} 1
 		return n == 0
 	})
 	waitFor(t, "A shown silent", func() bool { return b.peer(t, addrA).Fault == stateSilent })
+	if p := b.peer(t, addrA); !strings.Contains(p.Reason, "bye") {
+		t.Fatalf("A silent for %q: its bye did not arrive", p.Reason)
+	}
 }
 
 // TestMeshWiringFaults: a name that does not resolve, then resolves; an
