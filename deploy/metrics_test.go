@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"regexp"
 	"slices"
@@ -58,6 +59,15 @@ func liveRegistry(t *testing.T) exported {
 	cfg.Health.EvalInterval = 50 * time.Millisecond
 	cfg.Speculative.Holdback = 0.5 // both arms see traffic
 	cfg.Speculative.MaxStale = time.Second
+	// Sharing with peer replicas (overlays/replicas): the only one listed
+	// is this replica itself, so its peer series are registered.
+	peerLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerAddr := "tcp://" + peerLn.Addr().String()
+	peerLn.Close()
+	cfg.Peers.Listen, cfg.Peers.Peers = peerAddr, []string{peerAddr}
 	// As serve wires it: the tokenizers' metrics on the router's registry.
 	reg := prometheus.NewRegistry()
 	toks := tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: quiet, HTTPClient: &http.Client{}})
