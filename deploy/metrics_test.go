@@ -59,15 +59,18 @@ func liveRegistry(t *testing.T) exported {
 	cfg.Health.EvalInterval = 50 * time.Millisecond
 	cfg.Speculative.Holdback = 0.5 // both arms see traffic
 	cfg.Speculative.MaxStale = time.Second
-	// Sharing with peer replicas (overlays/replicas): the only one listed
-	// is this replica itself, so its peer series are registered.
-	peerLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Sharing with peer replicas (overlays/replicas): this replica and one
+	// nobody runs yet are listed, so the peer series exist.
+	var peerAddrs []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		peerAddrs = append(peerAddrs, "tcp://"+ln.Addr().String())
+		ln.Close()
 	}
-	peerAddr := "tcp://" + peerLn.Addr().String()
-	peerLn.Close()
-	cfg.Peers.Listen, cfg.Peers.Peers = peerAddr, []string{peerAddr}
+	cfg.Peers.Listen, cfg.Peers.Peers = peerAddrs[0], peerAddrs
 	// As serve wires it: the tokenizers' metrics on the router's registry.
 	reg := prometheus.NewRegistry()
 	toks := tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: quiet, HTTPClient: &http.Client{}})
