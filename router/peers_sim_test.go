@@ -2,8 +2,10 @@ package router
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,14 +146,7 @@ func startReplicas(t *testing.T, f *sim.Fleet, n int, share bool, tune func(*Con
 	return rs, addrs
 }
 
-func peerState(v peers.View, addr string) string {
-	for _, p := range v.Peers {
-		if p.Peer == addr {
-			return p.State
-		}
-	}
-	return ""
-}
+func peerState(v peers.View, addr string) string { return peerOf(v, addr).State }
 
 // waitShared waits until every replica has received every prediction the
 // others published.
@@ -205,7 +200,8 @@ func TestSimReplicasSharePredictions(t *testing.T) {
 
 // TestSimPeerPredictionsAccounted: a prediction one replica shares is
 // counted at the other under its origin, confirmed by the pod's event;
-// the other's in-flight work on a pod shows in this one's load.
+// the other's in-flight work on a pod shows in this one's load, and goes
+// when answered; a withdrawal reaches the other replica.
 func TestSimPeerPredictionsAccounted(t *testing.T) {
 	f := startFleet(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond})
 	rs, addrs := startReplicas(t, f, 2, true, func(c *Config) { c.Speculative.MaxStale = time.Second })
@@ -251,4 +247,31 @@ func TestSimPeerPredictionsAccounted(t *testing.T) {
 		t1, _ := rs[1].mon.Snapshot().Target(held.ID)
 		return t1.Busy().Peers.IsZero()
 	})
+
+	// A request the pod turns down (beyond its context) withdraws its
+	// predictions at router-0 and, through its withdrawal, at router-1.
+	tooLong := strings.Replace(g.body("Too long. ", 0), `"max_tokens":1`, `"max_tokens":8000`, 1)
+	if code, _, b := post(t, "http://"+rs[0].Addr()+"/v1/completions", tooLong); code != http.StatusBadRequest {
+		t.Fatalf("a request beyond the context: status %d: %s", code, b)
+	}
+	waitFor(t, "router-0's withdrawn predictions matured at router-1", func() bool {
+		for _, p := range rs[1].spec.View().Peers {
+			if p.Origin == "router-0" && p.MatureTotal.Withdrawn >= specPrefixBlocks {
+				return true
+			}
+		}
+		return false
+	})
+	if v, _ := rs[1].PeersView(); peerOf(v, addrs[0]).Withdrawals != 1 {
+		t.Fatalf("router-1 received %d withdrawals, want 1", peerOf(v, addrs[0]).Withdrawals)
+	}
+}
+
+func peerOf(v peers.View, addr string) peers.PeerView {
+	for _, p := range v.Peers {
+		if p.Peer == addr {
+			return p
+		}
+	}
+	return peers.PeerView{}
 }
