@@ -117,38 +117,12 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fleet.Close()
-	// Ports picked free may be taken by someone else before serve binds
-	// them; a bind failure is retried with new ports.
-	var (
-		addr   string
-		admin  string
-		ctx    context.Context
-		cancel context.CancelFunc
-		done   chan int
-		stderr *syncBuf
-	)
-	for attempt := 0; ; attempt++ {
-		addr, admin = freePort(t), freePort(t)
-		args := []string{"serve", "--listen", addr, "--admin-listen", admin, "--log-level", "error",
-			"--tokenizer", prof.Model + "=bytes", "--health-probe-interval", "100ms", "--health-probe-timeout", "100ms"}
-		for _, ep := range fleet.Endpoints() {
-			args = append(args, "--endpoint", ep)
-		}
-		ctx, cancel = context.WithCancel(context.Background())
-		done = make(chan int, 1)
-		stderr = &syncBuf{}
-		go func() {
-			done <- run(ctx, append([]string{"prefixrouter"}, args...), strings.NewReader(""), io.Discard, stderr)
-		}()
-		if waitReady(addr, done, 20*time.Second) {
-			break
-		}
-		cancel()
-		if attempt < 3 && strings.Contains(stderr.String(), "address already in use") {
-			continue
-		}
-		t.Fatalf("router never ready; stderr %q", stderr.String())
+	args := []string{"--tokenizer", prof.Model + "=bytes"}
+	for _, ep := range fleet.Endpoints() {
+		args = append(args, "--endpoint", ep)
 	}
+	sv := startServe(t, args)
+	addr, admin, cancel, done, stderr := sv.addr, sv.admin, sv.cancel, sv.done, sv.stderr
 	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"`+prof.Model+`","prompt":"hello fleet","max_tokens":3}`))
 	if err != nil {
@@ -178,6 +152,110 @@ func TestServeEndToEnd(t *testing.T) {
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+}
+
+// served is a `prefixrouter serve` running in the test's process.
+type served struct {
+	addr, admin string
+	cancel      context.CancelFunc
+	done        chan int
+	stderr      *syncBuf
+}
+
+// startServe runs serve with args on free API and admin ports until it is
+// ready. Ports picked free may be
+// taken by someone else before serve binds them; a bind failure is
+// retried with new ones.
+func startServe(t *testing.T, args []string) served {
+	t.Helper()
+	for attempt := 0; ; attempt++ {
+		sv := served{addr: freePort(t), admin: freePort(t), done: make(chan int, 1), stderr: &syncBuf{}}
+		all := append([]string{"prefixrouter", "serve", "--listen", sv.addr, "--admin-listen", sv.admin, "--log-level", "error",
+			"--health-probe-interval", "100ms", "--health-probe-timeout", "100ms"}, args...)
+		var ctx context.Context
+		ctx, sv.cancel = context.WithCancel(context.Background())
+		go func() { sv.done <- run(ctx, all, strings.NewReader(""), io.Discard, sv.stderr) }()
+		if waitReady(sv.addr, sv.done, 20*time.Second) {
+			return sv
+		}
+		sv.cancel()
+		if attempt < 3 && strings.Contains(sv.stderr.String(), "address already in use") {
+			continue
+		}
+		t.Fatalf("router never ready; stderr %q", sv.stderr.String())
+	}
+}
+
+// TestServeReplicasShare runs two serve commands in front of the same
+// pods, given the same --peers list in the environment (each skips its
+// own address): each hears from the other. A third on a --peer-listen
+// already bound does not start, and says which flag.
+func TestServeReplicasShare(t *testing.T) {
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := sim.StartFleet(context.Background(), sim.Config{Pods: 1, Profile: prof, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	peerA, peerB := "tcp://"+freePort(t), "tcp://"+freePort(t)
+	t.Setenv("PREFIXROUTER_PEERS", peerA+","+peerB)
+	args := []string{"--tokenizer", prof.Model + "=bytes", "--endpoint", fleet.Endpoints()[0], "--policy", "speculative"}
+	var replicas []served
+	for _, listen := range []string{peerA, peerB} {
+		sv := startServe(t, append(args, "--peer-listen", listen))
+		defer func() {
+			sv.cancel()
+			if code := <-sv.done; code != 0 {
+				t.Errorf("serve exited %d: %s", code, sv.stderr.String())
+			}
+		}()
+		replicas = append(replicas, sv)
+	}
+	for i, sv := range replicas {
+		other := []string{peerB, peerA}[i]
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var v struct {
+				Peers struct {
+					Peers []struct {
+						Peer      string `json:"peer"`
+						State     string `json:"state"`
+						Connected bool   `json:"connected"`
+					} `json:"peers"`
+				} `json:"peers"`
+			}
+			resp, err := http.Get("http://" + sv.admin + "/debug/targets")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = json.NewDecoder(resp.Body).Decode(&v)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			connected, self := false, 0
+			for _, p := range v.Peers.Peers {
+				connected = connected || p.Peer == other && p.Connected
+				if p.State == "self" {
+					self++
+				}
+			}
+			if connected && self == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d's peers: %+v", i, v.Peers.Peers)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	_, errOut, code := runCLI(t, "", append([]string{"serve", "--listen", freePort(t), "--admin-listen", "", "--peer-listen", peerA}, args...)...)
+	if code != exitFailure || !strings.Contains(errOut, "--peer-listen: bind "+peerA) {
+		t.Fatalf("a taken --peer-listen: exit %d, %q", code, errOut)
 	}
 }
 
