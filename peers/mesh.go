@@ -84,11 +84,13 @@ type Handlers struct {
 	// Withdrawal: the pod rejected the peer's request before computing
 	// anything.
 	Withdrawal func(origin string, placement uint64)
-	// Flights receives, every flights interval when it changed, the sum
-	// per target of the in-flight work of every live peer; a target
-	// missing from it has none.
+	// Flights receives the sum per target of the in-flight work of every
+	// live peer whenever it may have changed (a peer's report, a peer
+	// gone silent or saying bye); a target missing from it has none.
+	// Calls do not overlap, and the last one holds the latest sum.
 	Flights func(map[target.ID]TargetFlights)
-	// Own is this replica's in-flight work, sent every flights interval.
+	// Own is this replica's in-flight work, sent every flights interval
+	// and soon after a Kick.
 	Own func() []TargetFlights
 }
 
@@ -104,8 +106,10 @@ type Mesh struct {
 	res   Resolver
 	specs []Spec
 
-	pub     *zmq.Socket
-	out     chan []byte
+	pub *zmq.Socket
+	out chan []byte
+	// kick asks Run to send this replica's flights now (Kick).
+	kick    chan struct{}
 	seq     atomic.Uint64
 	dropped atomic.Uint64
 	sent    [KindBye + 1]atomic.Uint64
@@ -118,7 +122,10 @@ type Mesh struct {
 	// changed since it was last handed over.
 	flights map[string]*originFlights
 	dirty   bool
-	wg      sync.WaitGroup
+	// handMu serializes handing the sum over, so that the last sum handed
+	// over is the latest.
+	handMu sync.Mutex
+	wg     sync.WaitGroup
 }
 
 type source struct {
@@ -153,7 +160,7 @@ func New(cfg Config, h Handlers, deps Deps) (*Mesh, error) {
 		return nil, errors.New("peers: no replica id")
 	}
 	m := &Mesh{cfg: cfg, h: h, log: deps.Logger, now: deps.Now, res: deps.Resolver,
-		out: make(chan []byte, 4096), sources: map[string]*source{}, peers: map[string]*peer{},
+		out: make(chan []byte, 4096), kick: make(chan struct{}, 1), sources: map[string]*source{}, peers: map[string]*peer{},
 		flights: map[string]*originFlights{}}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -221,6 +228,16 @@ func (m *Mesh) Run(ctx context.Context) error {
 	defer resolve.Stop()
 	flights := time.NewTicker(m.cfg.FlightsInterval)
 	defer flights.Stop()
+	// A kick within kickGap of the last flights sent waits for the rest
+	// of the gap: a burst of requests sends one update, not one each.
+	var last time.Time
+	pending := time.NewTimer(time.Hour)
+	pending.Stop()
+	defer pending.Stop()
+	send := func() {
+		last = time.Now()
+		m.tick()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -230,8 +247,34 @@ func (m *Mesh) Run(ctx context.Context) error {
 		case <-resolve.C:
 			m.resolve(ctx)
 		case <-flights.C:
-			m.tick()
+			send()
+		case <-m.kick:
+			if wait := kickGap - time.Since(last); wait > 0 {
+				pending.Reset(wait)
+			} else {
+				send()
+			}
+		case <-pending.C:
+			send()
 		}
+	}
+}
+
+// kickGap is the least time between two flights updates a Kick sends.
+const kickGap = 2 * time.Millisecond
+
+// Kick sends this replica's in-flight work soon (within kickGap), not at
+// the next flights interval: the router kicks when a request is
+// dispatched, gets its first byte or ends, so that the other replicas'
+// view of a pod's queue is not an interval stale when a sibling request
+// reaches them. Safe for concurrent use; it never waits.
+func (m *Mesh) Kick() {
+	if m == nil {
+		return
+	}
+	select {
+	case m.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -334,23 +377,34 @@ func (m *Mesh) tick() {
 	for _, p := range m.peers {
 		p.judge(now, m)
 	}
-	var sum map[target.ID]TargetFlights
-	if m.dirty {
-		m.dirty = false
-		sum = map[target.ID]TargetFlights{}
-		for _, f := range m.flights {
-			for _, t := range f.targets {
-				s := sum[t.Target]
-				s.Target = t.Target
-				s.InFlight += t.InFlight
-				s.Prefilling += t.Prefilling
-				s.QueuedUncachedTokens += t.QueuedUncachedTokens
-				sum[t.Target] = s
-			}
+	m.mu.Unlock()
+	m.handOver()
+}
+
+// handOver hands the sum of the live peers' flights per target to the
+// router, when it changed since it last did.
+func (m *Mesh) handOver() {
+	m.handMu.Lock()
+	defer m.handMu.Unlock()
+	m.mu.Lock()
+	if !m.dirty {
+		m.mu.Unlock()
+		return
+	}
+	m.dirty = false
+	sum := map[target.ID]TargetFlights{}
+	for _, f := range m.flights {
+		for _, t := range f.targets {
+			s := sum[t.Target]
+			s.Target = t.Target
+			s.InFlight += t.InFlight
+			s.Prefilling += t.Prefilling
+			s.QueuedUncachedTokens += t.QueuedUncachedTokens
+			sum[t.Target] = s
 		}
 	}
 	m.mu.Unlock()
-	if sum != nil && m.h.Flights != nil {
+	if m.h.Flights != nil {
 		m.h.Flights(sum)
 	}
 }
@@ -549,6 +603,10 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 	}
 	m.mu.Unlock()
 	switch msg.Kind {
+	case KindFlights, KindBye:
+		// At once, not at the next tick: a sibling request may be on its
+		// way to this replica.
+		m.handOver()
 	case KindPrediction:
 		if m.h.Prediction != nil {
 			m.h.Prediction(msg.Origin, msg.Prediction)
