@@ -107,7 +107,7 @@ type Mesh struct {
 	specs []Spec
 
 	pub *zmq.Socket
-	out chan []byte
+	out chan Message
 	// kick asks Run to send this replica's flights now (Kick).
 	kick    chan struct{}
 	seq     atomic.Uint64
@@ -160,7 +160,7 @@ func New(cfg Config, h Handlers, deps Deps) (*Mesh, error) {
 		return nil, errors.New("peers: no replica id")
 	}
 	m := &Mesh{cfg: cfg, h: h, log: deps.Logger, now: deps.Now, res: deps.Resolver,
-		out: make(chan []byte, 4096), kick: make(chan struct{}, 1), sources: map[string]*source{}, peers: map[string]*peer{},
+		out: make(chan Message, 4096), kick: make(chan struct{}, 1), sources: map[string]*source{}, peers: map[string]*peer{},
 		flights: map[string]*originFlights{}}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -278,53 +278,49 @@ func (m *Mesh) Kick() {
 	}
 }
 
-// send owns the PUB socket: it sends queued messages until ctx ends, then
-// a bye, and closes it.
+// send owns the PUB socket: it stamps, encodes and sends queued messages
+// in order until ctx ends, then a bye, and closes it. Stamping here keeps
+// the sequence in the order the messages leave: a gap at a receiver is a
+// lost message, never two callers racing.
 func (m *Mesh) send(ctx context.Context) {
 	defer m.pub.Close()
+	var buf []byte
+	send := func(msg *Message) {
+		msg.Origin, msg.Sent, msg.Seq = m.cfg.ID, m.now(), m.seq.Add(1)
+		var err error
+		if buf, err = Encode(buf[:0], msg); err != nil {
+			m.log.Error("peer message not sent", "kind", msg.Kind.String(), "err", err)
+			return
+		}
+		// A PUB socket never blocks: past its high-water mark it drops,
+		// and the receiver counts the gap. ZeroMQ copies buf.
+		if _, err := m.pub.SendBytes(buf, zmq.DONTWAIT); err != nil {
+			m.dropped.Add(1)
+			return
+		}
+		if int(msg.Kind) < len(m.sent) {
+			m.sent[msg.Kind].Add(1)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			if b, err := m.encode(&Message{Kind: KindBye}); err == nil {
-				// A moment for the bye to leave: closing with linger 0
-				// would discard it.
-				_ = m.pub.SetLinger(byeLinger)
-				_, _ = m.pub.SendBytes(b, zmq.DONTWAIT)
-			}
+			// A moment for the bye to leave: closing with linger 0 would
+			// discard it.
+			_ = m.pub.SetLinger(byeLinger)
+			send(&Message{Kind: KindBye})
 			return
-		case b := <-m.out:
-			// A PUB socket never blocks: past its high-water mark it
-			// drops, and the receiver counts the gap.
-			if _, err := m.pub.SendBytes(b, zmq.DONTWAIT); err != nil {
-				m.dropped.Add(1)
-			}
+		case msg := <-m.out:
+			send(&msg)
 		}
 	}
 }
 
-// encode stamps m as this replica's next message.
-func (m *Mesh) encode(msg *Message) ([]byte, error) {
-	msg.Origin, msg.Sent, msg.Seq = m.cfg.ID, m.now(), m.seq.Add(1)
-	b, err := Encode(nil, msg)
-	if err != nil {
-		return nil, err
-	}
-	if int(msg.Kind) < len(m.sent) {
-		m.sent[msg.Kind].Add(1)
-	}
-	return b, nil
-}
-
 // queue hands a message to the sender without waiting: a full queue drops
 // it (counted).
-func (m *Mesh) queue(msg *Message) {
-	b, err := m.encode(msg)
-	if err != nil {
-		m.log.Error("peer message not sent", "kind", msg.Kind.String(), "err", err)
-		return
-	}
+func (m *Mesh) queue(msg Message) {
 	select {
-	case m.out <- b:
+	case m.out <- msg:
 	default:
 		m.dropped.Add(1)
 	}
@@ -336,7 +332,7 @@ func (m *Mesh) Publish(p Prediction) {
 	if m == nil {
 		return
 	}
-	m.queue(&Message{Kind: KindPrediction, Prediction: p})
+	m.queue(Message{Kind: KindPrediction, Prediction: p})
 }
 
 // Withdraw shares the withdrawal of a placement this replica published.
@@ -344,7 +340,7 @@ func (m *Mesh) Withdraw(placement uint64) {
 	if m == nil {
 		return
 	}
-	m.queue(&Message{Kind: KindWithdrawal, Withdrawal: placement})
+	m.queue(Message{Kind: KindWithdrawal, Withdrawal: placement})
 }
 
 // silentAfter is how long a peer may say nothing before it counts as
@@ -365,7 +361,7 @@ func (m *Mesh) tick() {
 	if m.h.Own != nil {
 		own = m.h.Own()
 	}
-	m.queue(&Message{Kind: KindFlights, Flights: own})
+	m.queue(Message{Kind: KindFlights, Flights: own})
 	now := m.now()
 	m.mu.Lock()
 	for origin, f := range m.flights {

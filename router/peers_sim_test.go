@@ -149,10 +149,11 @@ func startReplicas(t *testing.T, f *sim.Fleet, n int, share bool, tune func(*Con
 func peerState(v peers.View, addr string) string { return peerOf(v, addr).State }
 
 // waitShared waits until every replica has received every prediction the
-// others published.
+// others published, and sees on each pod the in-flight work the others
+// have there.
 func waitShared(t *testing.T, rs []*Router) {
 	t.Helper()
-	waitFor(t, "predictions received by every replica", func() bool {
+	waitFor(t, "predictions and in-flight work shared with every replica", func() bool {
 		views := make([]peers.View, len(rs))
 		for i, r := range rs {
 			views[i], _ = r.PeersView()
@@ -166,6 +167,19 @@ func waitShared(t *testing.T, rs []*Router) {
 					if o.ID == p.Origin && p.Predictions != o.Sent["prediction"] {
 						return false
 					}
+				}
+			}
+		}
+		for i, r := range rs {
+			for _, tg := range r.mon.Snapshot().Targets {
+				var others health.Flights
+				for j, o := range rs {
+					if ot, ok := o.mon.Snapshot().Target(tg.ID); ok && j != i {
+						others = others.Add(ot.Flights())
+					}
+				}
+				if tg.Busy().Peers != others {
+					return false
 				}
 			}
 		}
