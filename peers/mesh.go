@@ -84,14 +84,16 @@ type Handlers struct {
 	// Withdrawal: the pod rejected the peer's request before computing
 	// anything.
 	Withdrawal func(origin string, placement uint64)
-	// Flights receives the sum per target of the in-flight work of every
-	// live peer whenever it may have changed (a peer's report, a peer
-	// gone silent or saying bye); a target missing from it has none.
-	// Calls do not overlap, and the last one holds the latest sum.
+	// Flights receives, for the targets whose sum may have changed (a
+	// peer's report, a peer gone silent or saying bye), the sum of the
+	// in-flight work of every live peer (zero included). Calls do not
+	// overlap, and the last one for a target holds its latest sum.
 	Flights func(map[target.ID]TargetFlights)
-	// Own is this replica's in-flight work, sent every flights interval
-	// and soon after a Kick.
-	Own func() []TargetFlights
+	// Own is this replica's in-flight work on every target that has some,
+	// sent every flights interval; OwnOf its work on one target, sent
+	// after Changed. Both are called by the sending goroutine.
+	Own   func() []TargetFlights
+	OwnOf func(target.ID) TargetFlights
 }
 
 // Mesh is this replica's side of prediction sharing: a PUB socket the
@@ -108,20 +110,18 @@ type Mesh struct {
 
 	pub *zmq.Socket
 	out chan Message
-	// kick asks Run to send this replica's flights now (Kick).
-	kick    chan struct{}
+	// fout is what is due to be sent of this replica's flights.
+	fout    *flightsOut
 	seq     atomic.Uint64
 	dropped atomic.Uint64
-	sent    [KindBye + 1]atomic.Uint64
+	sent    [numKinds]atomic.Uint64
 	self    map[string]bool // this replica's own addresses
 
 	mu      sync.Mutex
 	sources map[string]*source // by spec text
 	peers   map[string]*peer   // by address
-	// flights are each origin's last in-flight report; dirty says the sum
-	// changed since it was last handed over.
+	// flights are each origin's last known in-flight work.
 	flights map[string]*originFlights
-	dirty   bool
 	// handMu serializes handing the sum over, so that the last sum handed
 	// over is the latest.
 	handMu sync.Mutex
@@ -136,11 +136,6 @@ type source struct {
 	errAt   time.Time
 	logged  time.Time
 	errors  uint64
-}
-
-type originFlights struct {
-	at      time.Time
-	targets []TargetFlights
 }
 
 // Deps are the mesh's collaborators; every field is optional.
@@ -160,7 +155,7 @@ func New(cfg Config, h Handlers, deps Deps) (*Mesh, error) {
 		return nil, errors.New("peers: no replica id")
 	}
 	m := &Mesh{cfg: cfg, h: h, log: deps.Logger, now: deps.Now, res: deps.Resolver,
-		out: make(chan Message, 4096), kick: make(chan struct{}, 1), sources: map[string]*source{}, peers: map[string]*peer{},
+		out: make(chan Message, 4096), fout: newFlightsOut(), sources: map[string]*source{}, peers: map[string]*peer{},
 		flights: map[string]*originFlights{}}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -228,16 +223,6 @@ func (m *Mesh) Run(ctx context.Context) error {
 	defer resolve.Stop()
 	flights := time.NewTicker(m.cfg.FlightsInterval)
 	defer flights.Stop()
-	// A kick within kickGap of the last flights sent waits for the rest
-	// of the gap: a burst of requests sends one update, not one each.
-	var last time.Time
-	pending := time.NewTimer(time.Hour)
-	pending.Stop()
-	defer pending.Stop()
-	send := func() {
-		last = time.Now()
-		m.tick()
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -247,34 +232,9 @@ func (m *Mesh) Run(ctx context.Context) error {
 		case <-resolve.C:
 			m.resolve(ctx)
 		case <-flights.C:
-			send()
-		case <-m.kick:
-			if wait := kickGap - time.Since(last); wait > 0 {
-				pending.Reset(wait)
-			} else {
-				send()
-			}
-		case <-pending.C:
-			send()
+			m.dueFull()
+			m.sweep()
 		}
-	}
-}
-
-// kickGap is the least time between two flights updates a Kick sends.
-const kickGap = 2 * time.Millisecond
-
-// Kick sends this replica's in-flight work soon (within kickGap), not at
-// the next flights interval: the router kicks when a request is
-// dispatched, gets its first byte or ends, so that the other replicas'
-// view of a pod's queue is not an interval stale when a sibling request
-// reaches them. Safe for concurrent use; it never waits.
-func (m *Mesh) Kick() {
-	if m == nil {
-		return
-	}
-	select {
-	case m.kick <- struct{}{}:
-	default:
 	}
 }
 
@@ -312,6 +272,10 @@ func (m *Mesh) send(ctx context.Context) {
 			return
 		case msg := <-m.out:
 			send(&msg)
+		case <-m.fout.kick:
+			if msg := m.flightsDue(); msg != nil {
+				send(msg)
+			}
 		}
 	}
 }
@@ -354,55 +318,22 @@ const byeLinger = 100 * time.Millisecond
 // before it shows as a fault.
 const connectGrace = 6 * time.Second
 
-// tick sends this replica's flights, drops those of peers gone silent, and
-// hands the sum over when it changed.
-func (m *Mesh) tick() {
-	var own []TargetFlights
-	if m.h.Own != nil {
-		own = m.h.Own()
-	}
-	m.queue(Message{Kind: KindFlights, Flights: own})
+// sweep drops the in-flight work of peers gone silent and judges every
+// peer's state.
+func (m *Mesh) sweep() {
 	now := m.now()
+	var ids []target.ID
 	m.mu.Lock()
 	for origin, f := range m.flights {
 		if now.Sub(f.at) > m.silentAfter() {
-			delete(m.flights, origin)
-			m.dirty = true
+			ids = append(ids, m.dropOriginLocked(origin)...)
 		}
 	}
 	for _, p := range m.peers {
 		p.judge(now, m)
 	}
 	m.mu.Unlock()
-	m.handOver()
-}
-
-// handOver hands the sum of the live peers' flights per target to the
-// router, when it changed since it last did.
-func (m *Mesh) handOver() {
-	m.handMu.Lock()
-	defer m.handMu.Unlock()
-	m.mu.Lock()
-	if !m.dirty {
-		m.mu.Unlock()
-		return
-	}
-	m.dirty = false
-	sum := map[target.ID]TargetFlights{}
-	for _, f := range m.flights {
-		for _, t := range f.targets {
-			s := sum[t.Target]
-			s.Target = t.Target
-			s.InFlight += t.InFlight
-			s.Prefilling += t.Prefilling
-			s.QueuedUncachedTokens += t.QueuedUncachedTokens
-			sum[t.Target] = s
-		}
-	}
-	m.mu.Unlock()
-	if m.h.Flights != nil {
-		m.h.Flights(sum)
-	}
+	m.handOver(ids)
 }
 
 // resolve resolves every spec and follows the union of their addresses,
@@ -447,6 +378,8 @@ func (m *Mesh) resolve(ctx context.Context) {
 // follow subscribes to every address in want not followed yet and stops
 // following those no longer in it.
 func (m *Mesh) follow(ctx context.Context, want map[string]string) {
+	var dropped []target.ID
+	defer func() { m.handOver(dropped) }()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for addr, p := range m.peers {
@@ -454,8 +387,7 @@ func (m *Mesh) follow(ctx context.Context, want map[string]string) {
 			p.stop()
 			delete(m.peers, addr)
 			if p.origin != "" {
-				delete(m.flights, p.origin)
-				m.dirty = true
+				dropped = append(dropped, m.dropOriginLocked(p.origin)...)
 			}
 			m.log.Info("peer replica left the --peers list", "peer", addr)
 		}
@@ -561,10 +493,10 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 		m.mu.Unlock()
 		return false
 	}
+	var changed []target.ID
 	if p.origin != msg.Origin {
 		if p.origin != "" {
-			delete(m.flights, p.origin)
-			m.dirty = true
+			changed = m.dropOriginLocked(p.origin)
 		}
 		p.origin, p.lastSeq = msg.Origin, 0
 	}
@@ -587,22 +519,17 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 		p.predictedBlocks += uint64(len(msg.Prediction.Keys))
 	case KindWithdrawal:
 		p.withdrawals++
-	case KindFlights:
-		m.flights[msg.Origin] = &originFlights{at: now, targets: msg.Flights}
-		m.dirty = true
-		p.flights = msg.Flights
+	case KindFlights, KindFlightsUpdate:
+		changed = append(changed, m.applyFlightsLocked(msg.Origin, &msg, now)...)
 	case KindBye:
-		delete(m.flights, msg.Origin)
-		m.dirty = true
-		p.flights = nil
+		changed = append(changed, m.dropOriginLocked(msg.Origin)...)
 		p.state, p.reason = stateSilent, "said bye (shutting down)"
 	}
 	m.mu.Unlock()
+	// At once, not at the next tick: a sibling request may be on its way
+	// to this replica.
+	m.handOver(changed)
 	switch msg.Kind {
-	case KindFlights, KindBye:
-		// At once, not at the next tick: a sibling request may be on its
-		// way to this replica.
-		m.handOver()
 	case KindPrediction:
 		if m.h.Prediction != nil {
 			m.h.Prediction(msg.Origin, msg.Prediction)

@@ -74,12 +74,31 @@ func (r *recorder) handlers() Handlers {
 		Flights: func(m map[target.ID]TargetFlights) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			r.flights = m
+			if r.flights == nil {
+				r.flights = map[target.ID]TargetFlights{}
+			}
+			for id, f := range m {
+				if f.isZero() {
+					delete(r.flights, id)
+				} else {
+					r.flights[id] = f
+				}
+			}
 		},
 		Own: func() []TargetFlights {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			return r.own
+		},
+		OwnOf: func(id target.ID) TargetFlights {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			for _, f := range r.own {
+				if f.Target == id {
+					return f
+				}
+			}
+			return TargetFlights{Target: id}
 		},
 	}
 }
@@ -105,6 +124,12 @@ func startReplica(t *testing.T, id, listen string, res Resolver, peers ...string
 	cfg.ID, cfg.Listen, cfg.Peers = id, listen, peers
 	cfg.ResolveInterval = 100 * time.Millisecond
 	cfg.FlightsInterval = 20 * time.Millisecond
+	return startReplicaConfig(t, cfg, res)
+}
+
+// startReplicaConfig starts a mesh of cfg.
+func startReplicaConfig(t *testing.T, cfg Config, res Resolver) *replica {
+	t.Helper()
 	rp := &replica{rec: &recorder{}, reg: prometheus.NewRegistry(), done: make(chan struct{})}
 	m, err := New(cfg, rp.rec.handlers(), Deps{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: rp.reg, Resolver: res})
 	if err != nil {
@@ -220,6 +245,43 @@ prefixrouter_peer_predictions_received_total{peer="`+addrA+`"} 1
 	if p := b.peer(t, addrA); !strings.Contains(p.Reason, "bye") {
 		t.Fatalf("A silent for %q: its bye did not arrive", p.Reason)
 	}
+}
+
+// TestChangedFlightsLeaveAtOnce: a replica's in-flight work on a target
+// reaches its peers when it changes (Changed), not at the next flights
+// interval (an hour here), and the receiver hands over that target alone.
+func TestChangedFlightsLeaveAtOnce(t *testing.T) {
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	cfg := DefaultConfig()
+	cfg.ResolveInterval, cfg.FlightsInterval = 100*time.Millisecond, time.Hour
+	cfg.ID, cfg.Listen, cfg.Peers = "router-a", addrA, []string{addrB}
+	a := startReplicaConfig(t, cfg, nil)
+	cfg.ID, cfg.Listen, cfg.Peers = "router-b", addrB, []string{addrA}
+	b := startReplicaConfig(t, cfg, nil)
+	pod, other := target.ID{Endpoint: "http://pod:8000"}, target.ID{Endpoint: "http://other:8000"}
+	// The first update also says A is there: no heartbeat for an hour.
+	a.rec.read(func() {
+		a.rec.own = []TargetFlights{{Target: pod, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}}
+	})
+	flightsAt := func(id target.ID) (f TargetFlights) {
+		b.rec.read(func() { f = b.rec.flights[id] })
+		return f
+	}
+	waitFor(t, "A's dispatch at B", func() bool {
+		a.m.Changed(pod) // until B's subscription is up: PUB drops what no one receives
+		return flightsAt(pod).QueuedUncachedTokens == 2000
+	})
+	a.rec.read(func() {
+		a.rec.own = []TargetFlights{{Target: pod, InFlight: 1}, {Target: other, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 50}}
+	})
+	a.m.Changed(pod)
+	waitFor(t, "A's first byte at B", func() bool { return flightsAt(pod).Prefilling == 0 && flightsAt(pod).InFlight == 1 })
+	if f := flightsAt(other); !f.isZero() {
+		t.Fatalf("a target A did not say changed was handed over: %+v", f)
+	}
+	a.rec.read(func() { a.rec.own = nil })
+	a.m.Changed(pod)
+	waitFor(t, "A's end at B", func() bool { return flightsAt(pod).isZero() })
 }
 
 // TestMeshWiringFaults: a name that does not resolve, then resolves; an

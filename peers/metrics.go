@@ -93,7 +93,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descResolveErrors, s.errors, s.spec.Text)
 		gauge(descAddresses, float64(len(s.addrs)), s.spec.Text)
 	}
-	for k := KindPrediction; k <= KindBye; k++ {
+	for _, k := range kinds {
 		counter(descSent, m.sent[k].Load(), k.String())
 	}
 	counter(descDropped, m.dropped.Load())

@@ -44,7 +44,6 @@ type peer struct {
 	decodeErrors                       uint64
 	lastError                          string
 	lag                                *lagStats
-	flights                            []TargetFlights
 	faultLogged                        time.Time
 }
 
@@ -64,7 +63,6 @@ func (p *peer) judge(now time.Time, m *Mesh) {
 	case stateConnected:
 		if now.Sub(p.lastMessage) > m.silentAfter() {
 			p.state, p.reason = stateSilent, "no message for "+m.silentAfter().String()+": the replica went away or cannot reach this one"
-			p.flights = nil
 		}
 	case stateConnecting:
 		if now.Sub(p.since) > connectGrace {

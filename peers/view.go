@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/target"
 )
 
 // View is the mesh as GET /debug/targets shows it ("peers").
@@ -83,7 +85,7 @@ type FlightsView struct {
 func (m *Mesh) View() View {
 	v := View{ID: m.cfg.ID, Listen: m.cfg.Listen, Sources: []SourceView{}, Peers: []PeerView{},
 		Sent: map[string]uint64{}, Dropped: m.dropped.Load(), SilentAfterS: m.silentAfter().Seconds()}
-	for k := KindPrediction; k <= KindBye; k++ {
+	for _, k := range kinds {
 		v.Sent[k.String()] = m.sent[k].Load()
 	}
 	m.mu.Lock()
@@ -102,7 +104,11 @@ func (m *Mesh) View() View {
 		if p.lag.n > 0 {
 			pv.Lag.MeanS = p.lag.sum / float64(p.lag.n)
 		}
-		for _, f := range p.flights {
+		var flights map[target.ID]TargetFlights
+		if of := m.flights[p.origin]; of != nil && p.origin != "" {
+			flights = of.targets
+		}
+		for _, f := range flights {
 			pv.Flights.Targets++
 			pv.Flights.InFlight += f.InFlight
 			pv.Flights.Prefilling += f.Prefilling

@@ -23,12 +23,17 @@ import (
 // version is WireVersion (1); origin the sender's replica id (a string);
 // sent its wall clock at sending, in Unix nanoseconds; seq the sender's
 // message count from 1 per process (a gap is lost messages, a smaller one
-// a restart); kind 1 to 4; body by kind:
+// a restart); kind 1 to 5; body by kind:
 //
-//	prediction (1): [placement, endpoint, rank, deadline, model, lora, block_size, [key, ...]]
-//	withdrawal (2): [placement]
-//	flights    (3): [[endpoint, rank, in_flight, prefilling, queued_uncached_tokens], ...]
-//	bye        (4): []
+//	prediction     (1): [placement, endpoint, rank, deadline, model, lora, block_size, [key, ...]]
+//	withdrawal     (2): [placement]
+//	flights        (3): [[endpoint, rank, in_flight, prefilling, queued_uncached_tokens], ...]
+//	bye            (4): []
+//	flights update (5): as flights
+//
+// flights lists every target the sender has work on and replaces what a
+// receiver held of it; a flights update lists the targets whose work
+// changed (zeros included) and leaves the others.
 //
 // placement is the sender's number for the request's predictions (what a
 // withdrawal names); endpoint and rank are the target id as every replica
@@ -60,9 +65,19 @@ const (
 	// KindBye: the sender is shutting down; its in-flight work ends now
 	// (its predictions still expire on their own deadlines).
 	KindBye Kind = 4
+	// KindFlightsUpdate: the sender's in-flight work on the listed
+	// targets changed (a zero entry: none left); the others stand.
+	KindFlightsUpdate Kind = 5
 )
 
-var kindNames = map[Kind]string{KindPrediction: "prediction", KindWithdrawal: "withdrawal", KindFlights: "flights", KindBye: "bye"}
+// numKinds bounds the kinds, for arrays indexed by kind.
+const numKinds = 6
+
+// kinds lists the kinds in order.
+var kinds = []Kind{KindPrediction, KindWithdrawal, KindFlights, KindBye, KindFlightsUpdate}
+
+var kindNames = map[Kind]string{KindPrediction: "prediction", KindWithdrawal: "withdrawal", KindFlights: "flights",
+	KindBye: "bye", KindFlightsUpdate: "flights_update"}
 
 func (k Kind) String() string {
 	if n, ok := kindNames[k]; ok {
@@ -141,7 +156,7 @@ func Encode(dst []byte, m *Message) ([]byte, error) {
 		}
 	case KindWithdrawal:
 		err = must(e.EncodeArrayLen(1), e.EncodeUint(m.Withdrawal))
-	case KindFlights:
+	case KindFlights, KindFlightsUpdate:
 		err = e.EncodeArrayLen(len(m.Flights))
 		for _, f := range m.Flights {
 			if err != nil {
@@ -214,7 +229,7 @@ func Decode(b []byte) (Message, error) {
 				err = d.skipRest(bn, 1)
 			}
 		}
-	case KindFlights:
+	case KindFlights, KindFlightsUpdate:
 		m.Flights, err = d.flights()
 	case KindBye:
 		var bn int

@@ -38,6 +38,9 @@ var goldenMessages = []struct {
 		{Target: podA, InFlight: 3, Prefilling: 1, QueuedUncachedTokens: 2000},
 		{Target: target.ID{Endpoint: "http://10.0.0.8:8000"}, InFlight: 1}}}},
 	{"bye", Message{Origin: "router-0", Sent: sentAt, Seq: 10, Kind: KindBye}},
+	{"flights-update", Message{Origin: "router-0", Sent: sentAt, Seq: 11, Kind: KindFlightsUpdate, Flights: []TargetFlights{
+		{Target: podA, InFlight: 3, QueuedUncachedTokens: 0},
+		{Target: target.ID{Endpoint: "http://10.0.0.8:8000"}}}}},
 }
 
 // TestWireGolden: each kind encodes to the bytes pinned under testdata/

@@ -120,7 +120,7 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	v := d.view(x.tail, d.chosen)
 	a.predicted = v.predicted
 	a.flight = c.Target.Dispatch(v.prompt.count, v.prompt.count-v.predicted)
-	r.mesh.Kick() // the peer replicas' view of the pod's queue
+	r.mesh.Changed(c.Target.ID) // the peer replicas' view of the pod's queue
 	if x.ep.routed() {
 		// Only a prompt the pod prefills into its cache is expected to be
 		// announced by KV events.
@@ -271,7 +271,7 @@ func (a *attempt) fail(e *apiError) {
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
 	v := x.dec.atFirstByte(a.d, x.tail, &a.flight)
-	r.mesh.Kick()
+	r.mesh.Changed(a.d.target().Target.ID)
 	a.expect.FirstByte(a.flight.Tokens())
 	if v.final {
 		a.predicted = v.predicted
@@ -464,7 +464,7 @@ func (a *attempt) end() {
 		a.label = "upstream_error"
 	}
 	a.flight.Finish(healthOutcome(a.label))
-	a.r.mesh.Kick()
+	a.r.mesh.Changed(a.d.target().Target.ID)
 	if a.label == "upstream_error" && !a.answered {
 		// Failed before any byte: dispatch retries, or counts the request
 		// once it gives up.

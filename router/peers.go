@@ -95,6 +95,7 @@ func (r *Router) newPeers(cfg peers.Config, reg prometheus.Registerer) error {
 		Withdrawal: l.withdrawn,
 		Flights:    l.flights,
 		Own:        l.own,
+		OwnOf:      l.ownOf,
 	}, peers.Deps{Logger: r.log, Registerer: reg})
 	if err != nil {
 		return err
@@ -170,11 +171,13 @@ func (l *peerLinks) withdrawn(origin string, placement uint64) {
 	h.Withdraw()
 }
 
-// flights sets every known target's peer in-flight work to the peers' sum.
-func (l *peerLinks) flights(sum map[target.ID]peers.TargetFlights) {
-	for _, t := range l.r.mon.Snapshot().Targets {
-		f := sum[t.ID]
-		t.SetPeerFlights(health.Flights{InFlight: f.InFlight, Prefilling: f.Prefilling, QueuedUncachedTokens: f.QueuedUncachedTokens})
+// flights sets the peers' in-flight work on the targets it names.
+func (l *peerLinks) flights(sums map[target.ID]peers.TargetFlights) {
+	snap := l.r.mon.Snapshot()
+	for id, f := range sums {
+		if t, ok := snap.Target(id); ok {
+			t.SetPeerFlights(health.Flights{InFlight: f.InFlight, Prefilling: f.Prefilling, QueuedUncachedTokens: f.QueuedUncachedTokens})
+		}
 	}
 }
 
@@ -183,11 +186,20 @@ func (l *peerLinks) own() []peers.TargetFlights {
 	var out []peers.TargetFlights
 	for _, t := range l.r.mon.Snapshot().Targets {
 		if f := t.Flights(); !f.IsZero() {
-			out = append(out, peers.TargetFlights{Target: t.ID, InFlight: f.InFlight, Prefilling: f.Prefilling,
-				QueuedUncachedTokens: f.QueuedUncachedTokens})
+			out = append(out, peerFlights(t.ID, f))
 		}
 	}
 	return out
+}
+
+// ownOf is this replica's in-flight work on one target.
+func (l *peerLinks) ownOf(id target.ID) peers.TargetFlights {
+	t, _ := l.r.mon.Snapshot().Target(id)
+	return peerFlights(id, t.Flights())
+}
+
+func peerFlights(id target.ID, f health.Flights) peers.TargetFlights {
+	return peers.TargetFlights{Target: id, InFlight: f.InFlight, Prefilling: f.Prefilling, QueuedUncachedTokens: f.QueuedUncachedTokens}
 }
 
 // share publishes a placement this replica recorded and returns its

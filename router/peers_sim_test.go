@@ -70,6 +70,19 @@ func runReplicas(t *testing.T, replicas int, share bool) replicaRun {
 	}
 	g := &specRig{t: t, f: f}
 	run := replicaRun{}
+	// PEER_THINK (a duration, 0 for none) is a client's pause between an
+	// answer and its next request instead of the wait, for
+	// docs/performance.md's figures.
+	var think time.Duration
+	if s, ok := os.LookupEnv("PEER_THINK"); ok {
+		var err error
+		if think, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("PEER_THINK=%q: %v", s, err)
+		}
+		if think == 0 {
+			think = time.Nanosecond
+		}
+	}
 	n := 0
 	next := func() *Router {
 		r := rs[n%replicas]
@@ -82,11 +95,13 @@ func runReplicas(t *testing.T, replicas int, share bool) replicaRun {
 		leader := g.send(g.body(head, 0))
 		for i := 1; i <= followers; i++ {
 			g.r = next()
-			if share && os.Getenv("PEER_NO_WAIT") == "" {
-				// The prediction reaches the other replicas in well under
-				// a millisecond on loopback (the lag measured below); the
-				// test waits for it rather than for a clock. PEER_NO_WAIT
-				// sends at once, as clients would.
+			switch {
+			case think > 0:
+				time.Sleep(think)
+			case share:
+				// What a replica shares reaches the others within about a
+				// millisecond on loopback (the lag measured below); the
+				// test waits for it rather than for a clock.
 				waitShared(t, rs)
 			}
 			got := g.send(g.body(head, i))
