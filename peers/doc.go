@@ -5,8 +5,9 @@
 // on each pod, is its own: a sibling request reaching another replica
 // inside the event gap is blind to both. Each replica publishes its
 // predictions (target, block keys, deadline, origin), their withdrawals
-// and, every flights interval, its dispatched-but-unanswered work per
-// target on a ZeroMQ PUB socket (--peer-listen), and subscribes to the
+// and its dispatched-but-unanswered work per target (when it changes, and
+// all of it every flights interval) on a ZeroMQ PUB socket
+// (--peer-listen), and subscribes to the
 // others (--peers: addresses, or a headless Service's name re-resolved;
 // its own address skipped).
 //
