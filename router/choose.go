@@ -73,18 +73,25 @@ func PolicyNames() []string {
 // requests. cached_estimate is the tier-weighted confirmed run (plus trusted
 // predicted blocks under the speculative policy) times the block size,
 // counted only while t's event stream is trusted.
+//
+// ReuseWait weighs, under the speculative policy, a follower's reuse of the
+// prefill its predicted blocks are queued for on their target while the
+// fleet has capacity to spare (see preciseCost).
 type CostConfig struct {
 	DecodeWeight float64
 	KVThreshold  float64
 	KVPressure   float64
+	ReuseWait    float64
 }
 
 // DefaultCostConfig returns the defaults: a running sequence costs about as
-// much as 32 prefill tokens per scheduling step it shares, and a pod whose KV
+// much as 32 prefill tokens per scheduling step it shares; a pod whose KV
 // cache is above 90% full charges up to one extra prompt's worth (the request
-// may wait for memory or evict someone's prefix).
+// may wait for memory or evict someone's prefix); and a follower may wait
+// up to half of the prefill it reuses rather than have an idle pod compute
+// it again (docs/performance.md, "Followers beside an idle pod").
 func DefaultCostConfig() CostConfig {
-	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1}
+	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1, ReuseWait: 0.5}
 }
 
 // LoadView is a candidate's load as the cost model saw it.
@@ -196,9 +203,8 @@ func (c *chooser) runningOf(l LoadView) float64 {
 }
 
 // spareCapacity says how far a second computation of a prefix would cost
-// the fleet nothing: 1 when some usable pod is idle, falling to 0 once the
-// least busy one has a whole prompt's worth of work. It weighs
-// the follower discount of preciseCost. A pod's busyness is its queued
+// the fleet nothing, from 1 when some usable pod is idle down to 0 once the
+// least busy one has two prompts' worth of work. A pod's work is its queued
 // prefill and its decoding sequences in the cost's units: a pod that is
 // decoding is not idle however short its queue is at this instant.
 func (c *chooser) spareCapacity(cands []Candidate, usable []int, promptTokens int) float64 {
@@ -209,7 +215,7 @@ func (c *chooser) spareCapacity(cands []Candidate, usable []int, promptTokens in
 	for _, i := range usable {
 		least = math.Min(least, c.queuedTokens(cands[i].Load)+c.cost.DecodeWeight*c.runningOf(cands[i].Load))
 	}
-	return 1 - math.Min(1, least/float64(promptTokens))
+	return 1 - math.Min(1, least/(2*float64(promptTokens)))
 }
 
 // preciseCost is the cost model of CostConfig for one candidate; spare is
@@ -221,16 +227,19 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int, spare 
 	predicted := float64(cd.SpeculativeBlocks*blockSize) * cd.PredictionWeight
 	// A follower of predictions waits on their target for the queued
 	// prefill that computes them: its first token comes no sooner than if
-	// it computed those blocks itself on an idle pod. What it saves is the
-	// capacity a second computation would spend, and that is worth a wait
-	// only when no pod has capacity to spare: under load the holder's
-	// queued prefill of the follower's blocks is not charged to it (else a
-	// sibling arriving during its prefix's prefill costs as much on the
-	// holder as on a busy pod, 2,000 queued + 50 own against 2,050, and
-	// siblings scatter, each pod computing the prefix again); on an idle
-	// fleet it is, and siblings spread over idle pods, whose prefills run
-	// side by side (docs/performance.md, "Speculative placements").
-	queued -= (1 - spare) * math.Min(float64(l.QueuedUncachedTokens), predicted)
+	// it computed those blocks itself on an idle pod, and later by the
+	// other followers' own prefill stacked with it. What it saves is the
+	// capacity a second computation would spend. Under load that capacity
+	// is what every later request waits for, and the queued prefill of
+	// the follower's blocks is not charged to it (else a sibling arriving
+	// during its prefix's prefill costs as much on the holder as on a busy
+	// pod, 2,000 queued + 50 own against 2,050, and siblings scatter, each
+	// pod computing the prefix again). While a pod is idle only ReuseWait
+	// of it is taken off: the follower stays with the holder as long as it
+	// waits there no more than that share of the reused prefill beyond
+	// what the idle pod would take (docs/architecture.md, "Followers").
+	reuse := c.cost.ReuseWait + (1-c.cost.ReuseWait)*(1-spare)
+	queued -= reuse * math.Min(float64(l.QueuedUncachedTokens), predicted)
 	cached := cd.Weighted*cd.Trust*float64(blockSize) + predicted
 	cached = math.Min(cached, float64(promptTokens))
 	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running

@@ -83,10 +83,6 @@ func TestPreciseCost(t *testing.T) {
 			cand("a", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2500}),
 			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 4, Prefilling: 4, QueuedUncachedTokens: 8000}), 125, 0.8)},
 			2050, "a"},
-		{"beside an idle pod a follower waits for the prefill it reuses", []Candidate{
-			cand("a", 0, eventplane.VerdictFresh, idle),
-			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: 2100}), 125, 1)},
-			2050, "a"},
 		{"at equal cost the longer cached run wins", []Candidate{
 			cand("a", 0, eventplane.VerdictFresh, idle),
 			predictedCand(cand("b", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}), 125, 1)},
@@ -105,6 +101,44 @@ func TestPreciseCost(t *testing.T) {
 					t.Logf("%s cost %.1f", cd.Target.ID.Endpoint, cd.Cost)
 				}
 				t.Fatalf("chose %d, want %s", d.idx, c.want)
+			}
+		})
+	}
+}
+
+// TestReuseWait: beside an idle pod, a follower stays on the holder still
+// computing its prefix only while the extra wait there (the other
+// followers' own prefill stacked with it) is at most --reuse-wait of the
+// prefill it reuses; on a busy fleet it always stays.
+func TestReuseWait(t *testing.T) {
+	holder := func(queued int64) Candidate {
+		return predictedCand(cand("holder", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: queued}), 125, 1)
+	}
+	idle := cand("idle", 0, eventplane.VerdictFresh, LoadView{})
+	busy := cand("busy", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: 4100})
+	cases := []struct {
+		name  string
+		wait  float64
+		cands []Candidate
+		want  string
+	}{
+		// 2,000 reused tokens queued, 50 × 2 of other followers' suffixes.
+		{"never wait: the idle pod computes the prefix again", 0, []Candidate{idle, holder(2100)}, "idle"},
+		{"a wait of 100 is within half of 2,000", 0.5, []Candidate{idle, holder(2100)}, "holder"},
+		{"a wait of 1,100 is not", 0.5, []Candidate{idle, holder(3100)}, "idle"},
+		{"always wait", 1, []Candidate{idle, holder(3100)}, "holder"},
+		{"no pod idle: stay whatever the setting", 0, []Candidate{busy, holder(3100)}, "holder"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cost := DefaultCostConfig()
+			cost.ReuseWait = c.wait
+			d := newChooser(PolicySpeculative, cost).choose(c.cands, 2050, 16, false)
+			if got := c.cands[d.idx].Target.ID.Endpoint; got != c.want {
+				for _, cd := range c.cands {
+					t.Logf("%s cost %.1f", cd.Target.ID.Endpoint, cd.Cost)
+				}
+				t.Fatalf("chose %s, want %s", got, c.want)
 			}
 		})
 	}

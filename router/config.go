@@ -144,6 +144,9 @@ func (c Config) Validate() error {
 	if !(c.Cost.KVPressure >= 0) || math.IsInf(c.Cost.KVPressure, 0) {
 		bad("--kv-pressure %v must be a finite number, not negative", c.Cost.KVPressure)
 	}
+	if !(c.Cost.ReuseWait >= 0 && c.Cost.ReuseWait <= 1) {
+		bad("--reuse-wait must be within [0, 1]")
+	}
 
 	switch c.Tokenization {
 	case tokenize.ModeLocal, tokenize.ModeRemote, tokenize.ModeAuto:
