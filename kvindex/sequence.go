@@ -39,12 +39,17 @@ type sequencerConfig struct {
 	QueueSize     int
 	Logger        *slog.Logger // with the stream's attributes
 	Metrics       *Metrics
+	// Now stamps each batch's arrival (LastEvent); nil: time.Now.
+	Now func() time.Time
 }
 
 type rawMessage struct {
 	seq     uint64
 	payload []byte
-	err     error // malformed framing
+	// batch is the message already decoded (an in-process stream,
+	// Direct); payload is then unused.
+	batch *events.Batch
+	err   error // malformed framing
 	// connected marks the socket (re)connecting rather than a message:
 	// the moment to catch up through replay.
 	connected bool
@@ -59,6 +64,9 @@ func newSequencer(cfg sequencerConfig) *sequencer {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &sequencer{
 		cfg:    cfg,
@@ -173,7 +181,11 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 	if st.have && msg.seq < st.next {
 		return // the replay already delivered it
 	}
-	s.deliver(msg.seq, msg.payload, false)
+	if msg.batch != nil {
+		s.handOver(msg.seq, msg.batch, nil, false)
+	} else {
+		s.deliver(msg.seq, msg.payload, false)
+	}
 	st.have, st.next, st.dupOpen = true, msg.seq+1, false
 }
 
@@ -216,12 +228,18 @@ func (s *sequencer) unrecovered(n uint64) {
 // deliver decodes and hands one batch to the handler.
 func (s *sequencer) deliver(seq uint64, payload []byte, replayed bool) {
 	b, err := events.Decode(payload)
+	s.handOver(seq, &b, err, replayed)
+}
+
+// handOver hands one batch, decoded with err, to the handler and records
+// its arrival.
+func (s *sequencer) handOver(seq uint64, b *events.Batch, err error, replayed bool) {
 	if err != nil {
 		s.decodeFailed(seq, err)
 	} else {
-		s.cfg.Handle(seq, &b, replayed)
+		s.cfg.Handle(seq, b, replayed)
 	}
-	now := time.Now()
+	now := s.cfg.Now()
 	s.update(func(st *SubscriberStatus) {
 		st.LastSeq, st.HaveSeq, st.LastEvent = seq, true, now
 		if err == nil {

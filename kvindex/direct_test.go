@@ -1,0 +1,60 @@
+package kvindex
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+func TestDirectSequences(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		seqs        []uint64
+		handled     []uint64
+		gaps        uint64
+		unrecovered uint64
+		restarts    int
+	}{
+		{name: "in order", seqs: []uint64{0, 1, 2}, handled: []uint64{0, 1, 2}},
+		{name: "a gap is unrecovered without replay", seqs: []uint64{0, 1, 4, 5}, handled: []uint64{0, 1, 4, 5}, gaps: 1, unrecovered: 2},
+		{name: "backwards is a restart", seqs: []uint64{0, 1, 2, 0, 1}, handled: []uint64{0, 1, 2, 0, 1}, restarts: 1},
+		{name: "a publisher numbering from 1", seqs: []uint64{1, 2}, handled: []uint64{1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := manualclock.New()
+			var handled []uint64
+			restarts := 0
+			d := NewDirect(DirectConfig{
+				Target:    target.ID{Endpoint: "http://pod:8000"},
+				Handle:    func(seq uint64, _ *events.Batch, _ bool) { handled = append(handled, seq) },
+				Restarted: func() { restarts++ },
+				Now:       clk.Now,
+			})
+			if st := d.Status(); !st.Connected || st.HaveSeq {
+				t.Fatalf("new stream: %+v, want connected without a sequence", st)
+			}
+			for _, s := range tc.seqs {
+				clk.Advance(time.Second)
+				d.Deliver(s, &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}})
+			}
+			st := d.Status()
+			if len(handled) != len(tc.handled) {
+				t.Fatalf("handled %v, want %v", handled, tc.handled)
+			}
+			for i := range handled {
+				if handled[i] != tc.handled[i] {
+					t.Fatalf("handled %v, want %v", handled, tc.handled)
+				}
+			}
+			if st.Gaps != tc.gaps || st.Unrecovered != tc.unrecovered || restarts != tc.restarts {
+				t.Errorf("gaps %d, unrecovered %d, restarts %d; want %d, %d, %d", st.Gaps, st.Unrecovered, restarts, tc.gaps, tc.unrecovered, tc.restarts)
+			}
+			if !st.LastEvent.Equal(clk.Now()) || st.LastSeq != tc.seqs[len(tc.seqs)-1] {
+				t.Errorf("last event %v seq %d, want the injected clock's %v and seq %d", st.LastEvent, st.LastSeq, clk.Now(), tc.seqs[len(tc.seqs)-1])
+			}
+		})
+	}
+}
