@@ -256,6 +256,9 @@ func (p *Plane) statusOf(t *stream) (kvindex.SubscriberStatus, bool) {
 	if p.statusFn != nil {
 		return p.statusFn(t.id)
 	}
+	if t.direct != nil {
+		return t.direct.Status(), true
+	}
 	if t.sub == nil {
 		return kvindex.SubscriberStatus{}, false
 	}

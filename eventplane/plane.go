@@ -32,6 +32,10 @@ type Source struct {
 	// HOST:PORT does not find it (the endpoint's topic=); empty: found by
 	// the topic's HOST:PORT.
 	Topic string
+	// InProcess says the target's batches are handed to Deliver by the
+	// caller (the benchmark's discrete-event engine), not received from a
+	// socket: the plane follows them through a kvindex.Direct stream.
+	InProcess bool
 }
 
 // Cache is what health reports about a target's pod, as far as the plane
@@ -129,10 +133,12 @@ type Plane struct {
 // stream is one target's event stream: its subscription and the state
 // freshness is judged from. Guarded by Plane.mu, except live.
 type stream struct {
-	id   target.ID
-	src  Source
-	sub  *subscription
-	live *live
+	id  target.ID
+	src Source
+	sub *subscription
+	// direct is the in-process stream of a Source.InProcess target.
+	direct *kvindex.Direct
+	live   *live
 	// onBus: the target's events arrive on a bus, not on a subscriber of
 	// its own. host and port are its endpoint's, which topics name.
 	onBus bool
@@ -486,6 +492,27 @@ func (p *Plane) Run(ctx context.Context) error {
 	}
 }
 
+// Evaluate judges every stream and publishes the verdicts now, as Run
+// does every EvalInterval: a caller on a virtual clock that does not run
+// Run calls it at its own pace.
+func (p *Plane) Evaluate() { p.evaluate() }
+
+// Deliver applies batch seq of an in-process target's stream
+// (Source.InProcess), in sequence order, before it returns; a batch for a
+// target that is not in process, or before block keys are known, is
+// dropped. Calls for one target must not overlap.
+func (p *Plane) Deliver(id target.ID, seq uint64, b *events.Batch) {
+	p.mu.Lock()
+	var d *kvindex.Direct
+	if s := p.streams[id]; s != nil {
+		d = s.direct
+	}
+	p.mu.Unlock()
+	if d != nil {
+		d.Deliver(seq, b)
+	}
+}
+
 // evaluate judges every stream and publishes the verdicts.
 func (p *Plane) evaluate() {
 	p.mu.Lock()
@@ -562,6 +589,20 @@ func (p *Plane) configureLocked(blockSize int, algo string) (bool, error) {
 // startLocked starts s's subscriber when the plane runs, block keys are
 // known and s has an events address; it does nothing if one runs already.
 func (p *Plane) startLocked(s *stream) {
+	if s.src.InProcess {
+		if s.direct == nil && p.ingestor != nil {
+			id, in := s.id, p.ingestor
+			s.direct = kvindex.NewDirect(kvindex.DirectConfig{
+				Target:    id,
+				Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
+				Restarted: func() { in.Reset(id) },
+				Logger:    p.log,
+				Metrics:   p.metrics,
+				Now:       p.now,
+			})
+		}
+		return
+	}
 	if s.sub != nil || s.onBus || p.ctx == nil || p.ingestor == nil || s.src.Events == "" {
 		return
 	}
@@ -593,6 +634,7 @@ func (p *Plane) startLocked(s *stream) {
 
 // stopLocked stops s's subscriber, if any, and waits for it briefly.
 func (p *Plane) stopLocked(s *stream) {
+	s.direct = nil
 	sc := s.sub
 	if sc == nil {
 		return
