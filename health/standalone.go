@@ -1,0 +1,39 @@
+package health
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// Standalone returns a routable target that no Monitor watches: its load
+// ledger and circuit breaker are a monitored target's, with cfg's breaker
+// settings, on the clock now. The benchmark's discrete-event engine builds
+// its simulated fleet's targets with it, on its virtual clock, and hands
+// each scrape of a pod's gauges to WithLoad, as a Monitor rebuilds its
+// snapshot after a scrape.
+func Standalone(id target.ID, model string, cfg Config, now func() time.Time) (*Target, error) {
+	cfg.fill()
+	if errs := cfg.positive().Check(); len(errs) > 0 {
+		return nil, fmt.Errorf("health: %w", errors.Join(errs...))
+	}
+	sh := &shared{now: now, failures: int64(cfg.BreakerFailures), cooldown: cfg.BreakerCooldown,
+		maxCooldown: cfg.BreakerMaxCooldown, kick: make(chan struct{}, 1)}
+	return &Target{
+		ID: id, Name: id.String(), Source: SourceFlag, State: StateRoutable, Since: now(),
+		Spec:    TargetSpec{ID: id, DP: 1, Models: []string{model}, Role: RoleBoth},
+		Models:  []string{model},
+		Scraped: Load{Stale: true},
+		live:    &live{sh: sh},
+	}, nil
+}
+
+// WithLoad is t as of a scrape that read l: a new target sharing t's load
+// ledger and breaker, as each Monitor snapshot does. t is not changed.
+func (t *Target) WithLoad(l Load) *Target {
+	c := *t
+	c.Scraped = l
+	return &c
+}
