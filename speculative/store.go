@@ -330,6 +330,10 @@ func (s *Store) Run(ctx context.Context) error {
 	}
 }
 
+// Tick is one round of Run: a caller on a virtual clock that does not
+// run Run calls it every TimerResolution of its own time.
+func (s *Store) Tick() { s.tick() }
+
 // tick is one round of Run.
 func (s *Store) tick() {
 	now := s.clock()
