@@ -148,15 +148,9 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 // prompt before dispatch), and, when its predicted run counted in the
 // choice, the request as a follower of those predictions.
 func (a *attempt) predict(c *Candidate) {
-	d, x, spec := a.d, a.x, a.x.dec.spec
-	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
-	ns := speculative.Namespace{Model: x.model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize}
-	keys := d.chain.Keys[from:]
-	a.placement = spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: x.id, Namespace: ns}, keys)
-	a.shared = a.r.links.share(a.placement, c.Target.ID, ns, keys)
-	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
-		a.follower = spec.Follow(c.predicted, x.id)
-	}
+	pr := a.x.dec.place(a.d, c, a.x.id, a.x.model)
+	a.placement, a.follower = pr.placement, pr.follower
+	a.shared = a.r.links.share(pr.placement, c.Target.ID, pr.ns, pr.keys)
 }
 
 // withdraw ends the attempt's predictions, here and at the peer replicas

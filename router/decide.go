@@ -190,6 +190,32 @@ func (dc *decider) predict(d *decision, in decisionInput) {
 	}
 }
 
+// dispatchPrediction is what dispatching a decision predicts: the
+// placement on the chosen target with its namespace and keys (what peer
+// replicas are told), and the follower when predicted blocks counted in
+// the choice.
+type dispatchPrediction struct {
+	placement *speculative.Placement
+	follower  *speculative.Follower
+	ns        speculative.Namespace
+	keys      []kvindex.Key
+}
+
+// place records the blocks chosen candidate c does not hold yet as
+// predicted placements on it (the speculative policy reads the whole
+// prompt before dispatch), and, when its predicted run counted in the
+// choice, the request as a follower of those predictions.
+func (dc *decider) place(d *decision, c *Candidate, requestID, model string) dispatchPrediction {
+	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
+	pr := dispatchPrediction{ns: speculative.Namespace{Model: model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize},
+		keys: d.chain.Keys[from:]}
+	pr.placement = dc.spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: requestID, Namespace: pr.ns}, pr.keys)
+	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
+		pr.follower = dc.spec.Follow(c.predicted, requestID)
+	}
+	return pr
+}
+
 // without decides again after the chosen target failed before its first
 // byte: the same prompt and runs, without that target, on the others'
 // routability and load as they are now.

@@ -319,9 +319,7 @@ func (o *promptOutcome) record() {
 		o.measureCache(v, prompt)
 	}
 	if o.spec != nil {
-		o.spec.Record(speculative.Outcome{Model: o.model, Arm: o.d.arm, PromptTokens: int(prompt),
-			PredictedCached: v.predicted, ReportedCached: int(u.cachedTokens), CachedReported: u.cachedKnown,
-			TTFT: o.ttft, Follower: o.follower})
+		o.spec.Record(o.d.outcome(o.model, int(prompt), v.predicted, u, o.ttft, o.follower))
 	}
 	if o.line != nil {
 		o.fillLine(v)
@@ -373,4 +371,13 @@ func (o *promptOutcome) measureCache(v promptView, prompt int64) {
 	}
 	m.prediction.WithLabelValues(o.target, o.model, pol, outcome).Inc()
 	m.predictionErr.WithLabelValues(pol).Observe(float64(diff))
+}
+
+// outcome is what the speculative store learns from an answered request of
+// decision d: its arm, the prompt, the cached tokens predicted and
+// reported, its TTFT and the follower it was routed as.
+func (d *decision) outcome(model string, prompt, predicted int, u usage, ttft time.Duration, f *speculative.Follower) speculative.Outcome {
+	return speculative.Outcome{Model: model, Arm: d.arm, PromptTokens: prompt,
+		PredictedCached: predicted, ReportedCached: int(u.cachedTokens), CachedReported: u.cachedKnown,
+		TTFT: ttft, Follower: f}
 }

@@ -1,0 +1,234 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/speculative"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// VirtualConfig is a Virtual router: the serve command's policy, cost,
+// event-plane, speculative and breaker settings, a fixed fleet of targets
+// and the clock everything runs on.
+type VirtualConfig struct {
+	Policy      Policy
+	Cost        CostConfig
+	Events      eventplane.Config
+	Speculative speculative.Config
+	// Health gives the breaker's settings; nothing is probed or scraped.
+	Health health.Config
+	// Model is what every target serves.
+	Model string
+	// Targets are the fleet, fixed for the router's life; NumGPUBlocks is
+	// each one's KV cache (vllm:cache_config_info), which bounds its
+	// placements in the index.
+	Targets      []target.ID
+	NumGPUBlocks int
+	// Now is the clock of the plane, the predictions and the load ledger.
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Virtual is the router's decision and bookkeeping without HTTP, sockets
+// or goroutines, for the benchmark's discrete-event engine: the same
+// decider, chooser, event plane (index, ingestion, freshness), predicted
+// placements and load ledger that decide for the API and the dry run, on
+// a clock the caller owns. The caller routes prompts of token ids (Route),
+// reports each request's first byte and end, hands over each target's
+// KV-event batches (Deliver) and scraped gauges (Scrape), and paces the
+// periodic work (Evaluate every Events.EvalInterval, Tick every
+// speculative.TimerResolution). Methods must not be called concurrently.
+type Virtual struct {
+	dec   *decider
+	plane *eventplane.Plane
+	spec  *speculative.Store
+	model string
+	// targets are the fleet's as of their last scrape; slot maps an id to
+	// its place.
+	targets []*health.Target
+	slot    map[target.ID]int
+	now     func() time.Time
+	nextID  uint64
+}
+
+// NewVirtual builds a virtual router with an empty index.
+func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
+	if cfg.Now == nil {
+		return nil, errors.New("virtual router: no clock")
+	}
+	if cfg.Events.BlockSize <= 0 {
+		return nil, errors.New("virtual router: the block size must be given (Events.BlockSize)")
+	}
+	if len(cfg.Targets) == 0 {
+		return nil, errors.New("virtual router: no targets")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now}
+	var observer kvindex.Observer
+	if cfg.Policy == PolicySpeculative {
+		stream := func(id target.ID) speculative.Stream {
+			return speculative.Stream{Fresh: v.plane.Trust(id).Predictions}
+		}
+		var err error
+		if v.spec, err = speculative.New(cfg.Speculative, speculative.Deps{Logger: log, Now: cfg.Now, Stream: stream}); err != nil {
+			return nil, fmt.Errorf("virtual router: %w", err)
+		}
+		observer = v.spec.Observer()
+	}
+	var err error
+	if v.plane, err = eventplane.New(cfg.Events, eventplane.Deps{Logger: log, Now: cfg.Now, Observer: observer}); err != nil {
+		return nil, fmt.Errorf("virtual router: %w", err)
+	}
+	caches := make(map[target.ID]eventplane.Cache, len(cfg.Targets))
+	for i, id := range cfg.Targets {
+		t, err := health.Standalone(id, cfg.Model, cfg.Health, cfg.Now)
+		if err != nil {
+			return nil, fmt.Errorf("virtual router: %w", err)
+		}
+		v.targets = append(v.targets, t)
+		v.slot[id] = i
+		caches[id] = eventplane.Cache{Serving: true, Reported: true, BlockSize: cfg.Events.BlockSize,
+			HashAlgo: cfg.Events.HashAlgo, NumGPUBlocks: cfg.NumGPUBlocks}
+		if v.spec != nil {
+			v.spec.AddTarget(id)
+		}
+	}
+	v.plane.SetCaches(caches)
+	for _, id := range cfg.Targets {
+		v.plane.SetTarget(id, eventplane.Source{InProcess: true})
+	}
+	v.dec = newDecider(cfg.Policy, cfg.Cost, v.plane, v.spec)
+	return v, nil
+}
+
+// VirtualRequest is one request Virtual.Route dispatched: it holds the
+// target's flight, the plane's expectation and the predicted placements
+// until its end.
+type VirtualRequest struct {
+	v         *Virtual
+	d         *decision
+	id        string
+	flight    health.Flight
+	expect    eventplane.Expectation
+	placement *speculative.Placement
+	follower  *speculative.Follower
+	predicted int
+	sent      time.Time
+	ttft      time.Duration
+	answered  bool
+}
+
+// Route decides where a prompt of token ids goes and dispatches it there,
+// as the API path does between the decision and the request leaving:
+// the load ledger, the event plane's expectation, the predicted placements
+// (speculative policy) and the approximate policy's table. text is what
+// the approximate policy hashes; session names the conversation for the
+// holdback arm (empty: the request alone).
+func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
+	v.nextID++
+	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: v.now()}
+	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
+	d, err := v.dec.decide(decisionInput{model: v.model, targets: v.targets,
+		prompt: promptTokens{ids: ids, count: len(ids), source: "ids"}, approxText: text, conversation: conv})
+	if err != nil {
+		return nil, err
+	}
+	r.d = d
+	c := d.target()
+	pv := d.view(nil, d.chosen)
+	r.predicted = pv.predicted
+	r.flight = c.Target.Dispatch(pv.prompt.count, pv.prompt.count-pv.predicted)
+	r.expect = v.plane.Dispatch(c.Target.ID)
+	if d.predicting {
+		pr := v.dec.place(d, c, r.id, v.model)
+		r.placement, r.follower = pr.placement, pr.follower
+	}
+	if ap := v.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
+		ap.record(c.Target.ID, d.approxChunks)
+	}
+	return r, nil
+}
+
+// Target is where the request went.
+func (r *VirtualRequest) Target() target.ID { return r.d.target().Target.ID }
+
+// PredictedCached is the prompt tokens the router expects the target to
+// serve from its cache.
+func (r *VirtualRequest) PredictedCached() int { return r.predicted }
+
+// FirstByte records the request's first byte now: its prefill leaves the
+// target's queue and the plane awaits the blocks it computed.
+func (r *VirtualRequest) FirstByte() {
+	if r.answered {
+		return
+	}
+	r.answered = true
+	r.ttft = r.v.now().Sub(r.sent)
+	r.v.dec.atFirstByte(r.d, nil, &r.flight)
+	r.expect.FirstByte(r.flight.Tokens())
+}
+
+// Finish ends the request: answered, with the cached tokens the pod
+// reported, or failed at the pod before its first byte (its predicted
+// placements are withdrawn).
+func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
+	if !answered {
+		r.placement.Withdraw()
+		r.flight.Finish(health.OutcomeUpstreamError)
+		return
+	}
+	r.FirstByte()
+	r.flight.Finish(health.OutcomeSuccess)
+	if r.d.predicting && r.v.spec != nil {
+		u := usage{known: true, promptTokens: int64(r.d.prompt.count), cachedKnown: true, cachedTokens: int64(cachedTokens)}
+		r.v.spec.Record(r.d.outcome(r.v.model, r.d.prompt.count, r.predicted, u, r.ttft, r.follower))
+	}
+}
+
+// Deliver applies batch seq of target id's KV-event stream, as the
+// target's subscriber does once it received and decoded it.
+func (v *Virtual) Deliver(id target.ID, seq uint64, b *events.Batch) { v.plane.Deliver(id, seq, b) }
+
+// Scrape records what a scrape of target id's /metrics read now.
+func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64) {
+	i, ok := v.slot[id]
+	if !ok {
+		return
+	}
+	v.targets[i] = v.targets[i].WithLoad(health.Load{Running: running, Waiting: waiting, KVUsage: kvUsage, At: v.now()})
+}
+
+// Evaluate judges every target's event stream now (the plane's
+// EvalInterval).
+func (v *Virtual) Evaluate() { v.plane.Evaluate() }
+
+// Tick processes the predictions' expiries now and, once a second, their
+// slow evaluations (every speculative.TimerResolution).
+func (v *Virtual) Tick() {
+	if v.spec != nil {
+		v.spec.Tick()
+	}
+}
+
+// Speculative is the predicted placements' view (GET /debug/speculative);
+// false when the policy is not speculative.
+func (v *Virtual) Speculative() (speculative.View, bool) {
+	if v.spec == nil {
+		return speculative.View{}, false
+	}
+	return v.spec.View(), true
+}
+
+// Verdict is the verdict on target id's event stream.
+func (v *Virtual) Verdict(id target.ID) eventplane.Verdict { return v.plane.Verdict(id) }

@@ -1,0 +1,191 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// virtualFleet is a Virtual router in front of ranks it steps by hand.
+type virtualFleet struct {
+	t     *testing.T
+	clk   *manualclock.Clock
+	v     *Virtual
+	ids   []target.ID
+	ranks map[target.ID]*sim.Rank
+	seqs  map[target.ID]uint64
+	now   time.Duration
+}
+
+func newVirtualFleet(t *testing.T, p Policy, pods int) *virtualFleet {
+	t.Helper()
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &virtualFleet{t: t, clk: manualclock.New(), ranks: map[target.ID]*sim.Rank{}, seqs: map[target.ID]uint64{}}
+	for i := range pods {
+		id := target.ID{Endpoint: "http://pod-" + itoa(i) + ":8000"}
+		f.ids = append(f.ids, id)
+		if f.ranks[id], err = sim.NewRank(sim.Config{Profile: prof}, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := DefaultConfig()
+	ev := cfg.Events
+	ev.BlockSize = prof.BlockSize
+	f.v, err = NewVirtual(VirtualConfig{Policy: p, Cost: cfg.Cost, Events: ev, Speculative: cfg.Speculative, Health: cfg.Health,
+		Model: prof.Model, Targets: f.ids, NumGPUBlocks: prof.NumGPUBlocks, Now: f.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// serve routes a prompt, runs it on its rank to the end and, with
+// deliver, hands the rank's KV events to the router. It returns the
+// request.
+func (f *virtualFleet) serve(prompt []uint32, deliver bool) *VirtualRequest {
+	f.t.Helper()
+	vr, err := f.v.Route(prompt, nil, "")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	r := f.ranks[vr.Target()]
+	q, err := r.Add(prompt, 2, f.now)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for !r.Idle() {
+		d := r.Step(f.now)
+		f.now += d
+		f.clk.Advance(d)
+		r.FinishStep(f.now)
+		if q.Snapshot().Generated > 0 {
+			vr.FirstByte()
+		}
+	}
+	vr.Finish(true, q.Snapshot().CachedTokens)
+	for _, b := range r.Events() {
+		if deliver {
+			f.v.Deliver(vr.Target(), f.seqs[vr.Target()], &b)
+		}
+		f.seqs[vr.Target()]++
+	}
+	f.v.Evaluate()
+	return vr
+}
+
+func promptOf(n int, seed uint32) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = seed + uint32(i)
+	}
+	return p
+}
+
+func TestVirtualRoutesToTheConfirmedHolder(t *testing.T) {
+	for _, p := range []Policy{PolicyPrecise, PolicySpeculative} {
+		t.Run(p.String(), func(t *testing.T) {
+			f := newVirtualFleet(t, p, 3)
+			prompt := promptOf(200, 7)
+			first := f.serve(prompt, true)
+			if first.PredictedCached() != 0 {
+				t.Fatalf("a first prompt predicted %d cached tokens", first.PredictedCached())
+			}
+			for range 4 {
+				again := f.serve(prompt, true)
+				if again.Target() != first.Target() {
+					t.Fatalf("the same prompt went to %s, not its holder %s", again.Target(), first.Target())
+				}
+				if again.PredictedCached() != 192 {
+					t.Errorf("predicted %d cached tokens, want the 12 full blocks before the last token", again.PredictedCached())
+				}
+			}
+			if v := f.v.Verdict(first.Target()); v != eventplane.VerdictFresh {
+				t.Errorf("holder's stream %s, want fresh", v)
+			}
+		})
+	}
+}
+
+func TestVirtualSpeculativeFollowsItsPredictions(t *testing.T) {
+	// Without the first request's events, only predictions can keep the
+	// second on the first's pod. The first has had its first byte: its
+	// prefix is computed, so following it costs no wait (an idle fleet
+	// does not stack a follower behind a prefill still queued).
+	for _, tc := range []struct {
+		p    Policy
+		same bool
+	}{{PolicySpeculative, true}, {PolicyPrecise, false}} {
+		t.Run(tc.p.String(), func(t *testing.T) {
+			f := newVirtualFleet(t, tc.p, 8)
+			prompt := promptOf(400, 3)
+			vr, err := f.v.Route(prompt, nil, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			vr.FirstByte()
+			next, err := f.v.Route(prompt, nil, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			same := next.Target() == vr.Target()
+			if tc.same && (!same || next.PredictedCached() == 0) {
+				t.Errorf("follower went to %s predicting %d cached tokens, want %s on its predictions", next.Target(), next.PredictedCached(), vr.Target())
+			}
+			if !tc.same && next.PredictedCached() != 0 {
+				t.Errorf("precise predicted %d cached tokens with no event", next.PredictedCached())
+			}
+			if v, ok := f.v.Speculative(); ok != (tc.p == PolicySpeculative) || (ok && v.Overall.Funnel.Inserted == 0) {
+				t.Errorf("speculative view %v, inserted %d", ok, v.Overall.Funnel.Inserted)
+			}
+		})
+	}
+}
+
+func TestVirtualRoundRobinAndLoad(t *testing.T) {
+	f := newVirtualFleet(t, PolicyRoundRobin, 3)
+	seen := map[target.ID]int{}
+	for range 6 {
+		vr, err := f.v.Route(promptOf(50, 1), nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[vr.Target()]++
+	}
+	for _, id := range f.ids {
+		if seen[id] != 2 {
+			t.Errorf("round-robin sent %d of 6 to %s, want 2", seen[id], id)
+		}
+	}
+
+	ll := newVirtualFleet(t, PolicyLeastLoad, 2)
+	ll.v.Scrape(ll.ids[0], 9, 4, 0.5)
+	for range 3 {
+		vr, err := ll.v.Route(promptOf(50, 1), nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vr.Target() != ll.ids[1] {
+			t.Errorf("least load chose %s, whose scrape says 13 requests", vr.Target())
+		}
+	}
+}
+
+func TestNewVirtualRefusesAnIncompleteConfig(t *testing.T) {
+	ids := []target.ID{{Endpoint: "http://a:8000"}}
+	for name, cfg := range map[string]VirtualConfig{
+		"no clock":      {Policy: PolicyPrecise, Events: eventplane.Config{BlockSize: 16}, Targets: ids},
+		"no block size": {Policy: PolicyPrecise, Targets: ids, Now: time.Now},
+		"no targets":    {Policy: PolicyPrecise, Events: eventplane.Config{BlockSize: 16}, Now: time.Now},
+	} {
+		if _, err := NewVirtual(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
