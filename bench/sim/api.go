@@ -188,23 +188,7 @@ func asAPIError(err error) *apiError {
 // newSeq builds an engine request; its prompt's block hashes are computed
 // here, on the caller's goroutine, so the engine loop does not.
 func (p *Pod) newSeq(e *engine, id string, ids []uint32, pr *prepared, notify chan struct{}) (*seq, error) {
-	extras := kvindex.RequestExtras{LoRAName: pr.lora, CacheSalt: pr.salt}
-	bs := p.prof.BlockSize
-	total := len(ids) + pr.maxTok
-	// Each rank is its own EngineCore process: with a random root its
-	// hashes are its own.
-	hasher := e.hasher.Load()
-	hashes, err := hasher.Digests(make([]kvindex.Digest, 0, total/bs+1), ids, extras)
-	if err != nil {
-		return nil, fmt.Errorf("hashing prompt: %w", err)
-	}
-	tokens := make([]uint32, len(ids), total)
-	copy(tokens, ids)
-	return &seq{
-		id: id, tokens: tokens, promptLen: len(ids), maxTokens: pr.maxTok,
-		extras: extras, loraID: pr.loraID, hashes: hashes, hasher: hasher,
-		out: &output{notify: notify},
-	}, nil
+	return e.newSeq(id, ids, pr.maxTok, kvindex.RequestExtras{LoRAName: pr.lora, CacheSalt: pr.salt}, pr.loraID, notify)
 }
 
 // run submits prepared prompts to one rank and returns their sequences.

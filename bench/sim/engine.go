@@ -292,25 +292,9 @@ func (e *engine) run(ctx context.Context) {
 func (e *engine) handle(m engineMsg) {
 	switch m.kind {
 	case msgAdd:
-		s := m.s
-		if e.dead {
-			e.finish(s, "", errEngineDead)
+		if !e.add(m.s, min(e.modelNow(), e.vnow)) {
 			return
 		}
-		// A prompt hashed before a restart drew a new random root carries
-		// the old process's hashes: hash it again, as the new process would.
-		if h := e.hasher.Load(); s.hasher != h {
-			hashes, err := h.Digests(s.hashes[:0], s.tokens[:s.promptLen], s.extras)
-			if err != nil {
-				e.finish(s, "", fmt.Errorf("hashing prompt: %w", err))
-				return
-			}
-			s.hashes, s.hasher = hashes, h
-		}
-		s.arrival = min(e.modelNow(), e.vnow)
-		s.state = stateWaiting
-		s.expectHits = e.cachedRun(s.hashes, s.promptLen)
-		e.waiting = append(e.waiting, s)
 	case msgAbort:
 		e.abort(m.s)
 	case msgRestart:
@@ -353,6 +337,51 @@ func (e *engine) handle(m engineMsg) {
 		m.reply <- ok
 	}
 	e.publishStats()
+}
+
+// newSeq builds a request for e of prompt ids and maxTokens output
+// tokens, its prompt's block hashes computed by the caller.
+func (e *engine) newSeq(id string, ids []uint32, maxTokens int, extras kvindex.RequestExtras, loraID int64, notify chan struct{}) (*seq, error) {
+	bs := e.prof.BlockSize
+	total := len(ids) + maxTokens
+	// Each rank is its own EngineCore process: with a random root its
+	// hashes are its own.
+	hasher := e.hasher.Load()
+	hashes, err := hasher.Digests(make([]kvindex.Digest, 0, total/bs+1), ids, extras)
+	if err != nil {
+		return nil, fmt.Errorf("hashing prompt: %w", err)
+	}
+	tokens := make([]uint32, len(ids), total)
+	copy(tokens, ids)
+	return &seq{
+		id: id, tokens: tokens, promptLen: len(ids), maxTokens: maxTokens,
+		extras: extras, loraID: loraID, hashes: hashes, hasher: hasher,
+		out: &output{notify: notify},
+	}, nil
+}
+
+// add queues s, arrived at model time at; it reports false when s ended
+// at once (a dead engine, a prompt that cannot be hashed).
+func (e *engine) add(s *seq, at time.Duration) bool {
+	if e.dead {
+		e.finish(s, "", errEngineDead)
+		return false
+	}
+	// A prompt hashed before a restart drew a new random root carries
+	// the old process's hashes: hash it again, as the new process would.
+	if h := e.hasher.Load(); s.hasher != h {
+		hashes, err := h.Digests(s.hashes[:0], s.tokens[:s.promptLen], s.extras)
+		if err != nil {
+			e.finish(s, "", fmt.Errorf("hashing prompt: %w", err))
+			return false
+		}
+		s.hashes, s.hasher = hashes, h
+	}
+	s.arrival = at
+	s.state = stateWaiting
+	s.expectHits = e.cachedRun(s.hashes, s.promptLen)
+	e.waiting = append(e.waiting, s)
+	return true
 }
 
 // step schedules one batch as vLLM v1's scheduler does and returns its model

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
@@ -24,6 +25,26 @@ type RankState struct {
 	// blocks in use.
 	Running, Waiting int
 	KVUsage          float64
+}
+
+// oracleMissWeight is what an uncached prompt token costs the oracle.
+const oracleMissWeight = 2
+
+// OracleCost is the benchmark's oracle policy's score of the rank for a
+// prompt of promptTokens tokens, in prefill tokens: the router's precise
+// cost (router.CostConfig, decodeWeight its DecodeWeight) with the true
+// queue and cached prefix. It leaves out the KV-pressure term: that term
+// is the router's guess that a full cache makes a request wait for
+// memory, and the oracle sees those waits in the true queue (requests
+// waiting for blocks are waiting requests). And it counts uncached tokens
+// twice: a miss costs its prefill now and, by pushing a prefix out, a
+// later request's prefill. With the precise policy's weight of one, the
+// greedy choice tips under load into spreading every group over every pod
+// and does not come back (measured: docs/performance.md).
+func (st RankState) OracleCost(promptTokens int, decodeWeight float64) float64 {
+	cost := float64(st.QueuedPrefillTokens) + oracleMissWeight*float64(promptTokens-min(st.CachedTokens, promptTokens)) +
+		decodeWeight*float64(st.Running)
+	return math.Max(cost, 0)
 }
 
 // probeMsg asks an engine for its RankState for a prompt's block hashes.
@@ -73,13 +94,17 @@ func (p *Pod) Probe(ctx context.Context, ids []uint32) ([]RankState, error) {
 }
 
 // answer is the engine's side of Probe; it runs on the engine goroutine.
-func (e *engine) answer(m probeMsg) {
+func (e *engine) answer(m probeMsg) { m.reply <- e.state(m.hashes, m.promptLen) }
+
+// state is the engine's RankState for a prompt of promptLen tokens with
+// these block hashes.
+func (e *engine) state(hashes []kvindex.Digest, promptLen int) RankState {
 	st := RankState{Running: len(e.running), Waiting: len(e.waiting), KVUsage: e.pool.usage()}
 	if !e.dead {
 		bs := e.prof.BlockSize
-		hit := e.cachedRun(m.hashes, m.promptLen)
+		hit := e.cachedRun(hashes, promptLen)
 		if e.cpu != nil {
-			hit += e.cpu.run(m.hashes, hit, (m.promptLen-1)/bs)
+			hit += e.cpu.run(hashes, hit, (promptLen-1)/bs)
 		}
 		st.CachedTokens = hit * bs
 		for _, s := range e.waiting {
@@ -93,7 +118,7 @@ func (e *engine) answer(m probeMsg) {
 			st.QueuedPrefillTokens += max(0, s.promptLen-s.numComputed)
 		}
 	}
-	m.reply <- st
+	return st
 }
 
 // cachedRun is the prefix hit, in blocks, of a prompt of promptLen tokens
