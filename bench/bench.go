@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
@@ -58,6 +59,16 @@ type Options struct {
 	// after its last answer for its predictions' cohorts to mature, so
 	// that the confirmation rates cover the whole run (0: no wait).
 	Settle time.Duration
+	// Engine is EngineLive (default) or EngineDES: the same pods and
+	// routing code in virtual time (package des). Drain is then model
+	// time Drain × Fleet.TimeScale, as a live run's would be.
+	Engine string
+	// Routers are the router replica counts each policy runs with (des
+	// engine; nil: one).
+	Routers []int
+	// Delivery is the des engine's model of requests' and KV events' way
+	// (zero: des.DefaultDelivery).
+	Delivery des.Delivery
 }
 
 // SpeculativeOptions are the speculative policy's settings a run may
@@ -156,6 +167,9 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		if o.Speculative.Holdback != nil {
 			res.Fleet["holdback"] = *o.Speculative.Holdback
 		}
+	}
+	if o.Engine == EngineDES {
+		return o.runDES(ctx, res, prog)
 	}
 	var tm pairTiming
 	if w.Name == workload.KindPairedGap {

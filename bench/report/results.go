@@ -45,8 +45,9 @@ func (r *Record) Shed() bool { return r.Status == 429 || r.Status == 503 }
 type Results struct {
 	// Workload is the workload's name and parameters.
 	Workload map[string]any `json:"workload"`
-	// Engine is "live" (simulated pods on loopback) or "target" (an
-	// endpoint given by URL).
+	// Engine is "live" (simulated pods on loopback), "des" (the same pods
+	// and routing code in virtual time) or "target" (an endpoint given by
+	// URL).
 	Engine string `json:"engine"`
 	Seed   uint64 `json:"seed"`
 	// TimeScale is model seconds per wall second; every time here is in
@@ -123,8 +124,17 @@ type Policy struct {
 	// the wall clock (live engine): above a few hundredths of a second the
 	// machine, not the policy, shaped the latencies.
 	SimLagMaxS float64 `json:"sim_lag_max_s,omitempty"`
-	// Preemptions is the simulated pods' preemptions (live engine).
+	// Preemptions is the simulated pods' preemptions.
 	Preemptions int64 `json:"preemptions,omitempty"`
+	// Routers is the number of router replicas the clients were spread
+	// over (des engine; 0: one).
+	Routers int `json:"routers,omitempty"`
+	// DecisionUS is the wall time, in microseconds, each routed request's
+	// decision and dispatch bookkeeping took inside the run (des engine:
+	// the router's own cost per request, free of HTTP).
+	DecisionUS *Dist `json:"decision_us,omitempty"`
+	// WallS is the wall time the run took (des engine).
+	WallS float64 `json:"wall_s,omitempty"`
 
 	// TTFTCDF is the TTFT distribution as (seconds, fraction) points;
 	// TTFTOverTime the TTFT p50 and p90 of requests sent in each slice of

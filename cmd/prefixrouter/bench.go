@@ -23,6 +23,7 @@ import (
 // fleet fields take the preset's value.
 type benchSettings struct {
 	Workload, Policies string
+	Engine, Routers    string
 	Quick              bool
 	Seed               uint64
 	Out                string
@@ -46,7 +47,7 @@ type benchSettings struct {
 }
 
 func defaultBenchSettings() benchSettings {
-	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
+	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","), Engine: bench.EngineLive,
 		Seed: 1, Timeout: 30 * time.Minute, LogLevel: "error",
 		Holdback: speculative.DefaultConfig().Holdback, Settle: 15 * time.Second}
 }
@@ -82,6 +83,16 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 			func(v string) error { _, _, err := workload.ParseKind(v); return err }),
 		run.checked("policies", "policies to compare, comma-separated, in order: "+strings.Join(bench.PolicyNames(), ", "), &s.Policies,
 			func(v string) error { _, err := bench.ParsePolicies(v); return err }),
+		run.checked("engine", "live (simulated pods on loopback, real HTTP and ZeroMQ) or des (the same pods and routing code in virtual time, one goroutine: fleets and loads beyond this machine)", &s.Engine,
+			func(v string) error { _, err := bench.ParseEngine(v); return err }),
+		defaultText(run.checked("routers", "des engine: router replicas, each with its own index, predictions and load ledger; clients spread over them per connection; a list (1,2,4) runs each policy with each count", &s.Routers,
+			func(v string) error {
+				if v == "" {
+					return nil
+				}
+				_, err := bench.ParseRouters(v)
+				return err
+			}), "1"),
 		run.bool("quick", "the workload's quick preset: under a minute for every policy on a 2-core machine", &s.Quick),
 		run.uint64("seed", "seed of the workload (prompts, arrivals) and of the oracle's ties", &s.Seed),
 		defaultText(run.str("out", "directory for results.json and report.html", &s.Out), "none"),
@@ -240,11 +251,25 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		o.Speculative.TTL = s.SpecTTL
 	}
 	o.Settle = s.Settle
+	if o.Engine, err = bench.ParseEngine(s.Engine); err != nil {
+		return o, usageError("--engine: %v", err)
+	}
+	if s.Routers != "" {
+		if o.Engine != bench.EngineDES {
+			return o, usageError("--routers: router replicas run on the des engine only (--engine des)")
+		}
+		if o.Routers, err = bench.ParseRouters(s.Routers); err != nil {
+			return o, usageError("--routers: %v", err)
+		}
+	}
 
 	var lim workload.Limits
 	if s.TargetURL != "" {
 		if policiesSet {
 			return o, usageError("--policies: with --target-url the one policy is whatever serves the URL")
+		}
+		if o.Engine == bench.EngineDES {
+			return o, usageError("--engine des simulates the pods: it cannot run with --target-url")
 		}
 		if kind == workload.KindFaults {
 			return o, usageError("--workload faults injects its faults into the simulated pods: it cannot run with --target-url")
@@ -378,6 +403,10 @@ func describeRun(o *bench.Options) string {
 		return fmt.Sprintf("bench: %s, %d requests, against %s (model %s)", w.Name, w.Requests(), o.TargetURL, o.Model)
 	}
 	f := o.Fleet
+	if o.Engine == bench.EngineDES {
+		return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each) in virtual time (des engine), policies %s",
+			w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), strings.Join(o.Policies, ", "))
+	}
 	return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each), time scale %g, policies %s",
 		w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), f.TimeScale, strings.Join(o.Policies, ", "))
 }

@@ -1,0 +1,574 @@
+package des
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/speculative"
+	"github.com/prefixrouter/prefixrouter/target"
+)
+
+// Oracle is the policy that routes on the pods' true state.
+const Oracle = "oracle"
+
+// Delivery is the model of the way from a client to a pod and of the KV
+// events' way from a pod to each router, in model time.
+type Delivery struct {
+	// Request is from a client's send to its request's arrival at the
+	// pod: the client's and the router's HTTP hops and the router's own
+	// work.
+	Request time.Duration
+	// Transport is from a batch's publication to its arrival at a
+	// router; Jitter adds up to that much more, drawn per batch and
+	// router (batches still arrive in order).
+	Transport, Jitter time.Duration
+	// ApplyPerBatch is a router's time to apply one batch: batches of a
+	// pod arriving faster wait behind each other (the subscriber's
+	// backlog).
+	ApplyPerBatch time.Duration
+}
+
+// DefaultDelivery is the delivery the engine assumes unless told: what the
+// live engine shows on loopback at time scale 5 (docs/performance.md,
+// "Discrete-event engine"): a request reaches its pod about 2 ms of model
+// time after it is sent, a batch its router within a millisecond, and the
+// subscriber keeps up.
+func DefaultDelivery() Delivery {
+	return Delivery{Request: 2 * time.Millisecond, Transport: 500 * time.Microsecond, Jitter: 500 * time.Microsecond,
+		ApplyPerBatch: 20 * time.Microsecond}
+}
+
+// Config is one policy's run.
+type Config struct {
+	Workload *workload.Workload
+	// Fleet is the simulated pods (Pods, Profile, StreamInterval, hashing,
+	// Faults.EventDelay); TimeScale and the sockets are ignored.
+	Fleet  sim.Config
+	Policy string
+	// Routers is the number of router replicas (0: 1); session i is sent
+	// through router i mod Routers, as a Service spreads connections.
+	Routers  int
+	Seed     uint64
+	Delivery Delivery
+	// Speculative configures the speculative policy's routers (serve's
+	// defaults, then these).
+	SpeculativeTTL time.Duration
+	Holdback       *float64
+	// Drain bounds (model time) how long requests may still run once the
+	// last session has started; those still running count as unfinished.
+	Drain time.Duration
+	// Progress, when set, is told of every request that ends.
+	Progress func(failed bool)
+	Logger   *slog.Logger
+}
+
+// Result is what a run measured.
+type Result struct {
+	Records []report.Record
+	// Preemptions are the pods'.
+	Preemptions int64
+	// Speculative is each router's predicted placements (speculative
+	// policy; nil otherwise).
+	Speculative []*speculative.View
+	// Decision is the wall time the routers spent deciding and
+	// dispatching each request, in microseconds.
+	Decision report.Dist
+	// Steps counts the pods' engine steps, Published the KV-event batches
+	// they published and Delivered those delivered to routers (each
+	// batch to every router).
+	Steps, Published, Delivered int64
+	// Wall is the run's wall time.
+	Wall time.Duration
+}
+
+// ErrUnfinished is the error of a request still running at the drain
+// bound (the live engine's words).
+const ErrUnfinished = "unfinished at the drain bound"
+
+// epoch anchors the virtual clock: time.Time values the router's packages
+// read are epoch plus the model time.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// PodName names pod i as the reports do.
+func PodName(i int) string { return "pod-" + strconv.Itoa(i) }
+
+// TargetOf is pod i's target id, as the routers know it.
+func TargetOf(i int) target.ID {
+	return target.ID{Endpoint: "http://" + PodName(i) + podDomain}
+}
+
+// podDomain ends every des target's endpoint.
+const podDomain = ".des:8000"
+
+// PodNameOf names the pod of a des target (TargetOf), or the target
+// itself when it is none.
+func PodNameOf(id target.ID) string {
+	if name, ok := strings.CutSuffix(strings.TrimPrefix(id.Endpoint, "http://"), podDomain); ok {
+		return name
+	}
+	return id.String()
+}
+
+// run is one run's state; everything runs on Run's goroutine.
+type run struct {
+	cfg    Config
+	w      *workload.Workload
+	now    time.Duration
+	q      queue
+	pods   []*pod
+	rts    []*routerState
+	tok    sim.Tokenizer
+	rng    *rand.Rand
+	recs   []report.Record
+	decide []float64 // wall µs per routed request
+	oracle *oracleRouter
+	res    Result
+	bound  time.Duration
+	open   int // requests sent and not ended
+}
+
+// pod is one simulated pod and its event stream.
+type pod struct {
+	i       int
+	id      target.ID
+	rank    *sim.Rank
+	busy    bool // a step is in progress
+	nextSeq uint64
+}
+
+// routerState is one router replica and what it receives.
+type routerState struct {
+	v *router.Virtual
+	// applied is when each pod's last batch is applied at this router.
+	applied []time.Duration
+	// next* are the periodic work's next times.
+	nextEval, nextTick, nextScrape time.Duration
+}
+
+// request is one turn in flight.
+type request struct {
+	s          *session
+	sess, turn int
+	sent       time.Duration
+	ids        []uint32
+	pod        int
+	vr         *router.VirtualRequest
+	sq         *sim.Request
+	first      bool
+	rec        report.Record
+}
+
+// session is one conversation's state.
+type session struct {
+	s       *workload.Session
+	answers []string
+}
+
+// Run runs the workload under cfg.Policy and returns what it measured.
+// ctx stops it between events.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	r, err := newRun(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.loop(ctx); err != nil {
+		return nil, err
+	}
+	r.res.Records = r.recs
+	r.res.Decision = microseconds(r.decide)
+	for _, p := range r.pods {
+		r.res.Preemptions += p.rank.Preemptions()
+	}
+	for _, rt := range r.rts {
+		if v, ok := rt.v.Speculative(); ok {
+			r.res.Speculative = append(r.res.Speculative, &v)
+		}
+	}
+	r.res.Wall = time.Since(start)
+	return &r.res, nil
+}
+
+func newRun(cfg Config) (*run, error) {
+	if cfg.Workload == nil {
+		return nil, errors.New("des: no workload")
+	}
+	if cfg.Routers <= 0 {
+		cfg.Routers = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Fleet.Pods <= 0 {
+		return nil, errors.New("des: no pods")
+	}
+	r := &run{cfg: cfg, w: cfg.Workload, tok: sim.BytesTokenizer(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x646573 /* "des" */))}
+	for i := range cfg.Fleet.Pods {
+		rank, err := sim.NewRank(cfg.Fleet, i)
+		if err != nil {
+			return nil, fmt.Errorf("des: %w", err)
+		}
+		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank})
+	}
+	if cfg.Policy == Oracle {
+		r.oracle = &oracleRouter{cost: router.DefaultCostConfig(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x6f7261636c65))}
+	} else if err := r.startRouters(); err != nil {
+		return nil, err
+	}
+	if n := len(r.w.Sessions); n > 0 {
+		r.bound = r.w.Sessions[n-1].Start + cfg.Drain
+	}
+	for i := range r.w.Sessions {
+		r.q.push(item{at: r.w.Sessions[i].Start, kind: evSend, a: i})
+	}
+	return r, nil
+}
+
+func (r *run) startRouters() error {
+	pol, err := router.ParsePolicy(r.cfg.Policy)
+	if err != nil {
+		return fmt.Errorf("des: %w", err)
+	}
+	prof := r.cfg.Fleet.Profile
+	ids := make([]target.ID, len(r.pods))
+	for i, p := range r.pods {
+		ids[i] = p.id
+	}
+	for range r.cfg.Routers {
+		def := router.DefaultConfig()
+		vc := router.VirtualConfig{Policy: pol, Cost: def.Cost, Events: def.Events, Speculative: def.Speculative,
+			Health: def.Health, Model: prof.Model, Targets: ids, NumGPUBlocks: prof.NumGPUBlocks,
+			Now: r.clock, Logger: r.cfg.Logger}
+		// As the live bench's router: block size from the pods, keys
+		// derived from the blocks' tokens (no hash seed given).
+		vc.Events.BlockSize = prof.BlockSize
+		if r.cfg.SpeculativeTTL > 0 {
+			vc.Speculative.TTL = r.cfg.SpeculativeTTL
+		}
+		if r.cfg.Holdback != nil {
+			vc.Speculative.Holdback = *r.cfg.Holdback
+		}
+		v, err := router.NewVirtual(vc)
+		if err != nil {
+			return fmt.Errorf("des: %w", err)
+		}
+		rt := &routerState{v: v, applied: make([]time.Duration, len(r.pods))}
+		r.rts = append(r.rts, rt)
+	}
+	return nil
+}
+
+// clock is the virtual clock as the router's packages read it.
+func (r *run) clock() time.Time { return epoch.Add(r.now) }
+
+// Event kinds.
+const (
+	evSend    = iota // a: session; b: turn
+	evArrive         // a request reaches its pod
+	evStepEnd        // a: pod
+	evDeliver        // a: router; b: pod
+)
+
+func (r *run) loop(ctx context.Context) error {
+	for n := 0; r.q.len() > 0; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if r.bound > 0 && r.q.peek() > r.bound {
+			break
+		}
+		it := r.q.pop()
+		r.advance(it.at)
+		switch it.kind {
+		case evSend:
+			r.send(it.a, it.b, it.sess)
+		case evArrive:
+			r.arrive(it.req)
+		case evStepEnd:
+			r.stepEnd(r.pods[it.a])
+		case evDeliver:
+			r.rts[it.a].v.Deliver(r.pods[it.b].id, it.seq, it.batch)
+			r.res.Delivered++
+		}
+	}
+	r.unfinished()
+	return nil
+}
+
+// advance moves the clock to t, running each router's periodic work that
+// falls due on the way at its own time: freshness evaluations, the
+// predictions' timer, the scrapes of the pods' gauges.
+func (r *run) advance(t time.Duration) {
+	if len(r.rts) > 0 {
+		hc, ec := health.DefaultConfig(), eventplane.DefaultConfig()
+		for _, rt := range r.rts {
+			for {
+				next := min(rt.nextEval, rt.nextTick, rt.nextScrape)
+				if next > t {
+					break
+				}
+				r.now = max(r.now, next)
+				switch next {
+				case rt.nextScrape:
+					for _, p := range r.pods {
+						run, wait, kv := p.rank.Gauges()
+						rt.v.Scrape(p.id, run, wait, kv)
+					}
+					rt.nextScrape += hc.ScrapeInterval
+				case rt.nextEval:
+					rt.v.Evaluate()
+					rt.nextEval += ec.EvalInterval
+				default:
+					rt.v.Tick()
+					rt.nextTick += speculative.TimerResolution
+				}
+			}
+		}
+	}
+	r.now = max(r.now, t)
+}
+
+// send sends turn k of session i (a fresh session starts at turn 0).
+func (r *run) send(i, k int, s *session) {
+	if s == nil {
+		s = &session{s: &r.w.Sessions[i]}
+	}
+	t := &s.s.Turns[k]
+	q := &request{s: s, sess: i, turn: k, sent: r.now, rec: report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds()}}
+	text := s.s.Prompt(k, s.answers)
+	ids, err := r.tok.Encode(text, true)
+	if err != nil {
+		r.fail(q, s, fmt.Sprintf("encode: %v", err))
+		return
+	}
+	q.ids = ids
+	r.open++
+	if r.oracle != nil {
+		pi, err := r.oracle.route(r.pods, ids)
+		if err != nil {
+			r.fail(q, s, err.Error())
+			return
+		}
+		q.pod = pi
+	} else {
+		rt := r.rts[i%len(r.rts)]
+		session := ""
+		if len(s.s.Turns) > 1 {
+			session = "s" + strconv.Itoa(i)
+		}
+		w0 := time.Now()
+		vr, err := rt.v.Route(ids, []byte(text), session)
+		r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
+		if err != nil {
+			r.fail(q, s, "no answer")
+			return
+		}
+		q.vr = vr
+		q.pod = r.podOf(vr.Target())
+	}
+	r.q.push(item{at: r.now + r.cfg.Delivery.Request, kind: evArrive, req: q})
+}
+
+func (r *run) podOf(id target.ID) int {
+	for i, p := range r.pods {
+		if p.id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// arrive hands a request to its pod, which starts a step if idle.
+func (r *run) arrive(q *request) {
+	p := r.pods[q.pod]
+	sq, err := p.rank.Add(q.ids, q.s.s.Turns[q.turn].MaxTokens, r.now)
+	if err != nil {
+		if q.vr != nil {
+			q.vr.Finish(false, 0)
+		}
+		r.open--
+		r.fail(q, q.s, err.Error())
+		return
+	}
+	sq.Tag = q
+	q.sq = sq
+	if !p.busy {
+		r.step(p)
+	}
+}
+
+// step starts p's next step.
+func (r *run) step(p *pod) {
+	d := p.rank.Step(r.now)
+	p.busy = true
+	r.res.Steps++
+	r.q.push(item{at: r.now + d, kind: evStepEnd, a: p.i})
+}
+
+// stepEnd applies p's step: first tokens, ends, and the step's KV events
+// on their way to every router.
+func (r *run) stepEnd(p *pod) {
+	p.busy = false
+	for _, sq := range p.rank.FinishStep(r.now) {
+		q := sq.Tag.(*request)
+		snap := sq.Snapshot()
+		if !q.first && snap.Generated > 0 {
+			q.first = true
+			q.rec.TTFT = (r.now - q.sent).Seconds()
+			if q.vr != nil {
+				q.vr.FirstByte()
+			}
+		}
+		if snap.Done {
+			r.done(p, q, snap)
+		}
+	}
+	for _, b := range p.rank.Events() {
+		seq := p.nextSeq
+		p.nextSeq++
+		r.res.Published++
+		b.TS = r.now.Seconds()
+		for ri, rt := range r.rts {
+			d := r.cfg.Delivery
+			at := r.now + r.cfg.Fleet.Faults.EventDelay + d.Transport
+			if d.Jitter > 0 {
+				at += time.Duration(r.rng.Int64N(int64(d.Jitter)))
+			}
+			at = max(at, rt.applied[p.i]) + d.ApplyPerBatch
+			rt.applied[p.i] = at
+			r.q.push(item{at: at, kind: evDeliver, a: ri, b: p.i, seq: seq, batch: &b})
+		}
+	}
+	if !p.rank.Idle() {
+		r.step(p)
+	}
+}
+
+// done records an ended request and sends its session's next turn.
+func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
+	r.open--
+	s := q.s
+	if snap.Err != nil || snap.Generated == 0 {
+		if q.vr != nil {
+			q.vr.Finish(false, 0)
+		}
+		msg := "no answer"
+		if snap.Err != nil {
+			msg = snap.Err.Error()
+		}
+		r.fail(q, s, msg)
+		return
+	}
+	if q.vr != nil {
+		q.vr.Finish(true, snap.CachedTokens)
+	}
+	q.rec.Status = 200
+	q.rec.E2E = (r.now - q.sent).Seconds()
+	q.rec.PromptTokens, q.rec.CachedTokens, q.rec.OutputTokens = len(q.ids), snap.CachedTokens, snap.Generated
+	q.rec.Pod = PodName(p.i)
+	r.record(q.rec, false)
+	if q.turn+1 < len(s.s.Turns) {
+		text, err := p.rank.Answer(q.sq)
+		if err != nil {
+			r.skip(s, q.sess, q.turn+1, err.Error())
+			return
+		}
+		s.answers = append(s.answers, text)
+		next := s.s.Turns[q.turn+1]
+		r.q.push(item{at: r.now + next.Think, kind: evSend, a: q.sess, b: q.turn + 1, sess: s})
+	}
+}
+
+// fail records q as failed with why, and its session's later turns as
+// never sent.
+func (r *run) fail(q *request, s *session, why string) {
+	q.rec.Err = why
+	r.record(q.rec, true)
+	if s != nil {
+		r.skip(s, q.sess, q.turn+1, "not sent: an earlier turn failed")
+	}
+}
+
+func (r *run) skip(s *session, i, from int, why string) {
+	for k := from; k < len(s.s.Turns); k++ {
+		t := &s.s.Turns[k]
+		r.record(report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds(), Err: why}, true)
+	}
+}
+
+func (r *run) record(rec report.Record, failed bool) {
+	r.recs = append(r.recs, rec)
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(failed)
+	}
+}
+
+// unfinished records the requests still running at the drain bound (at
+// a pod, or on their way to one), and the turns their sessions never
+// sent.
+func (r *run) unfinished() {
+	var left []*request
+	for _, p := range r.pods {
+		for _, sq := range p.rank.Pending() {
+			left = append(left, sq.Tag.(*request))
+		}
+	}
+	for _, it := range r.q.items {
+		switch it.kind {
+		case evArrive:
+			left = append(left, it.req)
+		case evSend:
+			if it.sess != nil {
+				r.skip(it.sess, it.a, it.b, ErrUnfinished)
+			} else {
+				r.skip(&session{s: &r.w.Sessions[it.a]}, it.a, 0, ErrUnfinished)
+			}
+		}
+	}
+	for _, q := range left {
+		q.rec.Err = ErrUnfinished
+		r.record(q.rec, true)
+		r.skip(q.s, q.sess, q.turn+1, "not sent: an earlier turn failed")
+	}
+}
+
+// microseconds summarizes the decision times.
+func microseconds(xs []float64) report.Dist {
+	if len(xs) == 0 {
+		return report.Dist{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	sum := 0.0
+	for _, x := range s {
+		sum += x
+	}
+	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return report.Dist{Mean: sum / float64(len(s)), P50: at(0.5), P90: at(0.9), P99: at(0.99)}
+}
+
+// item is one event of the queue.
+type item struct {
+	at    time.Duration
+	order uint64
+	kind  uint8
+	a, b  int
+	seq   uint64
+	batch *events.Batch
+	req   *request
+	sess  *session
+}

@@ -1,0 +1,120 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/des"
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+)
+
+// EngineDES is the discrete-event engine (package des).
+const EngineDES = "des"
+
+// ParseEngine reads --engine.
+func ParseEngine(s string) (string, error) {
+	switch s {
+	case "", EngineLive:
+		return EngineLive, nil
+	case EngineDES:
+		return EngineDES, nil
+	}
+	return "", fmt.Errorf("unknown engine %q (want live or des)", s)
+}
+
+// ParseRouters reads --routers: replica counts, comma-separated, each
+// positive, e.g. "1" or "1,2,4".
+func ParseRouters(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n > 64 {
+			return nil, fmt.Errorf("routers %q: want a count from 1 to 64", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// rowName is a policy's row with n routers when several counts run.
+func rowName(policy string, n int, counts []int) string {
+	if len(counts) <= 1 {
+		return policy
+	}
+	return fmt.Sprintf("%s/%dr", policy, n)
+}
+
+// runDES runs every policy (and every router count) on the discrete-event
+// engine and fills res.
+func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progress) (*report.Results, error) {
+	w := o.Workload
+	switch w.Name {
+	case workload.KindFaults, workload.KindPairedGap:
+		return nil, fmt.Errorf("the %s workload runs on the live engine only", w.Name)
+	}
+	res.Engine, res.TimeScale = EngineDES, 1
+	counts := o.Routers
+	if len(counts) == 0 {
+		counts = []int{1}
+	}
+	delivery := o.Delivery
+	if delivery == (des.Delivery{}) {
+		delivery = des.DefaultDelivery()
+	}
+	res.Fleet["delivery"] = map[string]any{"request_s": delivery.Request.Seconds(), "transport_s": delivery.Transport.Seconds(),
+		"jitter_s": delivery.Jitter.Seconds(), "apply_per_batch_s": delivery.ApplyPerBatch.Seconds()}
+	res.Fleet["routers"] = counts
+	delete(res.Fleet, "stream_interval_s")
+	for _, pol := range o.Policies {
+		for _, n := range counts {
+			if pol == Oracle && n != counts[0] {
+				continue // the oracle has no router to replicate
+			}
+			name := rowName(pol, n, counts)
+			if pol == Oracle {
+				name = pol
+			}
+			prog.begin(name, w.Requests())
+			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, Seed: o.Seed, Delivery: delivery,
+				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback,
+				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Progress: prog.done, Logger: o.Logger}
+			r, err := des.Run(ctx, cfg)
+			prog.end()
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			p := report.Summarize(r.Records)
+			if w.Name == workload.KindBurst {
+				p.Holder = report.HolderOf(r.Records)
+			}
+			p.Preemptions = r.Preemptions
+			p.WallS = r.Wall.Seconds()
+			if pol != Oracle {
+				p.Routers = n
+				d := r.Decision
+				p.DecisionUS = &d
+			}
+			if len(r.Speculative) > 0 {
+				// The first replica's view: each replica predicts and
+				// confirms on its own.
+				p.Speculative = summarizeSpeculative(r.Speculative[0], 1, des.PodNameOf)
+			}
+			res.Policies[name] = p
+			res.Order = append(res.Order, name)
+			res.Notes = append(res.Notes, unfinishedNote(name, p)...)
+			if p.Speculative != nil {
+				res.Notes = append(res.Notes, speculativeNote(name, p.Speculative))
+			}
+			if h := p.Holder; h != nil {
+				res.Notes = append(res.Notes, fmt.Sprintf("%s: %d of %d followers (a burst's requests after its first) reached the pod of their burst's first request",
+					name, h.OnHolder, h.Followers))
+			}
+		}
+	}
+	return res, nil
+}
