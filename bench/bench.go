@@ -67,8 +67,8 @@ type Options struct {
 	// engine; nil: one).
 	Routers []int
 	// Delivery is the des engine's model of requests' and KV events' way
-	// (zero: des.DefaultDelivery).
-	Delivery des.Delivery
+	// (nil: des.DefaultDelivery).
+	Delivery *des.Delivery
 }
 
 // SpeculativeOptions are the speculative policy's settings a run may

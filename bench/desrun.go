@@ -62,11 +62,11 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 	if len(counts) == 0 {
 		counts = []int{1}
 	}
-	delivery := o.Delivery
-	if delivery == (des.Delivery{}) {
-		delivery = des.DefaultDelivery()
+	delivery := des.DefaultDelivery()
+	if o.Delivery != nil {
+		delivery = *o.Delivery
 	}
-	res.Fleet["delivery"] = map[string]any{"request_s": delivery.Request.Seconds(), "transport_s": delivery.Transport.Seconds(),
+	res.Fleet["delivery"] = map[string]any{"request_s": delivery.Request.Seconds(), "request_jitter_s": delivery.RequestJitter.Seconds(), "transport_s": delivery.Transport.Seconds(),
 		"jitter_s": delivery.Jitter.Seconds(), "apply_per_batch_s": delivery.ApplyPerBatch.Seconds()}
 	res.Fleet["routers"] = counts
 	delete(res.Fleet, "stream_interval_s")

@@ -25,6 +25,8 @@ type Preset struct {
 	// SpeculativeTTL fixes the speculative policy's TTL (model time; 0:
 	// auto).
 	SpeculativeTTL time.Duration
+	// Engine is the engine the preset is sized for ("": live).
+	Engine string
 }
 
 func init() {
@@ -54,6 +56,27 @@ var presets = map[string]Preset{
 		Spec: workload.Spec{Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000, PrefixFill: 0.73,
 			Rates: []float64{2, 4, 6, 8, 10}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+	},
+	// llm-d's published shared-prefix ladder at its own size: 8 TP2 H100
+	// pods serving Qwen3-32B (307,328 KV tokens each), 150 groups × 5
+	// users, 6,000-token system prompts, 1,200-token questions, 1,000
+	// output tokens, Poisson arrivals stepping from 3 to 60 per second, 4
+	// minutes each (28 minutes of model time, about 51,000 requests).
+	// Sized for the des engine; the drain is model time 10 min × 5.
+	workload.KindLLMDLadder: {
+		Spec: workload.Spec{Groups: 150, Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000,
+			Rates: []float64{3, 10, 20, 30, 40, 50, 60}, StageDuration: 4 * time.Minute, Arrival: workload.Poisson},
+		Pods: 8, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 10 * time.Minute, Engine: EngineDES,
+	},
+	// 256 H100 pods serving an 8B model at 5,000 requests/s for 60 model
+	// seconds (300,000 requests): shared-prefix's shape with 2,000-token
+	// system prompts filling 73% of the fleet's KV cache when
+	// partitioned, 200-token questions, 100 output tokens. Sized for the
+	// des engine.
+	workload.KindSharedPrefix256: {
+		Spec: workload.Spec{Users: 5, SystemTokens: 2000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
+			Rates: []float64{5000}, StageDuration: time.Minute, Arrival: workload.Poisson},
+		Pods: 256, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: time.Minute, Engine: EngineDES,
 	},
 	workload.KindMultiTurn: {
 		Spec: workload.Spec{Turns: 8, SystemTokens: 2000, QuestionTokens: 300, OutputTokens: 300, Think: 10 * time.Second,
@@ -126,6 +149,17 @@ var quickPresets = map[string]Preset{
 		Spec: workload.Spec{Users: 5, SystemTokens: 4000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
 			Rates: []float64{8, 12}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
+	},
+	// The full presets' shapes and fleets on short ladders.
+	workload.KindLLMDLadder: {
+		Spec: workload.Spec{Groups: 150, Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000,
+			Rates: []float64{3, 10, 20, 30, 40, 50, 60}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
+		Pods: 8, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 2 * time.Minute, Engine: EngineDES,
+	},
+	workload.KindSharedPrefix256: {
+		Spec: workload.Spec{Users: 5, SystemTokens: 2000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
+			Rates: []float64{5000}, StageDuration: 5 * time.Second, Arrival: workload.Poisson},
+		Pods: 256, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: time.Minute, Engine: EngineDES,
 	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},

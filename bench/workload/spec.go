@@ -18,11 +18,15 @@ const (
 	// KindFaults is shared-prefix's requests while the benchmark injects
 	// faults into the fleet (bench/faults.go owns the schedule).
 	KindFaults = "faults"
+	// KindLLMDLadder and KindSharedPrefix256 are shared-prefix's shape at
+	// the published benchmarks' size (their presets say which).
+	KindLLMDLadder      = "llmd-ladder"
+	KindSharedPrefix256 = "shared-prefix-256"
 )
 
 // Kinds lists the workloads --workload takes (a trace as trace:PATH).
 func Kinds() []string {
-	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindTrace + ":PATH"}
+	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256, KindTrace + ":PATH"}
 }
 
 // ParseKind reads --workload: a kind, or trace:PATH.
@@ -34,7 +38,7 @@ func ParseKind(s string) (kind, path string, err error) {
 		return KindTrace, p, nil
 	}
 	switch s {
-	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults:
+	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256:
 		return s, "", nil
 	}
 	return "", "", fmt.Errorf("unknown workload %q (want %s)", s, strings.Join(Kinds(), ", "))
@@ -141,7 +145,7 @@ func Build(s Spec, lim Limits) (*Workload, error) {
 	common := Common{Seed: s.Seed, Vocab: s.Vocab}
 	stages := Ladder(s.Rates, s.StageDuration)
 	switch s.Kind {
-	case KindSharedPrefix, KindFaults:
+	case KindSharedPrefix, KindFaults, KindLLMDLadder, KindSharedPrefix256:
 		groups := s.Groups
 		if groups == 0 {
 			if lim.KVTokens == 0 || !(s.PrefixFill > 0) || s.SystemTokens < 1 {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/prefixrouter/prefixrouter/bench"
+	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
@@ -24,6 +25,7 @@ import (
 type benchSettings struct {
 	Workload, Policies string
 	Engine, Routers    string
+	Delivery           des.Delivery
 	Quick              bool
 	Seed               uint64
 	Out                string
@@ -47,8 +49,9 @@ type benchSettings struct {
 }
 
 func defaultBenchSettings() benchSettings {
-	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","), Engine: bench.EngineLive,
-		Seed: 1, Timeout: 30 * time.Minute, LogLevel: "error",
+	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
+		Delivery: des.DefaultDelivery(),
+		Seed:     1, Timeout: 30 * time.Minute, LogLevel: "error",
 		Holdback: speculative.DefaultConfig().Holdback, Settle: 15 * time.Second}
 }
 
@@ -74,6 +77,7 @@ func benchCommand(stderr io.Writer) *cli.Command {
 func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 	run := t.group("Run")
 	fleet := t.group("Simulated fleet (live engine)")
+	dg := t.group("Discrete-event engine (model time)")
 	spec := t.group("Speculative policy")
 	target := t.group("Target endpoint")
 	wl := t.group("Workload (0: the preset's)")
@@ -83,8 +87,8 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 			func(v string) error { _, _, err := workload.ParseKind(v); return err }),
 		run.checked("policies", "policies to compare, comma-separated, in order: "+strings.Join(bench.PolicyNames(), ", "), &s.Policies,
 			func(v string) error { _, err := bench.ParsePolicies(v); return err }),
-		run.checked("engine", "live (simulated pods on loopback, real HTTP and ZeroMQ) or des (the same pods and routing code in virtual time, one goroutine: fleets and loads beyond this machine)", &s.Engine,
-			func(v string) error { _, err := bench.ParseEngine(v); return err }),
+		defaultText(run.checked("engine", "live (simulated pods on loopback, real HTTP and ZeroMQ) or des (the same pods and routing code in virtual time, one goroutine: fleets and loads beyond this machine)", &s.Engine,
+			func(v string) error { _, err := bench.ParseEngine(v); return err }), "the preset's: des for llmd-ladder and shared-prefix-256, else live"),
 		defaultText(run.checked("routers", "des engine: router replicas, each with its own index, predictions and load ledger; clients spread over them per connection; a list (1,2,4) runs each policy with each count", &s.Routers,
 			func(v string) error {
 				if v == "" {
@@ -112,6 +116,12 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(fleet.float("time-scale", "model seconds per wall second", &s.TimeScale), preset),
 		defaultText(fleet.dur("stream-interval", "least model time between two chunks of a stream after its first", &s.StreamInterval), preset),
 		defaultText(fleet.dur("event-delay", "every pod holds each KV-event batch back this long (model time) before publishing it, as a batching publisher or a slow network does", &s.EventDelay), preset),
+
+		dg.dur("request-delay", "from a client's send to its request's arrival at the pod: the HTTP hops and the router's own work", &s.Delivery.Request),
+		dg.dur("request-jitter", "mean of an exponential delay added to each request's", &s.Delivery.RequestJitter),
+		dg.dur("event-transport", "from a KV-event batch's publication to its arrival at a router", &s.Delivery.Transport),
+		dg.dur("event-jitter", "up to this much more transport, drawn per batch and router (batches stay in order)", &s.Delivery.Jitter),
+		dg.dur("event-apply", "a router's time to apply one batch: faster batches queue behind it (the subscriber's backlog)", &s.Delivery.ApplyPerBatch),
 
 		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per pod from measured confirmation latency) or a duration in model time",
 			&s.SpecTTL, speculative.FormatTTL, speculative.ParseTTL),
@@ -251,9 +261,20 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		o.Speculative.TTL = s.SpecTTL
 	}
 	o.Settle = s.Settle
-	if o.Engine, err = bench.ParseEngine(s.Engine); err != nil {
+	engine := s.Engine
+	if engine == "" {
+		engine = p.Engine
+	}
+	if o.Engine, err = bench.ParseEngine(engine); err != nil {
 		return o, usageError("--engine: %v", err)
 	}
+	for name, v := range map[string]time.Duration{"request-delay": s.Delivery.Request, "request-jitter": s.Delivery.RequestJitter, "event-transport": s.Delivery.Transport,
+		"event-jitter": s.Delivery.Jitter, "event-apply": s.Delivery.ApplyPerBatch} {
+		if v < 0 {
+			return o, usageError("--%s must not be negative, got %v", name, v)
+		}
+	}
+	o.Delivery = &s.Delivery
 	if s.Routers != "" {
 		if o.Engine != bench.EngineDES {
 			return o, usageError("--routers: router replicas run on the des engine only (--engine des)")
