@@ -18,7 +18,10 @@ type blockPool struct {
 	blocks     []block
 	head, tail int32 // free queue; -1 when empty
 	numFree    int
-	cached     map[kvindex.Digest][]int32
+	// cached maps a hash's wire form (its last 8 bytes, a cheap map key)
+	// to the blocks caching a hash of that wire form; find picks those
+	// whose whole hash matches.
+	cached map[uint64][]int32
 	// pending collects the events of the current step.
 	pending []events.Event
 	// group is the KV-cache group index the pool's events carry (0 unless
@@ -40,7 +43,7 @@ type block struct {
 const noBlock = -1
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]block, n), cached: make(map[kvindex.Digest][]int32)}
+	p := &blockPool{blocks: make([]block, n), cached: make(map[uint64][]int32)}
 	p.head, p.tail = noBlock, noBlock
 	for i := range p.blocks {
 		p.pushTail(int32(i))
@@ -87,12 +90,27 @@ func (p *blockPool) unlink(id int32) {
 // lookup returns the cached blocks of the longest run of hashes from block 0,
 // at most maxBlocks long.
 func (p *blockPool) lookup(dst []int32, hashes []kvindex.Digest, maxBlocks int) []int32 {
-	for i := 0; i < len(hashes) && i < maxBlocks; i++ {
-		ids := p.cached[hashes[i]]
-		if len(ids) == 0 {
+	return p.lookupFrom(dst, hashes, maxBlocks, nil)
+}
+
+// lookupFrom is lookup given memo, an earlier lookup of the same hashes:
+// the run starts with memo's blocks that still cache their hash, checked
+// in the block array instead of the map. A request waiting for memory is
+// looked up again every step, and its run rarely changes.
+func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32) []int32 {
+	i := 0
+	for ; i < len(memo) && i < len(hashes) && i < maxBlocks; i++ {
+		if b := &p.blocks[memo[i]]; !b.hashed || b.hash != hashes[i] {
 			break
 		}
-		dst = append(dst, ids[0])
+		dst = append(dst, memo[i])
+	}
+	for ; i < len(hashes) && i < maxBlocks; i++ {
+		id := p.first(hashes[i])
+		if id == noBlock {
+			break
+		}
+		dst = append(dst, id)
 	}
 	return dst
 }
@@ -138,7 +156,8 @@ func (p *blockPool) evict(id int32) {
 	if !b.hashed {
 		return
 	}
-	ids := p.cached[b.hash]
+	key := b.hash.Wire()
+	ids := p.cached[key]
 	for i, x := range ids {
 		if x == id {
 			ids = append(ids[:i], ids[i+1:]...)
@@ -146,9 +165,9 @@ func (p *blockPool) evict(id int32) {
 		}
 	}
 	if len(ids) == 0 {
-		delete(p.cached, b.hash)
+		delete(p.cached, key)
 	} else {
-		p.cached[b.hash] = ids
+		p.cached[key] = ids
 	}
 	p.pending = append(p.pending, events.Event{
 		Kind:        events.KindBlockRemoved,
@@ -163,12 +182,14 @@ func (p *blockPool) evict(id int32) {
 }
 
 // has reports whether some block caches hash h.
-func (p *blockPool) has(h kvindex.Digest) bool { return len(p.cached[h]) > 0 }
+func (p *blockPool) has(h kvindex.Digest) bool { return p.first(h) != noBlock }
 
-// first returns a block caching h, or noBlock.
+// first returns the first block caching h, or noBlock.
 func (p *blockPool) first(h kvindex.Digest) int32 {
-	if ids := p.cached[h]; len(ids) > 0 {
-		return ids[0]
+	for _, id := range p.cached[h.Wire()] {
+		if p.blocks[id].hash == h {
+			return id
+		}
 	}
 	return noBlock
 }
@@ -199,7 +220,8 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 		return
 	}
 	b.hashed, b.hash = true, h
-	p.cached[h] = append(p.cached[h], id)
+	key := h.Wire()
+	p.cached[key] = append(p.cached[key], id)
 }
 
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds

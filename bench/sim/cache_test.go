@@ -192,3 +192,63 @@ func TestBlockPoolReset(t *testing.T) {
 		t.Fatal("cache not cleared")
 	}
 }
+
+// digestWithPrefix is a digest whose wire form (last 8 bytes) is wire and
+// whose first byte is head: equal wire forms, different hashes.
+func digestWithPrefix(t *testing.T, head, wire byte) kvindex.Digest {
+	t.Helper()
+	raw := make([]byte, 32)
+	raw[0], raw[31] = head, wire
+	d, err := kvindex.DigestFromBytes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestBlockPoolLookupFromAMemo(t *testing.T) {
+	hashes := []kvindex.Digest{digestOf(t, 1), digestOf(t, 2), digestOf(t, 3)}
+	// A hash sharing the third's wire form is another block.
+	twin := digestWithPrefix(t, 9, 3)
+	fill := func() (*blockPool, []int32) {
+		p := newBlockPool(8)
+		ids := p.allocate(nil, 3)
+		for i, id := range ids {
+			p.cache(id, hashes[i])
+		}
+		return p, ids
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(p *blockPool, ids []int32)
+		memo   func(ids []int32) []int32
+		want   int
+	}{
+		{name: "no memo", memo: func([]int32) []int32 { return nil }, want: 3},
+		{name: "memo still valid", memo: func(ids []int32) []int32 { return ids[:2] }, want: 3},
+		{name: "memo block evicted", change: func(p *blockPool, ids []int32) {
+			p.free(ids[1:2])
+			for p.numFree > 0 {
+				p.allocate(nil, 1) // reallocating the free block evicts its hash
+			}
+		}, memo: func(ids []int32) []int32 { return ids }, want: 1},
+		{name: "a twin wire form is no hit", change: func(p *blockPool, ids []int32) {
+			p.evict(ids[2])
+			p.blocks[ids[2]].hashed = false
+			id := p.allocate(nil, 1)
+			p.cache(id[0], twin)
+		}, memo: func(ids []int32) []int32 { return ids[:2] }, want: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, ids := fill()
+			if tc.change != nil {
+				tc.change(p, ids)
+			}
+			got := p.lookupFrom(nil, hashes, 3, tc.memo(ids))
+			fresh := p.lookup(nil, hashes, 3)
+			if len(got) != tc.want || !slices.Equal(got, fresh) {
+				t.Errorf("lookupFrom %v, lookup %v; want %d blocks, the same", got, fresh, tc.want)
+			}
+		})
+	}
+}

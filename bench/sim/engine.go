@@ -379,7 +379,8 @@ func (e *engine) add(s *seq, at time.Duration) bool {
 	}
 	s.arrival = at
 	s.state = stateWaiting
-	s.expectHits = e.cachedRun(s.hashes, s.promptLen)
+	// The run found here is the first scheduling attempt's memo.
+	s.hitMemo, s.expectHits = e.cachedBlocks(s.hitMemo[:0], s.hashes, s.promptLen)
 	e.waiting = append(e.waiting, s)
 	return true
 }
@@ -432,7 +433,8 @@ func (e *engine) step() time.Duration {
 				// vLLM never serves the whole prompt from cache: the last
 				// token is always recomputed to produce logits.
 				limit := (s.numTokens() - 1) / p.BlockSize
-				hits = e.pool.lookup(hits, s.hashes, limit)
+				hits = e.pool.lookupFrom(hits, s.hashes, limit, s.hitMemo)
+				s.hitMemo = append(s.hitMemo[:0], hits...)
 				if e.sw != nil {
 					hits = hits[:e.swHit(s.hashes, len(hits))]
 				}

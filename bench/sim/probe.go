@@ -125,11 +125,17 @@ func (e *engine) state(hashes []kvindex.Digest, promptLen int) RankState {
 // with these block hashes: the GPU run from block 0 (and, for a hybrid
 // model, what its sliding-window group allows), never the last token.
 func (e *engine) cachedRun(hashes []kvindex.Digest, promptLen int) int {
-	hits := e.pool.lookup(e.scratch[:0], hashes, (promptLen-1)/e.prof.BlockSize)
-	e.scratch = hits
+	var n int
+	e.scratch, n = e.cachedBlocks(e.scratch[:0], hashes, promptLen)
+	return n
+}
+
+// cachedBlocks is cachedRun with the GPU run's blocks, appended to dst.
+func (e *engine) cachedBlocks(dst []int32, hashes []kvindex.Digest, promptLen int) ([]int32, int) {
+	hits := e.pool.lookup(dst, hashes, (promptLen-1)/e.prof.BlockSize)
 	n := len(hits)
 	if e.sw != nil {
 		n = e.swHit(hashes, n)
 	}
-	return n
+	return hits, n
 }

@@ -34,6 +34,7 @@ type seq struct {
 	numComputed     int
 	numCachedBlocks int // leading blocks already registered in the cache
 	looked          bool
+	hitMemo         []int32       // the GPU hit of its last scheduling attempt (blockPool.lookupFrom)
 	expectHits      int           // cached blocks when it joined the queue (Pod.Probe's estimate until it is scheduled)
 	nextPoke        time.Duration // model time before which a new token does not wake the stream's writer
 	failPrefill     bool
