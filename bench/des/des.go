@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,9 +74,11 @@ type Config struct {
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
-	// Progress, when set, is told of every request that ends.
-	Progress func(failed bool)
-	Logger   *slog.Logger
+	// Sent and Done, when set, are told of every request sent and of
+	// every request that ends (failed or not).
+	Sent   func()
+	Done   func(failed bool)
+	Logger *slog.Logger
 }
 
 // Result is what a run measured.
@@ -142,7 +143,6 @@ type run struct {
 	oracle *oracleRouter
 	res    Result
 	bound  time.Duration
-	open   int // requests sent and not ended
 }
 
 // pod is one simulated pod and its event stream.
@@ -194,7 +194,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	r.res.Records = r.recs
-	r.res.Decision = microseconds(r.decide)
+	r.res.Decision = report.DistOf(r.decide)
 	for _, p := range r.pods {
 		r.res.Preemptions += p.rank.Preemptions()
 	}
@@ -360,7 +360,9 @@ func (r *run) send(i, k int, s *session) {
 		return
 	}
 	q.ids = ids
-	r.open++
+	if r.cfg.Sent != nil {
+		r.cfg.Sent()
+	}
 	if r.oracle != nil {
 		pi, err := r.oracle.route(r.pods, ids)
 		if err != nil {
@@ -408,7 +410,6 @@ func (r *run) arrive(q *request) {
 		if q.vr != nil {
 			q.vr.Finish(false, 0)
 		}
-		r.open--
 		r.fail(q, q.s, err.Error())
 		return
 	}
@@ -468,7 +469,6 @@ func (r *run) stepEnd(p *pod) {
 
 // done records an ended request and sends its session's next turn.
 func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
-	r.open--
 	s := q.s
 	if snap.Err != nil || snap.Generated == 0 {
 		if q.vr != nil {
@@ -520,8 +520,8 @@ func (r *run) skip(s *session, i, from int, why string) {
 
 func (r *run) record(rec report.Record, failed bool) {
 	r.recs = append(r.recs, rec)
-	if r.cfg.Progress != nil {
-		r.cfg.Progress(failed)
+	if r.cfg.Done != nil {
+		r.cfg.Done(failed)
 	}
 }
 
@@ -552,21 +552,6 @@ func (r *run) unfinished() {
 		r.record(q.rec, true)
 		r.skip(q.s, q.sess, q.turn+1, "not sent: an earlier turn failed")
 	}
-}
-
-// microseconds summarizes the decision times.
-func microseconds(xs []float64) report.Dist {
-	if len(xs) == 0 {
-		return report.Dist{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	sum := 0.0
-	for _, x := range s {
-		sum += x
-	}
-	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
-	return report.Dist{Mean: sum / float64(len(s)), P50: at(0.5), P90: at(0.9), P99: at(0.99)}
 }
 
 // item is one event of the queue.

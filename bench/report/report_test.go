@@ -233,3 +233,26 @@ func TestPairsTableAndChart(t *testing.T) {
 		t.Fatal("the page lacks the paired-gap chart of both policies")
 	}
 }
+
+func TestSummarizeByStage(t *testing.T) {
+	recs := []Record{
+		{Stage: 0, TTFT: 1, OutputTokens: 10},
+		{Stage: 0, TTFT: 3, OutputTokens: 10},
+		{Stage: 1, TTFT: 5, OutputTokens: 7},
+		{Stage: 1, Err: "no answer"},
+		{Stage: -1, TTFT: 9, OutputTokens: 1},
+	}
+	got := Summarize(recs).TTFTByStage
+	if len(got) != 2 {
+		t.Fatalf("%d stages, want 2: %+v", len(got), got)
+	}
+	if got[0].Answered != 2 || got[0].Output != 20 || got[0].TTFT.P90 != 3 || got[0].TTFT.Mean != 2 {
+		t.Errorf("stage 0: %+v", got[0])
+	}
+	if got[1].Answered != 1 || got[1].Output != 7 || got[1].TTFT.P90 != 5 {
+		t.Errorf("stage 1 (a failed request left out): %+v", got[1])
+	}
+	if Summarize([]Record{{Stage: -1, TTFT: 1}}).TTFTByStage != nil {
+		t.Error("stages summarized without a ladder")
+	}
+}

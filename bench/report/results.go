@@ -141,6 +141,19 @@ type Policy struct {
 	// the run, for the report's charts.
 	TTFTCDF      [][2]float64 `json:"ttft_cdf"`
 	TTFTOverTime []TimeBin    `json:"ttft_over_time"`
+	// TTFTByStage is the TTFT of the answered requests that arrived in each
+	// step of the ladder, and their output tokens per second of the step
+	// (absent without a ladder).
+	TTFTByStage []StageTTFT `json:"ttft_by_stage,omitempty"`
+}
+
+// StageTTFT is one ladder step's requests: how many were answered, their
+// TTFT, and their output tokens over the step's span.
+type StageTTFT struct {
+	Stage    int     `json:"stage"`
+	Answered int     `json:"answered"`
+	TTFT     Dist    `json:"ttft_s"`
+	Output   float64 `json:"output_tokens"`
 }
 
 // Holder is how many followers (a burst's requests after its first, by
@@ -238,8 +251,36 @@ func Summarize(recs []Record) *Policy {
 	}
 	p.TTFTCDF = cdf(ttft, 200)
 	p.TTFTOverTime = overTime(recs, 40)
+	p.TTFTByStage = byStage(recs)
 	return p
 }
+
+// byStage summarizes the answered requests of each ladder step.
+func byStage(recs []Record) []StageTTFT {
+	ttft := map[int][]float64{}
+	out := map[int]float64{}
+	last := -1
+	for i := range recs {
+		r := &recs[i]
+		if r.Stage < 0 || r.Failed() {
+			continue
+		}
+		ttft[r.Stage] = append(ttft[r.Stage], r.TTFT)
+		out[r.Stage] += float64(r.OutputTokens)
+		last = max(last, r.Stage)
+	}
+	var st []StageTTFT
+	for s := 0; s <= last; s++ {
+		if len(ttft[s]) > 0 {
+			st = append(st, StageTTFT{Stage: s, Answered: len(ttft[s]), TTFT: dist(ttft[s]), Output: out[s]})
+		}
+	}
+	return st
+}
+
+// DistOf sorts xs and summarizes it as every distribution of the results
+// is.
+func DistOf(xs []float64) Dist { return dist(xs) }
 
 // dist sorts xs and summarizes it.
 func dist(xs []float64) Dist {
