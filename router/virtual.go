@@ -144,7 +144,6 @@ func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequ
 	if err != nil {
 		return nil, err
 	}
-	r.d = d
 	c := d.target()
 	pv := d.view(nil, d.chosen)
 	r.predicted = pv.predicted
@@ -157,7 +156,20 @@ func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequ
 	if ap := v.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
 		ap.record(c.Target.ID, d.approxChunks)
 	}
+	r.d = d.chosenOnly()
 	return r, nil
+}
+
+// chosenOnly is a copy of d with the chosen candidate alone and the
+// prompt's count without its ids, all that is read of a decision after
+// dispatch when there is no retry and no tail: with hundreds of targets,
+// a request's other candidates were most of what tens of thousands of
+// requests in flight held.
+func (d *decision) chosenOnly() *decision {
+	c := *d
+	c.cands, c.chosen = []Candidate{d.cands[d.chosen]}, 0
+	c.prompt.ids = nil
+	return &c
 }
 
 // Target is where the request went.

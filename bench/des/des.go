@@ -415,6 +415,8 @@ func (r *run) arrive(q *request) {
 	}
 	sq.Tag = q
 	q.sq = sq
+	// The pod's request holds the prompt from here on.
+	q.rec.PromptTokens, q.ids = len(q.ids), nil
 	if !p.busy {
 		r.step(p)
 	}
@@ -486,7 +488,7 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 	}
 	q.rec.Status = 200
 	q.rec.E2E = (r.now - q.sent).Seconds()
-	q.rec.PromptTokens, q.rec.CachedTokens, q.rec.OutputTokens = len(q.ids), snap.CachedTokens, snap.Generated
+	q.rec.CachedTokens, q.rec.OutputTokens = snap.CachedTokens, snap.Generated
 	q.rec.Pod = PodName(p.i)
 	r.record(q.rec, false)
 	if q.turn+1 < len(s.s.Turns) {
