@@ -11,6 +11,12 @@
 //     the cheapest, which bounds what any router could do. Model time runs
 //     TimeScale times faster than the wall clock; every figure is converted
 //     back to model seconds.
+//   - des: the same simulated pods' engines (sim.Rank) and the router's
+//     own decision code (router.Virtual) in virtual time, in one goroutine
+//     (package des): fleets and loads beyond this machine, several router
+//     replicas (--routers), the llmd-ladder and shared-prefix-256 presets.
+//     Agreement with the live engine is checked by agreement_test.go
+//     (make agreement records the live side).
 //   - target: any OpenAI-compatible endpoint given by URL (vLLM, this
 //     router, another router), one row named "target", at time scale 1.
 //
