@@ -33,6 +33,13 @@ func init() {
 	// The faults workload is the shared-prefix preset's requests: the
 	// faults are the only difference.
 	presets[workload.KindFaults] = presets[workload.KindSharedPrefix]
+	// The published benchmarks' quick presets are their shapes and
+	// fleets on short ladders.
+	for kind, stage := range map[string]time.Duration{workload.KindLLMDLadder: 10 * time.Second, workload.KindSharedPrefix256: 5 * time.Second} {
+		q := presets[kind]
+		q.Spec.StageDuration = stage
+		quickPresets[kind] = q
+	}
 }
 
 // LookupPreset returns the preset of a workload kind, the quick one
@@ -149,17 +156,6 @@ var quickPresets = map[string]Preset{
 		Spec: workload.Spec{Users: 5, SystemTokens: 4000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
 			Rates: []float64{8, 12}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
-	},
-	// The full presets' shapes and fleets on short ladders.
-	workload.KindLLMDLadder: {
-		Spec: workload.Spec{Groups: 150, Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000,
-			Rates: []float64{3, 10, 20, 30, 40, 50, 60}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
-		Pods: 8, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 2 * time.Minute, Engine: EngineDES,
-	},
-	workload.KindSharedPrefix256: {
-		Spec: workload.Spec{Users: 5, SystemTokens: 2000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
-			Rates: []float64{5000}, StageDuration: 5 * time.Second, Arrival: workload.Poisson},
-		Pods: 256, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: time.Minute, Engine: EngineDES,
 	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},
