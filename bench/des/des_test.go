@@ -20,7 +20,7 @@ func smallRun(t *testing.T, kind, policy string, routers int) (*Result, *workloa
 		t.Fatal(err)
 	}
 	prof.NumGPUBlocks = 600
-	spec := workload.Spec{Kind: kind, Seed: 3, Vocab: workload.Bytes, Rates: []float64{8, 16}, StageDuration: 5 * time.Second,
+	spec := workload.Spec{Kind: kind, Seed: 3, Vocab: workload.Bytes, Rates: []float64{8, 16}, StageDuration: 3 * time.Second,
 		Arrival: workload.Poisson, Groups: 6, Users: 4, SystemTokens: 2000, QuestionTokens: 100, OutputTokens: 20,
 		Turns: 3, Think: time.Second}
 	w, err := workload.Build(spec, workload.Limits{KVTokens: 3 * prof.KVTokens(), MaxContext: prof.KVTokens()})
