@@ -118,7 +118,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(fleet.dur("event-delay", "every pod holds each KV-event batch back this long (model time) before publishing it, as a batching publisher or a slow network does", &s.EventDelay), preset),
 
 		dg.dur("request-delay", "from a client's send to its request's arrival at the pod: the HTTP hops and the router's own work", &s.Delivery.Request),
-		dg.dur("request-jitter", "mean of an exponential delay added to each request's", &s.Delivery.RequestJitter),
+		dg.dur("request-jitter", "mean of an exponential extra request delay, drawn per request", &s.Delivery.RequestJitter),
 		dg.dur("event-transport", "from a KV-event batch's publication to its arrival at a router", &s.Delivery.Transport),
 		dg.dur("event-jitter", "up to this much more transport, drawn per batch and router (batches stay in order)", &s.Delivery.Jitter),
 		dg.dur("event-apply", "a router's time to apply one batch: faster batches queue behind it (the subscriber's backlog)", &s.Delivery.ApplyPerBatch),
