@@ -55,8 +55,8 @@ var agreementWorkloads = []string{workload.KindMultiTurn, workload.KindRandom}
 // noisy are the figures whose des mean over 4 seeds still moves by more
 // than a tenth from one test run to the next; make test leaves them out
 // and make agreement, which averages 12, checks them. Least load and
-// approximate break their frequent cost ties with the chooser's own
-// unseeded generator; round-robin's hits in multi-turn are turns that land
+// approximate break their frequent cost ties with draws that change with
+// the seed; round-robin's hits in multi-turn are turns that land
 // by chance on the pod of an earlier turn (des 14.5% to 19.8% from seed to
 // seed, live 14.2% to 17.5% from run to run).
 var noisy = map[string]bool{

@@ -80,6 +80,8 @@ type SpeculativeOptions struct {
 	// Holdback is the fraction of conversations routed without
 	// predictions (nil: serve's default).
 	Holdback *float64
+	// ReuseWait is the router's --reuse-wait (nil: serve's default).
+	ReuseWait *float64
 }
 
 // PolicyNames lists the policies the live engine knows, in the order a

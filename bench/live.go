@@ -128,6 +128,9 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	if spec.TTL > 0 {
 		cfg.Speculative.TTL = max(time.Duration(float64(spec.TTL)/scale), time.Millisecond)
 	}
+	if spec.ReuseWait != nil {
+		cfg.Cost.ReuseWait = *spec.ReuseWait
+	}
 	if spec.Holdback != nil {
 		cfg.Speculative.Holdback = *spec.Holdback
 	}

@@ -150,10 +150,14 @@ type chooser struct {
 	// meanUncached is an EWMA of uncached tokens per dispatched request,
 	// stored as float64 bits, used to size queues the router did not fill.
 	meanUncached atomic.Uint64
+	// tie draws a number in [0, n) to break cost ties: the process's
+	// generator (safe for every request's goroutine), or a seeded one
+	// for a caller deciding on one goroutine (Virtual).
+	tie func(n int) int
 }
 
 func newChooser(p Policy, cost CostConfig) *chooser {
-	c := &chooser{policy: p, cost: cost}
+	c := &chooser{policy: p, cost: cost, tie: rand.IntN}
 	if p == PolicyApproximate {
 		c.approx = newApproxTable(defaultApproxCapacity)
 	}
@@ -293,7 +297,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		for _, i := range usable {
 			cands[i].Cost = leastLoadCost(cands[i].Load)
 		}
-		return choice{idx: minCost(cands, usable, nil), reason: "least load"}
+		return choice{idx: c.minCost(cands, usable, nil), reason: "least load"}
 	case PolicyApproximate:
 		// Gateways' prefix-aware scoring: matched characters stand in for
 		// cached tokens (about four characters a token), minus load.
@@ -302,7 +306,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 			saved := float64(cd.ApproxChunks*approxChunkChars) / 4
 			cd.Cost = c.cost.DecodeWeight*leastLoadCost(cd.Load) + math.Max(0, float64(promptTokens)-saved)
 		}
-		i := minCost(cands, usable, nil)
+		i := c.minCost(cands, usable, nil)
 		if cands[i].ApproxChunks > 0 {
 			return choice{idx: i, reason: fmt.Sprintf("approximate prefix match of %d chunks", cands[i].ApproxChunks)}
 		}
@@ -314,7 +318,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 	}
 	// At equal cost the longer cached run wins: the same wait, and the
 	// fleet computes the prefix once.
-	i := minCost(cands, usable, cachedRun)
+	i := c.minCost(cands, usable, cachedRun)
 	cd := &cands[i]
 	predicted := cd.SpeculativeBlocks > 0 && cd.PredictionWeight > 0
 	switch {
@@ -332,7 +336,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 // minCost returns the usable candidate with the lowest cost. Among equal
 // costs, the highest prefer (when not nil) wins, and what is still tied
 // breaks uniformly at random so equal pods share the work.
-func minCost(cands []Candidate, usable []int, prefer func(*Candidate) float64) int {
+func (c *chooser) minCost(cands []Candidate, usable []int, prefer func(*Candidate) float64) int {
 	better := func(i, best int) int {
 		if d := cands[i].Cost - cands[best].Cost; d < -1e-9 {
 			return 1
@@ -359,7 +363,7 @@ func minCost(cands []Candidate, usable []int, prefer func(*Candidate) float64) i
 			best, ties = i, 1
 		case 0:
 			ties++
-			if rand.IntN(ties) == 0 {
+			if c.tie(ties) == 0 {
 				best = i
 			}
 		}

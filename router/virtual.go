@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -33,8 +34,11 @@ type VirtualConfig struct {
 	Targets      []target.ID
 	NumGPUBlocks int
 	// Now is the clock of the plane, the predictions and the load ledger.
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now func() time.Time
+	// TieSeed seeds the draws that break cost ties, so that a run
+	// repeats (the API's routers draw from the process's generator).
+	TieSeed uint64
+	Logger  *slog.Logger
 }
 
 // Virtual is the router's decision and bookkeeping without HTTP, sockets
@@ -109,6 +113,7 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 		v.plane.SetTarget(id, eventplane.Source{InProcess: true})
 	}
 	v.dec = newDecider(cfg.Policy, cfg.Cost, v.plane, v.spec)
+	v.dec.ch.tie = rand.New(rand.NewPCG(cfg.TieSeed, 0x746965 /* "tie" */)).IntN
 	return v, nil
 }
 

@@ -71,6 +71,8 @@ type Config struct {
 	// defaults, then these).
 	SpeculativeTTL time.Duration
 	Holdback       *float64
+	// ReuseWait is the routers' --reuse-wait (nil: serve's default).
+	ReuseWait *float64
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
@@ -266,6 +268,12 @@ func (r *run) startRouters() error {
 		if r.cfg.Holdback != nil {
 			vc.Speculative.Holdback = *r.cfg.Holdback
 		}
+		if r.cfg.ReuseWait != nil {
+			vc.Cost.ReuseWait = *r.cfg.ReuseWait
+		}
+		// Each router breaks its cost ties from the run's seed, so that
+		// a run repeats.
+		vc.TieSeed = r.cfg.Seed + uint64(len(r.rts))
 		v, err := router.NewVirtual(vc)
 		if err != nil {
 			return fmt.Errorf("des: %w", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
@@ -38,9 +39,10 @@ type benchSettings struct {
 	StreamInterval time.Duration
 	EventDelay     time.Duration
 
-	SpecTTL  time.Duration
-	Holdback float64
-	Settle   time.Duration
+	SpecTTL   time.Duration
+	Holdback  float64
+	ReuseWait float64
+	Settle    time.Duration
 
 	TargetURL, Model string
 
@@ -52,7 +54,7 @@ func defaultBenchSettings() benchSettings {
 	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
 		Delivery: des.DefaultDelivery(),
 		Seed:     1, Timeout: 30 * time.Minute, LogLevel: "error",
-		Holdback: speculative.DefaultConfig().Holdback, Settle: 15 * time.Second}
+		Holdback: speculative.DefaultConfig().Holdback, ReuseWait: router.DefaultCostConfig().ReuseWait, Settle: 15 * time.Second}
 }
 
 func benchCommand(stderr io.Writer) *cli.Command {
@@ -126,6 +128,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per pod from measured confirmation latency) or a duration in model time",
 			&s.SpecTTL, speculative.FormatTTL, speculative.ParseTTL),
 		spec.float("holdback", "share of conversations the speculative policy routes without predictions, to measure what they save (0 to 0.5; 0: off)", &s.Holdback),
+		spec.float("reuse-wait", "the routers' --reuse-wait: share of a prefix's prefill a request may wait for on the pod computing it rather than have an idle pod compute it again (0 to 1)", &s.ReuseWait),
 		spec.dur("settle", "after the speculative policy's last answer, how long (wall time) to wait for its predictions to mature so that the confirmation rates cover the whole run", &s.Settle),
 
 		defaultText(target.str("target-url", "drive this OpenAI-compatible endpoint (http://HOST:PORT) instead of simulated pods", &s.TargetURL), "none"),
@@ -255,8 +258,11 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 	if s.Settle < 0 {
 		return o, usageError("--settle must not be negative, got %v", s.Settle)
 	}
-	holdback := s.Holdback
-	o.Speculative = bench.SpeculativeOptions{TTL: p.SpeculativeTTL, Holdback: &holdback}
+	if !(s.ReuseWait >= 0 && s.ReuseWait <= 1) {
+		return o, usageError("--reuse-wait %v: want a fraction from 0 to 1", s.ReuseWait)
+	}
+	holdback, reuseWait := s.Holdback, s.ReuseWait
+	o.Speculative = bench.SpeculativeOptions{TTL: p.SpeculativeTTL, Holdback: &holdback, ReuseWait: &reuseWait}
 	if s.SpecTTL > 0 {
 		o.Speculative.TTL = s.SpecTTL
 	}
