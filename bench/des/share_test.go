@@ -11,8 +11,8 @@ import (
 )
 
 // burstConfig is bursts of four siblings sharing a 2,000-token prefix, a
-// burst a second, the siblings 200 ms apart (after their first's prefill,
-// inside the pods' 1 s event gap), on three pods behind two speculative
+// burst a second, the siblings spread over 600 ms (after their first's
+// prefill, inside the pods' 1 s event gap), on three pods behind two speculative
 // routers: the second and fourth siblings reach the router their first
 // did not.
 func burstConfig(t *testing.T, share bool) Config {
