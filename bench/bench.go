@@ -66,6 +66,9 @@ type Options struct {
 	// Routers are the router replica counts each policy runs with (des
 	// engine; nil: one).
 	Routers []int
+	// SharePredictions has the des engine's router replicas share their
+	// predictions and in-flight work (des.Config.SharePredictions).
+	SharePredictions bool
 	// Delivery is the des engine's model of requests' and KV events' way
 	// (nil: des.DefaultDelivery).
 	Delivery *des.Delivery

@@ -67,8 +67,10 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 		delivery = *o.Delivery
 	}
 	res.Fleet["delivery"] = map[string]any{"request_s": delivery.Request.Seconds(), "request_jitter_s": delivery.RequestJitter.Seconds(), "transport_s": delivery.Transport.Seconds(),
-		"jitter_s": delivery.Jitter.Seconds(), "apply_per_batch_s": delivery.ApplyPerBatch.Seconds()}
+		"jitter_s": delivery.Jitter.Seconds(), "apply_per_batch_s": delivery.ApplyPerBatch.Seconds(),
+		"peer_delay_s": delivery.PeerDelay.Seconds()}
 	res.Fleet["routers"] = counts
+	res.Fleet["share_predictions"] = o.SharePredictions
 	delete(res.Fleet, "stream_interval_s")
 	for _, pol := range o.Policies {
 		for _, n := range counts {
@@ -80,7 +82,7 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 				name = pol
 			}
 			prog.begin(name, w.Requests())
-			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, Seed: o.Seed, Delivery: delivery,
+			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
 				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, ReuseWait: o.Speculative.ReuseWait,
 				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
 			r, err := des.Run(ctx, cfg)

@@ -61,6 +61,9 @@ type Virtual struct {
 	slot    map[target.ID]int
 	now     func() time.Time
 	nextID  uint64
+	// origins are the peer replicas whose predictions PredictFrom
+	// recorded, by name.
+	origins map[string]*speculative.Origin
 }
 
 // NewVirtual builds a virtual router with an empty index.
@@ -128,6 +131,8 @@ type VirtualRequest struct {
 	expect    eventplane.Expectation
 	placement *speculative.Placement
 	follower  *speculative.Follower
+	// shared is what the placement predicted, for the peer replicas.
+	shared    VirtualPrediction
 	predicted int
 	sent      time.Time
 	ttft      time.Duration
@@ -157,6 +162,9 @@ func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequ
 	if d.predicting {
 		pr := v.dec.place(d, c, r.id, v.model)
 		r.placement, r.follower = pr.placement, pr.follower
+		if pr.placement != nil && len(pr.keys) > 0 {
+			r.shared = VirtualPrediction{Target: c.Target.ID, Namespace: pr.ns, Keys: pr.keys, Deadline: pr.placement.Deadline()}
+		}
 	}
 	if ap := v.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
 		ap.record(c.Target.ID, d.approxChunks)
@@ -210,6 +218,68 @@ func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 	if r.d.predicting && r.v.spec != nil {
 		u := usage{known: true, promptTokens: int64(r.d.prompt.count), cachedKnown: true, cachedTokens: int64(cachedTokens)}
 		r.v.spec.Record(r.d.outcome(r.v.model, r.d.prompt.count, r.predicted, u, r.ttft, r.follower))
+	}
+}
+
+// VirtualPrediction is what a router replica shares with its peers of one
+// dispatch's predicted placements (the live replicas' peers.Prediction):
+// the blocks it expects the target to compute, until Deadline.
+type VirtualPrediction struct {
+	Target    target.ID
+	Namespace speculative.Namespace
+	Keys      []kvindex.Key
+	Deadline  time.Time
+}
+
+// Prediction is what the request's dispatch predicted, for the peer
+// replicas (PredictFrom); false when it predicted nothing, as the live
+// replica then publishes nothing.
+func (r *VirtualRequest) Prediction() (VirtualPrediction, bool) {
+	return r.shared, len(r.shared.Keys) > 0
+}
+
+// PredictFrom records a peer replica's prediction as origin's, as a live
+// replica records what its peers publish (speculative.Store.PredictFrom).
+// It returns the placement the origin's withdrawal ends (Withdraw); nil
+// when it records nothing: the policy is not speculative, the target is
+// not the router's or the deadline has passed.
+func (v *Virtual) PredictFrom(origin string, p VirtualPrediction) (*speculative.Placement, error) {
+	if v.spec == nil {
+		return nil, nil
+	}
+	if _, ok := v.slot[p.Target]; !ok {
+		return nil, nil
+	}
+	o := v.origins[origin]
+	if o == nil {
+		var err error
+		if o, err = v.spec.Origin(origin); err != nil {
+			return nil, fmt.Errorf("virtual router: %w", err)
+		}
+		if v.origins == nil {
+			v.origins = map[string]*speculative.Origin{}
+		}
+		v.origins[origin] = o
+	}
+	return v.spec.PredictFrom(o, speculative.Dispatch{Target: p.Target, Namespace: p.Namespace}, p.Keys, p.Deadline), nil
+}
+
+// Flights is the router's own in-flight work on target id, what a live
+// replica shares with its peers whenever it changes: when a request is
+// routed, gets its first byte and ends.
+func (v *Virtual) Flights(id target.ID) health.Flights {
+	i, ok := v.slot[id]
+	if !ok {
+		return health.Flights{}
+	}
+	return v.targets[i].Flights()
+}
+
+// SetPeerFlights replaces the peer replicas' in-flight work on target id
+// (their sum), which joins the router's own in the target's load.
+func (v *Virtual) SetPeerFlights(id target.ID, f health.Flights) {
+	if i, ok := v.slot[id]; ok {
+		v.targets[i].SetPeerFlights(f)
 	}
 }
 

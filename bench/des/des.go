@@ -40,6 +40,11 @@ type Delivery struct {
 	// pod arriving faster wait behind each other (the subscriber's
 	// backlog).
 	ApplyPerBatch time.Duration
+	// PeerDelay is from a router replica's change to its peers' seeing
+	// it, when they share predictions (Config.SharePredictions): a
+	// dispatch's predictions, their withdrawal, its in-flight work on a
+	// pod.
+	PeerDelay time.Duration
 }
 
 // DefaultDelivery is the delivery the engine assumes unless told: the live
@@ -49,10 +54,14 @@ type Delivery struct {
 // exponential 3 ms on average (the des engine's TTFT p50 and p90 then
 // match the live one's within a few percent on the quick presets), a
 // batch its router within a millisecond, and the subscriber keeps up. For
-// a fleet on a real network, give its own.
+// a fleet on a real network, give its own. Replicas sharing predictions
+// see each other's 0.5 ms later, the mean peer lag two live replicas
+// measured on loopback (docs/performance.md, "Router replicas sharing
+// predictions").
 func DefaultDelivery() Delivery {
 	return Delivery{Request: 5 * time.Millisecond, RequestJitter: 3 * time.Millisecond,
-		Transport: 500 * time.Microsecond, Jitter: 500 * time.Microsecond, ApplyPerBatch: 20 * time.Microsecond}
+		Transport: 500 * time.Microsecond, Jitter: 500 * time.Microsecond, ApplyPerBatch: 20 * time.Microsecond,
+		PeerDelay: 500 * time.Microsecond}
 }
 
 // Config is one policy's run.
@@ -64,9 +73,16 @@ type Config struct {
 	Policy string
 	// Routers is the number of router replicas (0: 1); session i is sent
 	// through router i mod Routers, as a Service spreads connections.
-	Routers  int
-	Seed     uint64
-	Delivery Delivery
+	Routers int
+	// SharePredictions has the replicas share what live replicas with
+	// --peer-listen and --peers do, each reaching the others
+	// Delivery.PeerDelay later: every dispatch's predicted placements
+	// (entering their stores as its origin's) and their withdrawal, and
+	// each router's in-flight work on a pod whenever it changes (joining
+	// the pod's load there).
+	SharePredictions bool
+	Seed             uint64
+	Delivery         Delivery
 	// Speculative configures the speculative policy's routers (serve's
 	// defaults, then these).
 	SpeculativeTTL time.Duration
@@ -163,6 +179,25 @@ type routerState struct {
 	applied []time.Duration
 	// next* are the periodic work's next times.
 	nextEval, nextTick, nextScrape time.Duration
+	// peerFlights are the other replicas' last reported in-flight work,
+	// by replica and pod (SharePredictions).
+	peerFlights [][]health.Flights
+}
+
+// sharedPrediction is one dispatch's predictions on their way to the
+// other replicas, and the placements they made at each (by replica), which
+// the origin's withdrawal ends.
+type sharedPrediction struct {
+	p  router.VirtualPrediction
+	at []*speculative.Placement
+}
+
+// peerMessage is what one replica tells the others: a prediction, its
+// withdrawal, or its in-flight work on a pod.
+type peerMessage struct {
+	pred    *sharedPrediction
+	pod     int
+	flights health.Flights
 }
 
 // request is one turn in flight.
@@ -172,7 +207,9 @@ type request struct {
 	sent       time.Duration
 	ids        []uint32
 	pod        int
+	router     int // the replica that routed it
 	vr         *router.VirtualRequest
+	shared     *sharedPrediction
 	sq         *sim.Request
 	first      bool
 	rec        report.Record
@@ -279,6 +316,12 @@ func (r *run) startRouters() error {
 			return fmt.Errorf("des: %w", err)
 		}
 		rt := &routerState{v: v, applied: make([]time.Duration, len(r.pods))}
+		if r.cfg.SharePredictions {
+			rt.peerFlights = make([][]health.Flights, r.cfg.Routers)
+			for i := range rt.peerFlights {
+				rt.peerFlights[i] = make([]health.Flights, len(r.pods))
+			}
+		}
 		r.rts = append(r.rts, rt)
 	}
 	return nil
@@ -289,10 +332,13 @@ func (r *run) clock() time.Time { return epoch.Add(r.now) }
 
 // Event kinds.
 const (
-	evSend    = iota // a: session; b: turn
-	evArrive         // a request reaches its pod
-	evStepEnd        // a: pod
-	evDeliver        // a: router; b: pod
+	evSend         = iota // a: session; b: turn
+	evArrive              // a request reaches its pod
+	evStepEnd             // a: pod
+	evDeliver             // a: router; b: pod
+	evPeerPredict         // a: receiving router; b: origin router
+	evPeerWithdraw        // a: receiving router
+	evPeerFlights         // a: receiving router; b: origin router
 )
 
 func (r *run) loop(ctx context.Context) error {
@@ -303,21 +349,39 @@ func (r *run) loop(ctx context.Context) error {
 		if r.bound > 0 && r.q.peek() > r.bound {
 			break
 		}
-		it := r.q.pop()
-		r.advance(it.at)
-		switch it.kind {
-		case evSend:
-			r.send(it.a, it.b, it.sess)
-		case evArrive:
-			r.arrive(it.req)
-		case evStepEnd:
-			r.stepEnd(r.pods[it.a])
-		case evDeliver:
-			r.rts[it.a].v.Deliver(r.pods[it.b].id, it.seq, it.batch)
-			r.res.Delivered++
+		if err := r.handle(r.q.pop()); err != nil {
+			return err
 		}
 	}
 	r.unfinished()
+	return nil
+}
+
+// handle runs one event at its time.
+func (r *run) handle(it item) error {
+	r.advance(it.at)
+	switch it.kind {
+	case evSend:
+		r.send(it.a, it.b, it.sess)
+	case evArrive:
+		r.arrive(it.req)
+	case evStepEnd:
+		r.stepEnd(r.pods[it.a])
+	case evDeliver:
+		r.rts[it.a].v.Deliver(r.pods[it.b].id, it.seq, it.batch)
+		r.res.Delivered++
+	case evPeerPredict:
+		sp := it.msg.pred
+		h, err := r.rts[it.a].v.PredictFrom(routerName(it.b), sp.p)
+		if err != nil {
+			return fmt.Errorf("des: %w", err)
+		}
+		sp.at[it.a] = h
+	case evPeerWithdraw:
+		it.msg.pred.at[it.a].Withdraw()
+	case evPeerFlights:
+		r.peerFlights(it.a, it.b, it.msg)
+	}
 	return nil
 }
 
@@ -379,7 +443,8 @@ func (r *run) send(i, k int, s *session) {
 		}
 		q.pod = pi
 	} else {
-		rt := r.rts[i%len(r.rts)]
+		q.router = i % len(r.rts)
+		rt := r.rts[q.router]
 		session := ""
 		if len(s.s.Turns) > 1 {
 			session = "s" + strconv.Itoa(i)
@@ -393,6 +458,11 @@ func (r *run) send(i, k int, s *session) {
 		}
 		q.vr = vr
 		q.pod = r.podOf(vr.Target())
+		if p, ok := vr.Prediction(); ok && r.cfg.SharePredictions && len(r.rts) > 1 {
+			q.shared = &sharedPrediction{p: p, at: make([]*speculative.Placement, len(r.rts))}
+			r.tellPeers(q.router, evPeerPredict, &peerMessage{pred: q.shared})
+		}
+		r.flightsChanged(q)
 	}
 	at := r.now + r.cfg.Delivery.Request
 	if j := r.cfg.Delivery.RequestJitter; j > 0 {
@@ -415,9 +485,7 @@ func (r *run) arrive(q *request) {
 	p := r.pods[q.pod]
 	sq, err := p.rank.Add(q.ids, q.s.s.Turns[q.turn].MaxTokens, r.now)
 	if err != nil {
-		if q.vr != nil {
-			q.vr.Finish(false, 0)
-		}
+		r.finish(q, false, 0)
 		r.fail(q, q.s, err.Error())
 		return
 	}
@@ -450,6 +518,7 @@ func (r *run) stepEnd(p *pod) {
 			q.rec.TTFT = (r.now - q.sent).Seconds()
 			if q.vr != nil {
 				q.vr.FirstByte()
+				r.flightsChanged(q)
 			}
 		}
 		if snap.Done {
@@ -481,9 +550,7 @@ func (r *run) stepEnd(p *pod) {
 func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 	s := q.s
 	if snap.Err != nil || snap.Generated == 0 {
-		if q.vr != nil {
-			q.vr.Finish(false, 0)
-		}
+		r.finish(q, false, 0)
 		msg := "no answer"
 		if snap.Err != nil {
 			msg = snap.Err.Error()
@@ -491,9 +558,7 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 		r.fail(q, s, msg)
 		return
 	}
-	if q.vr != nil {
-		q.vr.Finish(true, snap.CachedTokens)
-	}
+	r.finish(q, true, snap.CachedTokens)
 	q.rec.Status = 200
 	q.rec.E2E = (r.now - q.sent).Seconds()
 	q.rec.CachedTokens, q.rec.OutputTokens = snap.CachedTokens, snap.Generated
@@ -510,6 +575,54 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 		r.q.push(item{at: r.now + next.Think, kind: evSend, a: q.sess, b: q.turn + 1, sess: s})
 	}
 }
+
+// finish ends q at its router (answered, or failed at the pod before its
+// first byte) and tells the other replicas what changed.
+func (r *run) finish(q *request, answered bool, cachedTokens int) {
+	if q.vr == nil {
+		return
+	}
+	q.vr.Finish(answered, cachedTokens)
+	if !answered && q.shared != nil {
+		r.tellPeers(q.router, evPeerWithdraw, &peerMessage{pred: q.shared})
+	}
+	r.flightsChanged(q)
+}
+
+// flightsChanged tells the other replicas q's router's in-flight work on
+// q's pod as it is now, as a live replica does on each change.
+func (r *run) flightsChanged(q *request) {
+	if r.cfg.SharePredictions && len(r.rts) > 1 {
+		f := r.rts[q.router].v.Flights(r.pods[q.pod].id)
+		r.tellPeers(q.router, evPeerFlights, &peerMessage{pod: q.pod, flights: f})
+	}
+}
+
+// tellPeers sends m from router origin to every other router, arriving
+// Delivery.PeerDelay from now (in the order sent).
+func (r *run) tellPeers(origin int, kind uint8, m *peerMessage) {
+	for ri := range r.rts {
+		if ri != origin {
+			r.q.push(item{at: r.now + r.cfg.Delivery.PeerDelay, kind: kind, a: ri, b: origin, msg: m})
+		}
+	}
+}
+
+// peerFlights records at router ri what origin reported of its in-flight
+// work on a pod, and sets the pod's peer load there to the sum of what
+// every other replica last reported.
+func (r *run) peerFlights(ri, origin int, m *peerMessage) {
+	rt := r.rts[ri]
+	rt.peerFlights[origin][m.pod] = m.flights
+	var sum health.Flights
+	for _, of := range rt.peerFlights {
+		sum = sum.Add(of[m.pod])
+	}
+	rt.v.SetPeerFlights(r.pods[m.pod].id, sum)
+}
+
+// routerName names router replica i as its peers know it.
+func routerName(i int) string { return "router-" + strconv.Itoa(i) }
 
 // fail records q as failed with why, and its session's later turns as
 // never sent.
@@ -574,4 +687,5 @@ type item struct {
 	batch *events.Batch
 	req   *request
 	sess  *session
+	msg   *peerMessage
 }

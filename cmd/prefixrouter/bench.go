@@ -27,6 +27,7 @@ type benchSettings struct {
 	Workload, Policies string
 	Engine, Routers    string
 	Delivery           des.Delivery
+	SharePredictions   bool
 	Quick              bool
 	Seed               uint64
 	Out                string
@@ -124,6 +125,8 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		dg.dur("event-transport", "from a KV-event batch's publication to its arrival at a router", &s.Delivery.Transport),
 		dg.dur("event-jitter", "up to this much more transport, drawn per batch and router (batches stay in order)", &s.Delivery.Jitter),
 		dg.dur("event-apply", "a router's time to apply one batch: faster batches queue behind it (the subscriber's backlog)", &s.Delivery.ApplyPerBatch),
+		dg.bool("share-predictions", "the router replicas share their predictions and in-flight work as serve's --peers do, each reaching the others --peer-delay later (with --routers above 1)", &s.SharePredictions),
+		dg.dur("peer-delay", "from a router replica's prediction or change of in-flight work to its peers' seeing it (--share-predictions)", &s.Delivery.PeerDelay),
 
 		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per pod from measured confirmation latency) or a duration in model time",
 			&s.SpecTTL, speculative.FormatTTL, speculative.ParseTTL),
@@ -275,7 +278,7 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		return o, usageError("--engine: %v", err)
 	}
 	for name, v := range map[string]time.Duration{"request-delay": s.Delivery.Request, "request-jitter": s.Delivery.RequestJitter, "event-transport": s.Delivery.Transport,
-		"event-jitter": s.Delivery.Jitter, "event-apply": s.Delivery.ApplyPerBatch} {
+		"event-jitter": s.Delivery.Jitter, "event-apply": s.Delivery.ApplyPerBatch, "peer-delay": s.Delivery.PeerDelay} {
 		if v < 0 {
 			return o, usageError("--%s must not be negative, got %v", name, v)
 		}
@@ -289,6 +292,10 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 			return o, usageError("--routers: %v", err)
 		}
 	}
+	if s.SharePredictions && o.Engine != bench.EngineDES {
+		return o, usageError("--share-predictions: router replicas run on the des engine only (--engine des)")
+	}
+	o.SharePredictions = s.SharePredictions
 
 	var lim workload.Limits
 	if s.TargetURL != "" {
