@@ -58,6 +58,11 @@ func specConfig(f *sim.Fleet) Config {
 	cfg.DebugHeaders = true
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)
+	// These tests route hundreds of requests under -race beside other
+	// packages' tests: two probes slowed past 150 ms must not take a
+	// pod down (a 503 "no routable target" in the middle of a run).
+	// Nothing here hangs a pod; a dead one refuses at once.
+	cfg.Health.ProbeInterval, cfg.Health.ProbeTimeout, cfg.Health.FailureThreshold = 300*time.Millisecond, 300*time.Millisecond, 4
 	cfg.Speculative.Holdback = 0
 	return cfg
 }
