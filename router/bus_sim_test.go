@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -146,17 +145,10 @@ func TestSimEventBus(t *testing.T) {
 // debugBuses reads event_buses from GET /debug/targets.
 func debugBuses(t *testing.T, r *Router) []kvindex.BusStatus {
 	t.Helper()
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/targets")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var v struct {
 		EventBuses []kvindex.BusStatus `json:"event_buses"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		t.Fatal(err)
-	}
+	adminDebugTargets(t, r, &v)
 	return v.EventBuses
 }
 

@@ -2,7 +2,6 @@ package router
 
 import (
 	"encoding/json"
-	"net/http"
 	"testing"
 	"time"
 
@@ -82,20 +81,13 @@ func TestDebugTargetsShape(t *testing.T) {
 	r := startRouter(t, cfg)
 	waitFor(t, "the publishing pod fresh", func() bool { return freshCount(r, "m") == 1 && r.KeysReady() })
 
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/targets")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var view struct {
 		Policy string                     `json:"policy"`
 		Keys   eventplane.KeysView        `json:"block_keys"`
 		Index  json.RawMessage            `json:"index"`
 		Health map[string]json.RawMessage `json:"health"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&view); err != nil {
-		t.Fatal(err)
-	}
+	adminDebugTargets(t, r, &view)
 	if !view.Keys.Configured || view.Keys.BlockSize != 16 || view.Keys.Mode != "token-derived" || view.Index == nil {
 		t.Fatalf("block keys %+v, index %s", view.Keys, view.Index)
 	}

@@ -377,3 +377,16 @@ func holdingStream(first, rest string) (h http.HandlerFunc, release chan struct{
 		fmt.Fprint(w, rest)
 	}, release
 }
+
+// adminDebugTargets decodes GET /debug/targets on r's admin listener into v.
+func adminDebugTargets(t testing.TB, r *Router, v any) {
+	t.Helper()
+	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/targets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET /debug/targets: %v", err)
+	}
+}

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -194,10 +193,6 @@ func TestClientErrorsNameNoAddress(t *testing.T) {
 	if len(logs.Lines("no target could answer the request", "request_id=completions-no-target-answered", "last=")) == 0 {
 		t.Fatal("the log does not name the targets a 502 tried")
 	}
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/targets")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var view struct {
 		Health struct {
 			Targets []struct {
@@ -206,10 +201,9 @@ func TestClientErrorsNameNoAddress(t *testing.T) {
 			} `json:"targets"`
 		} `json:"health"`
 	}
-	err = json.NewDecoder(resp.Body).Decode(&view)
-	resp.Body.Close()
-	if err != nil || len(view.Health.Targets) != 2 {
-		t.Fatalf("debug targets: %v", err)
+	adminDebugTargets(t, r, &view)
+	if len(view.Health.Targets) != 2 {
+		t.Fatalf("debug targets: %d, want 2", len(view.Health.Targets))
 	}
 	for _, tg := range view.Health.Targets {
 		if l := tg.Last; l == nil || l.Detail == "" || l.RequestID == "" || l.Reason == "" {

@@ -520,10 +520,6 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 	}
 
 	// The operator's view of the targets.
-	resp, err = http.Get("http://" + r.AdminAddr() + "/debug/targets")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var view struct {
 		Policy string `json:"policy"`
 		Keys   struct {
@@ -539,10 +535,9 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 			} `json:"targets"`
 		} `json:"health"`
 	}
-	err = json.NewDecoder(resp.Body).Decode(&view)
-	resp.Body.Close()
-	if err != nil || view.Policy != "precise" || !view.Health.Ready || len(view.Health.Targets) != 2 {
-		t.Fatalf("debug targets: %+v (%v)", view, err)
+	adminDebugTargets(t, r, &view)
+	if view.Policy != "precise" || !view.Health.Ready || len(view.Health.Targets) != 2 {
+		t.Fatalf("debug targets: %+v", view)
 	}
 	for _, tg := range view.Health.Targets {
 		if tg.State != "routable" || tg.Reason == "" || len(tg.Models) != 1 {

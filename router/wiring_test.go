@@ -1,7 +1,6 @@
 package router
 
 import (
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -36,19 +35,12 @@ type debugTargetView struct {
 
 func debugTargets(t *testing.T, r *Router) map[string]debugTargetView {
 	t.Helper()
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/targets")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var v struct {
 		Health struct {
 			Targets []debugTargetView `json:"targets"`
 		} `json:"health"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		t.Fatal(err)
-	}
+	adminDebugTargets(t, r, &v)
 	out := map[string]debugTargetView{}
 	for _, tv := range v.Health.Targets {
 		out[tv.Target] = tv
