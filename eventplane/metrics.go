@@ -2,6 +2,8 @@ package eventplane
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/internal/constmetric"
 )
 
 // collector produces the plane's per-target event-stream series at scrape
@@ -55,11 +57,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	now := c.p.now()
 	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
-		m, err := prometheus.NewConstMetric(d, t, v, labels...)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- constmetric.New(d, t, v, labels...)
 	}
 	g := func(d *prometheus.Desc, v float64, labels ...string) { metric(d, prometheus.GaugeValue, v, labels...) }
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {

@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/internal/constmetric"
 )
 
 // metrics are the prefixrouter_health_* series. Per-target series are
@@ -94,11 +96,7 @@ func (mt *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	now := mt.m.now()
 	emit := func(d *prometheus.Desc, vt prometheus.ValueType, v float64, labels []string) {
-		m, err := prometheus.NewConstMetric(d, vt, v, labels...)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- constmetric.New(d, vt, v, labels...)
 	}
 	g := func(d *prometheus.Desc, v float64, labels ...string) { emit(d, prometheus.GaugeValue, v, labels) }
 	c := func(d *prometheus.Desc, v uint64, labels ...string) {

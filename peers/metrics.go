@@ -2,6 +2,8 @@ package peers
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixrouter/prefixrouter/internal/constmetric"
 )
 
 // Series. The peer label is a peer's address (tcp://IP:PORT, as resolved
@@ -58,11 +60,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit := func(d *prometheus.Desc, kind prometheus.ValueType, v float64, labels ...string) {
-		m, err := prometheus.NewConstMetric(d, kind, v, labels...)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- constmetric.New(d, kind, v, labels...)
 	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		emit(d, prometheus.CounterValue, float64(v), labels...)

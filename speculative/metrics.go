@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixrouter/prefixrouter/internal/constmetric"
 	"github.com/prefixrouter/prefixrouter/internal/lockedhist"
 )
 
@@ -139,11 +140,7 @@ var outcomeSeries = []struct {
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit := func(d *prometheus.Desc, kind prometheus.ValueType, v float64, labels ...string) {
-		m, err := prometheus.NewConstMetric(d, kind, v, labels...)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- constmetric.New(d, kind, v, labels...)
 	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) { emit(d, prometheus.CounterValue, v, labels...) }
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) { emit(d, prometheus.GaugeValue, v, labels...) }
