@@ -126,18 +126,19 @@ func (r *eventRelay) serve(c net.Conn, upstream string) {
 		return
 	}
 	defer r.untrack(up)
-	done := make(chan struct{}, 2)
+	// A direction that ends closes both connections, which ends the
+	// other (the deferred closes then find them closed).
+	var copies sync.WaitGroup
 	pipe := func(dst, src net.Conn) {
+		defer copies.Done()
 		_, _ = io.Copy(dst, src)
-		done <- struct{}{}
+		c.Close()
+		up.Close()
 	}
+	copies.Add(2)
 	go pipe(up, c)
 	go pipe(c, up)
-	<-done
-	// Closing both ends (deferred) ends the other copy.
-	c.Close()
-	up.Close()
-	<-done
+	copies.Wait()
 }
 
 func (r *eventRelay) track(c net.Conn) bool {

@@ -312,7 +312,11 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 		return choice{idx: i, reason: "no approximate prefix match; least load"}
 	}
-	spare := c.spareCapacity(cands, usable, promptTokens)
+	// Only predictions are discounted by the spare capacity.
+	spare := 1.0
+	if c.policy == PolicySpeculative {
+		spare = c.spareCapacity(cands, usable, promptTokens)
+	}
 	for _, i := range usable {
 		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize, spare)
 	}

@@ -94,7 +94,9 @@ func TestPreciseCost(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ch := newChooser(PolicyPrecise, DefaultCostConfig())
+			// The speculative policy: its cost is precise's, and it weighs
+			// the predicted cases' discount by the spare capacity.
+			ch := newChooser(PolicySpeculative, DefaultCostConfig())
 			d := ch.choose(c.cands, c.prompt, 16, false)
 			if d.idx < 0 || c.cands[d.idx].Target.ID.Endpoint != c.want {
 				for _, cd := range c.cands {
