@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ type benchSettings struct {
 	Quick              bool
 	Seed               uint64
 	Out                string
+	CPUProfile         string
 	Timeout, Drain     time.Duration
 	LogLevel           string
 
@@ -103,6 +105,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		run.bool("quick", "the workload's quick preset: under a minute for every policy on a 2-core machine", &s.Quick),
 		run.uint64("seed", "seed of the workload (prompts, arrivals) and of the oracle's ties", &s.Seed),
 		defaultText(run.str("out", "directory for results.json and report.html", &s.Out), "none"),
+		defaultText(run.str("cpu-profile", "write a Go CPU profile of the whole run to this file (go tool pprof reads it)", &s.CPUProfile), "none"),
 		run.dur("timeout", "bound on the whole run", &s.Timeout),
 		defaultText(run.dur("drain", "once the last request is sent, how long (wall time) the ones still running may take before they are cancelled and counted as unfinished", &s.Drain), preset),
 		choice(run, "log-level", "the pods' and the router's log on stderr: debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
@@ -401,6 +404,13 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 			return cli.Exit(fmt.Sprintf("bench: %v (give --model)", err), exitFailure)
 		}
 	}
+	if s.CPUProfile != "" {
+		stop, err := startCPUProfile(s.CPUProfile)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("bench: --cpu-profile: %v", err), exitFailure)
+		}
+		defer stop()
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	fmt.Fprintln(stdout, describeRun(&o))
@@ -443,4 +453,21 @@ func describeRun(o *bench.Options) string {
 	}
 	return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each), time scale %g, policies %s",
 		w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), f.TimeScale, strings.Join(o.Policies, ", "))
+}
+
+// startCPUProfile profiles the process into path until the returned
+// function runs.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
