@@ -55,6 +55,8 @@ type Options struct {
 	Command string
 	// Speculative configures the speculative policy's router.
 	Speculative SpeculativeOptions
+	// Cost is the routers' cost model (nil: serve's default).
+	Cost *router.CostConfig
 	// Settle bounds (wall time) how long the speculative policy's run waits
 	// after its last answer for its predictions' cohorts to mature, so
 	// that the confirmation rates cover the whole run (0: no wait).
@@ -83,8 +85,16 @@ type SpeculativeOptions struct {
 	// Holdback is the fraction of conversations routed without
 	// predictions (nil: serve's default).
 	Holdback *float64
-	// ReuseWait is the router's --reuse-wait (nil: serve's default).
-	ReuseWait *float64
+}
+
+// routerSettings are what a run changes in the routers it starts.
+type routerSettings struct {
+	Speculative SpeculativeOptions
+	Cost        *router.CostConfig
+}
+
+func (o *Options) routerSettings() routerSettings {
+	return routerSettings{Speculative: o.Speculative, Cost: o.Cost}
 }
 
 // PolicyNames lists the policies the live engine knows, in the order a
@@ -259,7 +269,7 @@ type liveRun struct {
 }
 
 func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*liveRun, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, "", o.Logger)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.routerSettings(), "", o.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -83,7 +83,7 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 			}
 			prog.begin(name, w.Requests())
 			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
-				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, ReuseWait: o.Speculative.ReuseWait,
+				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, Cost: o.Cost,
 				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
 			r, err := des.Run(ctx, cfg)
 			prog.end()

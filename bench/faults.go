@@ -83,7 +83,7 @@ func (o *Options) runFaults(ctx context.Context, policy string, prog *progress) 
 		return nil, nil, fmt.Errorf("faults: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, dir, o.Logger)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.routerSettings(), dir, o.Logger)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -80,7 +80,7 @@ func TestConvergenceReadsTheRouterAndThePod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := sim.Config{Pods: 1, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond}
-	fr, err := startFleetRun(ctx, cfg, "precise", 1, SpeculativeOptions{}, t.TempDir(), slog.New(slog.DiscardHandler))
+	fr, err := startFleetRun(ctx, cfg, "precise", 1, routerSettings{}, t.TempDir(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ type fleetRun struct {
 // requests can be routed as the policy means: every pod routable with a
 // fresh event stream. With endpointsDir the router reads its pods from an
 // endpoints file there (listEndpoints rewrites it), else from its flags.
-func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, spec SpeculativeOptions, endpointsDir string, log *slog.Logger) (_ *fleetRun, err error) {
+func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint64, rs routerSettings, endpointsDir string, log *slog.Logger) (_ *fleetRun, err error) {
 	fr := &fleetRun{stop: make(chan struct{})}
 	var cleanup []func()
 	fr.close = func() {
@@ -67,7 +67,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	fr.podOf = func(_ answer, d dest) string { return d.pod }
 	if policy == Oracle {
 		fr.route = newOracle(fr.fleet, seed).route
-	} else if err := fr.startRouter(ctx, policy, spec, endpointsDir, log, &cleanup); err != nil {
+	} else if err := fr.startRouter(ctx, policy, rs, endpointsDir, log, &cleanup); err != nil {
 		return nil, err
 	}
 	fr.wg.Add(1)
@@ -79,7 +79,8 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 	return fr, nil
 }
 
-func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec SpeculativeOptions, endpointsDir string, log *slog.Logger, cleanup *[]func()) error {
+func (fr *fleetRun) startRouter(ctx context.Context, policy string, rs routerSettings, endpointsDir string, log *slog.Logger, cleanup *[]func()) error {
+	spec := rs.Speculative
 	pol, err := router.ParsePolicy(policy)
 	if err != nil {
 		return err
@@ -128,11 +129,11 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, spec Specula
 	if spec.TTL > 0 {
 		cfg.Speculative.TTL = max(time.Duration(float64(spec.TTL)/scale), time.Millisecond)
 	}
-	if spec.ReuseWait != nil {
-		cfg.Cost.ReuseWait = *spec.ReuseWait
-	}
 	if spec.Holdback != nil {
 		cfg.Speculative.Holdback = *spec.Holdback
+	}
+	if rs.Cost != nil {
+		cfg.Cost = *rs.Cost
 	}
 	toks := tokenize.NewRegistry(tokenize.Options{Logger: log})
 	*cleanup = append(*cleanup, toks.Close)

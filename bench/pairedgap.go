@@ -63,7 +63,7 @@ func (pr *pairRunner) model(wall time.Duration) float64 { return wall.Seconds() 
 
 // runPairs runs the cells under one policy.
 func (o *Options) runPairs(ctx context.Context, policy string, tm pairTiming, prog *progress) (*liveRun, []report.Pair, error) {
-	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.Speculative, "", o.Logger)
+	fr, err := startFleetRun(ctx, o.Fleet, policy, o.Seed, o.routerSettings(), "", o.Logger)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -61,7 +62,8 @@ func PolicyNames() []string {
 // CostConfig weights the terms of the precise cost, all in prefill-token
 // units (docs/architecture.md, "Decision rules"):
 //
-//	cost(t) = queued_uncached(t) + prompt_tokens − cached_estimate(t)
+//	cost(t) = queued_uncached(t)
+//	        + (prompt_tokens − cached_estimate(t)) × (1 + RecomputeWeight × (1 − spare))
 //	        + DecodeWeight × running(t)
 //	        + KVPressure × prompt_tokens × max(0, kv_usage(t) − KVThreshold) / (1 − KVThreshold)
 //
@@ -74,24 +76,57 @@ func PolicyNames() []string {
 // predicted blocks under the speculative policy) times the block size,
 // counted only while t's event stream is trusted.
 //
+// spare is the fleet's capacity to spare (chooser.spareCapacity): 1 while
+// some pod is idle, 0 once the least busy one has two prompts' worth of
+// work. RecomputeWeight prices the prompt tokens a pod must compute as the
+// spare capacity falls: each is work the requests queued behind it wait
+// for, so a prefix computed again on a second pod costs the fleet, not
+// only the request that moves (see preciseCost).
+//
 // ReuseWait weighs, under the speculative policy, a follower's reuse of the
 // prefill its predicted blocks are queued for on their target while the
 // fleet has capacity to spare (see preciseCost).
 type CostConfig struct {
-	DecodeWeight float64
-	KVThreshold  float64
-	KVPressure   float64
-	ReuseWait    float64
+	DecodeWeight    float64
+	KVThreshold     float64
+	KVPressure      float64
+	ReuseWait       float64
+	RecomputeWeight float64
 }
 
 // DefaultCostConfig returns the defaults: a running sequence costs about as
 // much as 32 prefill tokens per scheduling step it shares; a pod whose KV
 // cache is above 90% full charges up to one extra prompt's worth (the request
-// may wait for memory or evict someone's prefix); and a follower may wait
+// may wait for memory or evict someone's prefix); a follower may wait
 // up to half of the prefill it reuses rather than have an idle pod compute
-// it again (docs/performance.md, "Followers beside an idle pod").
+// it again (docs/performance.md, "Followers beside an idle pod"); and a
+// prompt token to compute costs 17 once no pod has capacity to spare
+// (docs/performance.md, "Recomputation on a busy fleet": 8 and 64 did
+// worse on the llm-d ladder).
 func DefaultCostConfig() CostConfig {
-	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1, ReuseWait: 0.5}
+	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1, ReuseWait: 0.5, RecomputeWeight: 16}
+}
+
+// Validate reports every weight out of its range at once (joined), each
+// naming the serve flag that sets it.
+func (c CostConfig) Validate() error {
+	var errs []error
+	finite := func(flag string, v float64) {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("--%s %v must be a finite number, not negative", flag, v))
+		}
+	}
+	fraction := func(flag string, v float64) {
+		if !(v >= 0 && v <= 1) {
+			errs = append(errs, fmt.Errorf("--%s %v must be within [0, 1]", flag, v))
+		}
+	}
+	finite("decode-weight", c.DecodeWeight)
+	fraction("kv-threshold", c.KVThreshold)
+	finite("kv-pressure", c.KVPressure)
+	fraction("reuse-wait", c.ReuseWait)
+	finite("recompute-weight", c.RecomputeWeight)
+	return errors.Join(errs...)
 }
 
 // LoadView is a candidate's load as the cost model saw it.
@@ -246,7 +281,16 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int, spare 
 	queued -= reuse * math.Min(float64(l.QueuedUncachedTokens), predicted)
 	cached := cd.Weighted*cd.Trust*float64(blockSize) + predicted
 	cached = math.Min(cached, float64(promptTokens))
-	cost := queued + float64(promptTokens) - cached + c.cost.DecodeWeight*running
+	// While no pod has capacity to spare, what the candidate must compute
+	// delays every request queued behind it, and a prefix computed again
+	// takes memory its holder would have shared: a shorter queue is not
+	// worth a recomputation. (On the llm-d ladder, pricing recomputation
+	// only by the request's own wait spread groups over the pods once
+	// queues built, and cost output throughput; a price rising only with
+	// the least busy pod's queue, 1 + backlog in prompts, did worse than
+	// this one: docs/performance.md, "Recomputation on a busy fleet".)
+	recompute := 1 + c.cost.RecomputeWeight*(1-spare)
+	cost := queued + (float64(promptTokens)-cached)*recompute + c.cost.DecodeWeight*running
 	if !l.Stale && l.KVUsage > c.cost.KVThreshold && c.cost.KVThreshold < 1 {
 		cost += c.cost.KVPressure * float64(promptTokens) * (l.KVUsage - c.cost.KVThreshold) / (1 - c.cost.KVThreshold)
 	}
@@ -312,11 +356,7 @@ func (c *chooser) choose(cands []Candidate, promptTokens, blockSize int, peek bo
 		}
 		return choice{idx: i, reason: "no approximate prefix match; least load"}
 	}
-	// Only predictions are discounted by the spare capacity.
-	spare := 1.0
-	if c.policy == PolicySpeculative {
-		spare = c.spareCapacity(cands, usable, promptTokens)
-	}
+	spare := c.spareCapacity(cands, usable, promptTokens)
 	for _, i := range usable {
 		cands[i].Cost = c.preciseCost(&cands[i], promptTokens, blockSize, spare)
 	}

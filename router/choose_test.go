@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -95,8 +96,11 @@ func TestPreciseCost(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			// The speculative policy: its cost is precise's, and it weighs
-			// the predicted cases' discount by the spare capacity.
-			ch := newChooser(PolicySpeculative, DefaultCostConfig())
+			// the predicted cases' discount by the spare capacity. The
+			// recompute price is left out here (TestRecomputeWeight).
+			cost := DefaultCostConfig()
+			cost.RecomputeWeight = 0
+			ch := newChooser(PolicySpeculative, cost)
 			d := ch.choose(c.cands, c.prompt, 16, false)
 			if d.idx < 0 || c.cands[d.idx].Target.ID.Endpoint != c.want {
 				for _, cd := range c.cands {
@@ -143,6 +147,63 @@ func TestReuseWait(t *testing.T) {
 				t.Fatalf("chose %s, want %s", got, c.want)
 			}
 		})
+	}
+}
+
+// TestRecomputeWeight: a prompt token a pod must compute costs 1 +
+// weight × (1 − spare): once every pod is busy, a request stays with the
+// pod holding its prefix although a shorter queue is elsewhere, since a
+// prefix computed again is work the queued requests wait for; an idle pod
+// takes it at the plain price. 7,200-token prompts, 6,000 of them cached
+// on the holder.
+func TestRecomputeWeight(t *testing.T) {
+	busy := func(name string, blocks int, queued int64) Candidate {
+		return cand(name, blocks, eventplane.VerdictFresh, LoadView{InFlight: 8, Prefilling: 8, QueuedUncachedTokens: queued})
+	}
+	holder, elsewhere := busy("holder", 375, 20000), busy("elsewhere", 0, 10000)
+	idle := cand("idle", 0, eventplane.VerdictFresh, LoadView{})
+	// 100,000 tokens apart, no capacity to spare: a token costs 1 + 8 or
+	// 1 + 16, and 6,000 recomputed tokens are worth 48,000 or 96,000 of
+	// queue.
+	far, farther := busy("holder", 375, 300000), busy("elsewhere", 0, 200000)
+	cases := []struct {
+		name   string
+		weight float64
+		cands  []Candidate
+		want   string
+		prompt int // 0: 7,200
+	}{
+		{"weight 0: the shorter queue wins", 0, []Candidate{holder, elsewhere}, "elsewhere", 0},
+		{"1.4 prompts' work everywhere keeps the group on its holder", 16, []Candidate{holder, elsewhere}, "holder", 0},
+		{"an idle pod takes it whatever the weight", 16, []Candidate{holder, elsewhere, idle}, "idle", 0},
+		{"a far longer queue still loses", 16, []Candidate{busy("holder", 375, 200000), elsewhere}, "elsewhere", 0},
+		{"at 8, 100,000 tokens of queue outweigh the recomputation", 8, []Candidate{far, farther}, "elsewhere", 0},
+		{"at 16, they do not", 16, []Candidate{far, farther}, "holder", 0},
+		// A 2,050-token follower of 1,600 trusted predicted tokens on a
+		// holder with 8,000 queued, against a pod with 2,500: priced by
+		// its own wait it goes to the shorter queue (TestPreciseCost); on
+		// a fleet this busy the default keeps it with the holder.
+		{"the default keeps a follower on its busy holder", DefaultCostConfig().RecomputeWeight, []Candidate{
+			cand("other", 0, eventplane.VerdictFresh, LoadView{InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2500}),
+			predictedCand(cand("holder", 0, eventplane.VerdictFresh, LoadView{InFlight: 4, Prefilling: 4, QueuedUncachedTokens: 8000}), 125, 0.8)},
+			"holder", 2050},
+	}
+	for _, c := range cases {
+		for _, policy := range []Policy{PolicyPrecise, PolicySpeculative} {
+			t.Run(c.name+"/"+policy.String(), func(t *testing.T) {
+				cost := DefaultCostConfig()
+				cost.RecomputeWeight = c.weight
+				cands := slices.Clone(c.cands)
+				prompt := cmp.Or(c.prompt, 7200)
+				d := newChooser(policy, cost).choose(cands, prompt, 16, false)
+				if got := cands[d.idx].Target.ID.Endpoint; got != c.want {
+					for _, cd := range cands {
+						t.Logf("%s cost %.1f", cd.Target.ID.Endpoint, cd.Cost)
+					}
+					t.Fatalf("chose %s, want %s", got, c.want)
+				}
+			})
+		}
 	}
 }
 

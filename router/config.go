@@ -3,7 +3,6 @@ package router
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -135,17 +134,8 @@ func (c Config) Validate() error {
 	if _, ok := policyNames[c.Policy]; !ok {
 		bad("--policy: unknown policy %d", c.Policy)
 	}
-	if !(c.Cost.DecodeWeight >= 0) || math.IsInf(c.Cost.DecodeWeight, 0) {
-		bad("--decode-weight %v must be a finite number, not negative", c.Cost.DecodeWeight)
-	}
-	if !(c.Cost.KVThreshold >= 0 && c.Cost.KVThreshold <= 1) {
-		bad("--kv-threshold must be within [0, 1]")
-	}
-	if !(c.Cost.KVPressure >= 0) || math.IsInf(c.Cost.KVPressure, 0) {
-		bad("--kv-pressure %v must be a finite number, not negative", c.Cost.KVPressure)
-	}
-	if !(c.Cost.ReuseWait >= 0 && c.Cost.ReuseWait <= 1) {
-		bad("--reuse-wait must be within [0, 1]")
+	if err := c.Cost.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 
 	switch c.Tokenization {

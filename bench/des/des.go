@@ -87,8 +87,8 @@ type Config struct {
 	// defaults, then these).
 	SpeculativeTTL time.Duration
 	Holdback       *float64
-	// ReuseWait is the routers' --reuse-wait (nil: serve's default).
-	ReuseWait *float64
+	// Cost is the routers' cost model (nil: serve's default).
+	Cost *router.CostConfig
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
@@ -305,8 +305,8 @@ func (r *run) startRouters() error {
 		if r.cfg.Holdback != nil {
 			vc.Speculative.Holdback = *r.cfg.Holdback
 		}
-		if r.cfg.ReuseWait != nil {
-			vc.Cost.ReuseWait = *r.cfg.ReuseWait
+		if r.cfg.Cost != nil {
+			vc.Cost = *r.cfg.Cost
 		}
 		// Each router breaks its cost ties from the run's seed, so that
 		// a run repeats.

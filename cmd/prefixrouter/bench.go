@@ -42,10 +42,10 @@ type benchSettings struct {
 	StreamInterval time.Duration
 	EventDelay     time.Duration
 
-	SpecTTL   time.Duration
-	Holdback  float64
-	ReuseWait float64
-	Settle    time.Duration
+	SpecTTL  time.Duration
+	Holdback float64
+	Settle   time.Duration
+	Cost     router.CostConfig
 
 	TargetURL, Model string
 
@@ -57,7 +57,7 @@ func defaultBenchSettings() benchSettings {
 	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
 		Delivery: des.DefaultDelivery(),
 		Seed:     1, Timeout: 30 * time.Minute, LogLevel: "error",
-		Holdback: speculative.DefaultConfig().Holdback, ReuseWait: router.DefaultCostConfig().ReuseWait, Settle: 15 * time.Second}
+		Holdback: speculative.DefaultConfig().Holdback, Cost: router.DefaultCostConfig(), Settle: 15 * time.Second}
 }
 
 func benchCommand(stderr io.Writer) *cli.Command {
@@ -84,6 +84,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 	fleet := t.group("Simulated fleet (live engine)")
 	dg := t.group("Discrete-event engine (model time)")
 	spec := t.group("Speculative policy")
+	cost := t.group("Cost model (the routers' precise and speculative policies, as serve's flags)")
 	target := t.group("Target endpoint")
 	wl := t.group("Workload (0: the preset's)")
 	preset := "the preset's"
@@ -134,8 +135,13 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		choice(spec, "speculative-ttl", "lifetime of a predicted placement: auto (sized per pod from measured confirmation latency) or a duration in model time",
 			&s.SpecTTL, speculative.FormatTTL, speculative.ParseTTL),
 		spec.float("holdback", "share of conversations the speculative policy routes without predictions, to measure what they save (0 to 0.5; 0: off)", &s.Holdback),
-		spec.float("reuse-wait", "the routers' --reuse-wait: share of a prefix's prefill a request may wait for on the pod computing it rather than have an idle pod compute it again (0 to 1)", &s.ReuseWait),
 		spec.dur("settle", "after the speculative policy's last answer, how long (wall time) to wait for its predictions to mature so that the confirmation rates cover the whole run", &s.Settle),
+
+		cost.float("decode-weight", "cost of one running request, in prefill tokens", &s.Cost.DecodeWeight),
+		cost.float("kv-threshold", "KV-cache usage above which the cost adds memory pressure", &s.Cost.KVThreshold),
+		cost.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
+		cost.float("recompute-weight", "extra price of a prompt token a pod must compute (not cached there) once no pod has capacity to spare, in prefill tokens: work the requests queued behind it wait for (scaled down while some pod has spare capacity; 0: a token costs one)", &s.Cost.RecomputeWeight),
+		cost.float("reuse-wait", "speculative: share of a prefix's prefill a request may wait for on the pod computing it rather than have an idle pod compute it again (0 to 1)", &s.Cost.ReuseWait),
 
 		defaultText(target.str("target-url", "drive this OpenAI-compatible endpoint (http://HOST:PORT) instead of simulated pods", &s.TargetURL), "none"),
 		defaultText(target.str("model", "model to ask the target for", &s.Model), "the target's first in /v1/models"),
@@ -264,11 +270,12 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 	if s.Settle < 0 {
 		return o, usageError("--settle must not be negative, got %v", s.Settle)
 	}
-	if !(s.ReuseWait >= 0 && s.ReuseWait <= 1) {
-		return o, usageError("--reuse-wait %v: want a fraction from 0 to 1", s.ReuseWait)
+	if err := s.Cost.Validate(); err != nil {
+		return o, usageError("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
-	holdback, reuseWait := s.Holdback, s.ReuseWait
-	o.Speculative = bench.SpeculativeOptions{TTL: p.SpeculativeTTL, Holdback: &holdback, ReuseWait: &reuseWait}
+	holdback, cost := s.Holdback, s.Cost
+	o.Speculative = bench.SpeculativeOptions{TTL: p.SpeculativeTTL, Holdback: &holdback}
+	o.Cost = &cost
 	if s.SpecTTL > 0 {
 		o.Speculative.TTL = s.SpecTTL
 	}

@@ -37,7 +37,7 @@ func TestServeUsageErrors(t *testing.T) {
 		{"bad endpoint named", []string{"--endpoint", "http://127.0.0.1:1/v1"}, `--endpoint "http://127.0.0.1:1/v1": give the server's root URL`},
 		{"zero timeout", []string{"--endpoint", "http://127.0.0.1:1", "--connect-timeout", "0"}, "--connect-timeout must be positive"},
 		{"every problem at once", []string{"--endpoint", "http://127.0.0.1:1", "--max-retries", "-1", "--kv-threshold", "2"},
-			"--kv-threshold must be within [0, 1]; --max-retries must not be negative"},
+			"--kv-threshold 2 must be within [0, 1]; --max-retries must not be negative"},
 		{"cross-flag check", []string{"--endpoint", "http://127.0.0.1:1", "--health-probe-timeout", "3s"},
 			"--health-probe-timeout 3s exceeds --health-probe-interval 2s"},
 		{"negative event staleness", []string{"--endpoint", "http://127.0.0.1:1", "--events-stale-after", "-1s"}, "--events-stale-after must be positive"},
