@@ -265,6 +265,7 @@ func (a *attempt) fail(e *apiError) {
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
 	v := x.dec.atFirstByte(a.d, x.tail, &a.flight)
+	a.placement.Settle()
 	r.mesh.Changed(a.d.target().Target.ID)
 	a.expect.FirstByte(a.flight.Tokens())
 	if v.final {
@@ -454,6 +455,7 @@ func (a *attempt) end() {
 		chunkPool.Put(a.bufp)
 	}
 	a.call.end()
+	a.placement.Settle()
 	if a.label == "" {
 		a.label = "upstream_error"
 	}

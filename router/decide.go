@@ -209,7 +209,11 @@ func (dc *decider) place(d *decision, c *Candidate, requestID, model string) dis
 	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
 	pr := dispatchPrediction{ns: speculative.Namespace{Model: model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize},
 		keys: d.chain.Keys[from:]}
-	pr.placement = dc.spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: requestID, Namespace: pr.ns}, pr.keys)
+	// The caller settles the placement at the first byte or the end
+	// (attempt.answer and attempt.end; VirtualRequest.FirstByte and
+	// Finish): a request queued at a busy pod past the TTL has not
+	// computed its blocks yet.
+	pr.placement = dc.spec.Predict(speculative.Dispatch{Target: c.Target.ID, RequestID: requestID, Namespace: pr.ns, Settles: true}, pr.keys)
 	if c.SpeculativeBlocks > 0 && c.PredictionWeight > 0 {
 		pr.follower = dc.spec.Follow(c.predicted, requestID)
 	}

@@ -201,6 +201,7 @@ func (r *VirtualRequest) FirstByte() {
 	r.answered = true
 	r.ttft = r.v.now().Sub(r.sent)
 	r.v.dec.atFirstByte(r.d, nil, &r.flight)
+	r.placement.Settle()
 	r.expect.FirstByte(r.flight.Tokens())
 }
 
@@ -210,6 +211,7 @@ func (r *VirtualRequest) FirstByte() {
 func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 	if !answered {
 		r.placement.Withdraw()
+		r.placement.Settle()
 		r.flight.Finish(health.OutcomeUpstreamError)
 		return
 	}
@@ -219,6 +221,14 @@ func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 		u := usage{known: true, promptTokens: int64(r.d.prompt.count), cachedKnown: true, cachedTokens: int64(cachedTokens)}
 		r.v.spec.Record(r.d.outcome(r.v.model, r.d.prompt.count, r.predicted, u, r.ttft, r.follower))
 	}
+}
+
+// Cancel ends the request for a client that went away before its answer
+// (the run's drain bound): its predictions stay until confirmed or
+// expired, as a client cancel's do on the HTTP path.
+func (r *VirtualRequest) Cancel() {
+	r.placement.Settle()
+	r.flight.Finish(health.OutcomeCanceled)
 }
 
 // VirtualPrediction is what a router replica shares with its peers of one

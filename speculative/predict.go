@@ -33,7 +33,11 @@ type prediction struct {
 	state state
 	early bool // expired, then confirmed within the grace window
 	// followed: a follower was routed on it (funnel).
-	followed   bool
+	followed bool
+	// queued: its deadline was moved while its request waited at the pod
+	// (Placement.Settle), so its latency measures the pod's queue, not
+	// the event path, and does not size the TTL.
+	queued     bool
 	referenced atomic.Bool
 	// claims counts the live placements that predicted it: the one that
 	// inserted it and those that repeated it while it was pending. It is
@@ -71,6 +75,10 @@ type Dispatch struct {
 	Target    target.ID
 	RequestID string
 	Namespace Namespace
+	// Settles says that the caller will call Placement.Settle at the
+	// request's first byte or end: until then its predictions do not
+	// expire. Without it the placement is settled at once.
+	Settles bool
 }
 
 // Placement is one request's predictions on its target: the handle Predict
@@ -93,6 +101,9 @@ type Placement struct {
 	preds     []*prediction // inserted or claimed
 	cohort    *cohort       // where the request counts: its first insertion's
 	withdrawn bool
+	// settled is when the request stopped waiting at the pod (its first
+	// byte, or its end); 0 while it waits (Settle).
+	settled int64
 	// own predictions by outcome, for the request-weighted rate.
 	confirmed, expired int
 }
@@ -113,6 +124,9 @@ func (s *Store) Predict(d Dispatch, keys []kvindex.Key) *Placement {
 	s.expireLocked(t, now)
 	h := &Placement{s: s, t: t, gen: t.gen, id: d.RequestID, ns: d.Namespace, routed: now,
 		deadline: now + t.ttl.Load(), preds: make([]*prediction, 0, len(keys))}
+	if !d.Settles {
+		h.settled = max(now, 1)
+	}
 	if d.Namespace.Model != "" {
 		t.model = d.Namespace.Model
 	}
@@ -161,6 +175,63 @@ func (h *Placement) Withdraw() {
 	}
 	t.publishCounts()
 	h.s.log.Debug("predictions withdrawn: the pod rejected the request", "target", t.name, "request_id", h.id, "blocks", ended)
+}
+
+// Settle says that the placement's request no longer waits at its pod:
+// its first byte arrived (the prefill ran), or it ended without one. Until
+// then its predictions do not expire: a request queued at a busy pod for
+// longer than the TTL has not computed its blocks yet, and the event
+// confirming them is not late. Once settled, a prediction whose deadline
+// was moved that way lives one TTL more. The router calls it at the first
+// byte and when the attempt ends; it is idempotent. A nil placement does
+// nothing.
+func (h *Placement) Settle() {
+	if h == nil {
+		return
+	}
+	t := h.t
+	now := h.s.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h.settled == 0 {
+		h.settled = max(now, 1)
+	}
+}
+
+// requeueLocked moves the deadline of a batch that came due while its
+// request still waited at the pod (to now + TTL) and, once the request
+// settled, of a batch moved so, to a TTL after the settling. It reports
+// whether the batch went back in the queue; otherwise its predictions
+// expire, at their deadline as moved. A peer's placement keeps its
+// origin's deadline.
+func (s *Store) requeueLocked(t *targetState, b *batch, now int64) bool {
+	h := b.preds[0].owner
+	if h.peer != nil || h.withdrawn || h.gen != t.gen || t.removed {
+		return false
+	}
+	ttl := t.ttl.Load()
+	var deadline int64
+	switch {
+	case h.settled == 0:
+		deadline = now + ttl
+	case b.requeued && h.settled+ttl > b.deadline:
+		deadline = h.settled + ttl
+	default:
+		return false
+	}
+	pending := false
+	for i := range b.preds {
+		if p := &b.preds[i]; p.state == statePending {
+			p.deadline, p.queued, pending = deadline, true, true
+			p.cohort.lastDeadline = max(p.cohort.lastDeadline, deadline)
+		}
+	}
+	b.deadline, b.requeued = deadline, true
+	if !pending || deadline < now {
+		return false
+	}
+	heap.Push(&t.queue, b)
+	return true
 }
 
 // insertLocked adds h's keys to its target.
@@ -279,7 +350,7 @@ func (s *Store) confirmLocked(t *targetState, p *prediction, ts int64) {
 		return
 	}
 	t.funnel.confirmed++
-	if !t.unfreshSince(p.inserted) {
+	if !p.queued && !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
 		t.lat.add(lat, false)
 		t.latHist[0].Observe(lat.Seconds())
@@ -296,7 +367,7 @@ func (s *Store) lateLocked(t *targetState, p *prediction, ts int64) {
 		return
 	}
 	t.funnel.late++
-	if !t.unfreshSince(p.inserted) {
+	if !p.queued && !t.unfreshSince(p.inserted) {
 		lat := time.Duration(ts - p.routed)
 		t.lat.add(lat, true)
 		t.latHist[1].Observe(lat.Seconds())
@@ -312,6 +383,9 @@ func (s *Store) expireLocked(t *targetState, now int64) {
 		s.pollLocked(t, now)
 		for len(t.queue) > 0 && t.queue[0].deadline < now {
 			b := heap.Pop(&t.queue).(*batch)
+			if s.requeueLocked(t, b, now) {
+				continue
+			}
 			for i := range b.preds {
 				p := &b.preds[i]
 				if p.state != statePending {
@@ -381,6 +455,8 @@ func (s *Store) finishLocked(t *targetState, p *prediction, st state, at int64) 
 type batch struct {
 	deadline int64
 	preds    []prediction
+	// requeued: its deadline was moved while its request waited.
+	requeued bool
 }
 
 // deadlineQueue orders a target's batches by deadline: one heap per

@@ -112,6 +112,65 @@ func TestTransitions(t *testing.T) {
 	}
 }
 
+// TestQueuedRequest: a placement whose caller settles it (Dispatch.Settles)
+// does not expire while its request waits at the pod, however long past
+// the TTL (2 s here); once settled it lives one TTL more. Latencies that
+// include the queue do not size the TTL.
+func TestQueuedRequest(t *testing.T) {
+	keys := keyRange(100, 4)
+	tests := []struct {
+		name string
+		run  func(r *rig, h *Placement)
+		want outcomes
+	}{
+		{"confirmed after 10 s in the queue", func(r *rig, h *Placement) {
+			r.settle(10 * time.Second)
+			h.Settle()
+			r.step(300 * time.Millisecond)
+			r.confirm(podA, keys)
+		}, outcomes{inserted: 4, confirmed: 4}},
+		{"settled, then a TTL without its event: expired", func(r *rig, h *Placement) {
+			r.settle(10 * time.Second)
+			h.Settle()
+			r.step(2100 * time.Millisecond)
+			r.confirm(podA, keys)
+		}, outcomes{inserted: 4, expired: 4, early: 4}},
+		{"settled in time: the deadline stays insert + TTL", func(r *rig, h *Placement) {
+			r.step(300 * time.Millisecond)
+			h.Settle()
+			r.step(2 * time.Second)
+			r.confirm(podA, keys)
+		}, outcomes{inserted: 4, expired: 4, early: 4, late: 4}},
+		{"withdrawn while queued", func(r *rig, h *Placement) {
+			r.settle(5 * time.Second)
+			h.Withdraw()
+			r.confirm(podA, keys)
+		}, outcomes{inserted: 4, withdrawn: 4}},
+		{"the target restarted while it queued", func(r *rig, h *Placement) {
+			r.settle(5 * time.Second)
+			r.Invalidate(podA, ReasonRestarted)
+			r.confirm(podA, keys)
+		}, outcomes{inserted: 4, invalidated: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, DefaultConfig())
+			d := dispatch(podA, "req-1")
+			d.Settles = true
+			h := r.Predict(d, keys)
+			tt.run(r, h)
+			r.settle(15 * time.Second)
+			tv := r.targetView(t, podA)
+			if got := matureOutcomes(tv); got != tt.want {
+				t.Fatalf("outcomes\n got %+v\nwant %+v", got, tt.want)
+			}
+			if tv.Pending.Live != 0 || tv.Pending.Inserted != 0 {
+				t.Fatalf("pending %+v after every cohort matured", tv.Pending)
+			}
+		})
+	}
+}
+
 // TestStaleStreamBeforeInsertion: a stream that was not fresh before a
 // prediction was inserted, and has been since, does not make its expiry
 // unknown.

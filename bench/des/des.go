@@ -671,6 +671,9 @@ func (r *run) unfinished() {
 		}
 	}
 	for _, q := range left {
+		if q.vr != nil {
+			q.vr.Cancel()
+		}
 		q.rec.Err = ErrUnfinished
 		r.record(q.rec, true)
 		r.skip(q.s, q.sess, q.turn+1, "not sent: an earlier turn failed")
