@@ -1,6 +1,7 @@
 package speculative
 
 import (
+	"cmp"
 	"container/heap"
 	"sync/atomic"
 	"time"
@@ -189,13 +190,10 @@ func (h *Placement) Settle() {
 	if h == nil {
 		return
 	}
-	t := h.t
-	now := h.s.clock()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if h.settled == 0 {
-		h.settled = max(now, 1)
-	}
+	now := max(h.s.clock(), 1) // 0 means waiting
+	h.t.mu.Lock()
+	h.settled = cmp.Or(h.settled, now)
+	h.t.mu.Unlock()
 }
 
 // requeueLocked moves the deadline of a batch that came due while its

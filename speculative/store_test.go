@@ -3,6 +3,8 @@ package speculative
 import (
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
 // outcomes are one target's mature predictions by outcome, and the
@@ -25,11 +27,7 @@ func matureOutcomes(tv TargetView) outcomes {
 func TestTransitions(t *testing.T) {
 	keys := keyRange(100, 4)
 	unfresh := Stream{Fresh: false}
-	tests := []struct {
-		name string
-		run  func(r *rig, h *Placement)
-		want outcomes
-	}{
+	tests := []transition{
 		{"confirmed before the deadline", func(r *rig, _ *Placement) {
 			r.step(300 * time.Millisecond)
 			r.confirm(podA, keys)
@@ -95,10 +93,25 @@ func TestTransitions(t *testing.T) {
 			r.confirm(podA, keys[:3])
 		}, outcomes{inserted: 4, confirmed: 3, unknown: 1}},
 	}
+	runTransitions(t, dispatch(podA, "req-1"), keys, tests)
+}
+
+// transition is one path of a request's predictions: what happens to
+// them, and where they end once every cohort matured.
+type transition struct {
+	name string
+	run  func(r *rig, h *Placement)
+	want outcomes
+}
+
+// runTransitions predicts keys for d on a fresh store for each path, runs
+// it, lets every cohort mature and checks the outcomes.
+func runTransitions(t *testing.T, d Dispatch, keys []kvindex.Key, tests []transition) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, DefaultConfig())
-			h := r.Predict(dispatch(podA, "req-1"), keys)
+			h := r.Predict(d, keys)
 			tt.run(r, h)
 			r.settle(15 * time.Second)
 			tv := r.targetView(t, podA)
@@ -118,11 +131,7 @@ func TestTransitions(t *testing.T) {
 // include the queue do not size the TTL.
 func TestQueuedRequest(t *testing.T) {
 	keys := keyRange(100, 4)
-	tests := []struct {
-		name string
-		run  func(r *rig, h *Placement)
-		want outcomes
-	}{
+	tests := []transition{
 		{"confirmed after 10 s in the queue", func(r *rig, h *Placement) {
 			r.settle(10 * time.Second)
 			h.Settle()
@@ -152,23 +161,9 @@ func TestQueuedRequest(t *testing.T) {
 			r.confirm(podA, keys)
 		}, outcomes{inserted: 4, invalidated: 4}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := newRig(t, DefaultConfig())
-			d := dispatch(podA, "req-1")
-			d.Settles = true
-			h := r.Predict(d, keys)
-			tt.run(r, h)
-			r.settle(15 * time.Second)
-			tv := r.targetView(t, podA)
-			if got := matureOutcomes(tv); got != tt.want {
-				t.Fatalf("outcomes\n got %+v\nwant %+v", got, tt.want)
-			}
-			if tv.Pending.Live != 0 || tv.Pending.Inserted != 0 {
-				t.Fatalf("pending %+v after every cohort matured", tv.Pending)
-			}
-		})
-	}
+	d := dispatch(podA, "req-1")
+	d.Settles = true
+	runTransitions(t, d, keys, tests)
 }
 
 // TestStaleStreamBeforeInsertion: a stream that was not fresh before a
