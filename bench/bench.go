@@ -122,6 +122,10 @@ func ParsePolicies(s string) ([]string, error) {
 }
 
 // Run runs the workload under every policy and summarizes each.
+//
+// When a policy's run fails (the context's deadline, a fleet that would
+// not start), Run returns the results of the policies that finished
+// before it with the error, so that a long run keeps what it measured.
 func Run(ctx context.Context, o Options) (*report.Results, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -227,7 +231,7 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 			run, err = o.runLive(ctx, pol, prog)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", pol, err)
+			return res, fmt.Errorf("%s: %w", pol, err)
 		}
 		p := report.Summarize(run.recs)
 		p.Pairs = pairs

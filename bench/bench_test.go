@@ -3,10 +3,12 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,5 +200,36 @@ func TestReportRendersInChromium(t *testing.T) {
 		if len(c.Drawn) != len(c.Expect) {
 			t.Fatalf("chart %s drew %v of %v", c.ID, c.Drawn, c.Expect)
 		}
+	}
+}
+
+// cancelOnLine cancels a run once its progress names policy: the run is
+// then inside that policy's part.
+type cancelOnLine struct {
+	policy string
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnLine) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), c.policy+":") {
+		c.cancel()
+	}
+	return len(p), nil
+}
+
+// A run stopped inside a policy's part returns the policies finished
+// before it with the error: a long run keeps what it measured.
+func TestRunKeepsFinishedPolicies(t *testing.T) {
+	o := quickOptions(t, workload.KindSharedPrefix)
+	o.Engine, o.Policies = EngineDES, []string{"round-robin", "precise"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o.Progress, o.ProgressEvery = &cancelOnLine{policy: "precise", cancel: cancel}, time.Microsecond
+	res, err := Run(ctx, o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want the cancellation", err)
+	}
+	if res == nil || !slices.Equal(res.Order, []string{"round-robin"}) || res.Policies["round-robin"].Requests == 0 {
+		t.Fatalf("results %+v: want round-robin's alone", res)
 	}
 }

@@ -88,7 +88,7 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 			r, err := des.Run(ctx, cfg)
 			prog.end()
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
+				return res, fmt.Errorf("%s: %w", name, err)
 			}
 			p := report.Summarize(r.Records)
 			if w.Name == workload.KindBurst {

@@ -421,10 +421,26 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	fmt.Fprintln(stdout, describeRun(&o))
-	res, err := bench.Run(ctx, o)
-	if err != nil {
-		return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
+	res, runErr := bench.Run(ctx, o)
+	if runErr != nil && (res == nil || len(res.Order) == 0) {
+		return cli.Exit(fmt.Sprintf("bench: %v", runErr), exitFailure)
 	}
+	if runErr != nil {
+		// Keep what the finished policies measured.
+		res.Notes = append(res.Notes, fmt.Sprintf("the run stopped before its other policies: %v", runErr))
+	}
+	if err := writeBenchResults(stdout, res, s.Out); err != nil {
+		return err
+	}
+	if runErr != nil {
+		return cli.Exit(fmt.Sprintf("bench: %v", runErr), exitFailure)
+	}
+	return nil
+}
+
+// writeBenchResults prints the results' tables and notes and, with an out
+// directory, writes results.json and the report there.
+func writeBenchResults(stdout io.Writer, res *report.Results, out string) error {
 	if err := report.Table(stdout, res); err != nil {
 		return err
 	}
@@ -437,8 +453,8 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 	for _, n := range res.Notes {
 		fmt.Fprintf(stdout, "note: %s\n", n)
 	}
-	if s.Out != "" {
-		path, err := res.Write(s.Out)
+	if out != "" {
+		path, err := res.Write(out)
 		if err != nil {
 			return cli.Exit(fmt.Sprintf("bench: %v", err), exitFailure)
 		}
