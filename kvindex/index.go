@@ -215,6 +215,9 @@ func (w *IndexWriter) Remove(tier Tier, keys []Key) { w.ix.removeLocked(w.ts, ti
 // Clear drops every placement of the target.
 func (w *IndexWriter) Clear() { w.ix.clearLocked(w.ts) }
 
+// Holds reports whether the target holds key in any tier.
+func (w *IndexWriter) Holds(key Key) bool { return w.ix.holdsLocked(w.ts.slot, key) }
+
 func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
 	bit := uint64(1) << (ts.slot % 64)
@@ -724,9 +727,13 @@ func (ix *Index) Has(id target.ID, key Key) bool {
 	if !ok {
 		return false
 	}
-	bit := uint64(1) << (s % 64)
+	return ix.holdsLocked(s, key)
+}
+
+func (ix *Index) holdsLocked(slot int, key Key) bool {
+	bit := uint64(1) << (slot % 64)
 	for t := range ix.masks {
-		if ix.masks[t][s/64][key]&bit != 0 {
+		if ix.masks[t][slot/64][key]&bit != 0 {
 			return true
 		}
 	}

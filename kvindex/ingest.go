@@ -298,6 +298,9 @@ func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
 				keys := in.removedKeys(st, ev)
 				tier := TierOf(ev.Medium)
 				w.Remove(tier, keys)
+				if in.cfg.Mode == ModeTokenDerived {
+					in.forgetRemoved(st, ev, w)
+				}
 				if in.obs.Removed != nil {
 					changes = append(changes, change{KindRemoved, tier, keys})
 				}
@@ -523,6 +526,24 @@ func (in *Ingestor) removedKeys(st *ingestState, ev *events.Event) []Key {
 		}
 	}
 	return keys
+}
+
+// forgetRemoved drops from the engine map the hashes of a BlockRemoved
+// that the target now holds in no tier, once the index has applied it:
+// vLLM publishes a block again (BlockStored) before any later event names
+// it as a parent, and removes each copy it stored, so nothing will resolve
+// them again. Unchained hashes go at their first removal: whether found
+// or not, they resolve to no key. Without this the map held every block
+// the pod ever stored, up to its bound (a million per target), long after
+// the pod had evicted them.
+func (in *Ingestor) forgetRemoved(st *ingestState, ev *events.Event, w *IndexWriter) {
+	for _, h := range ev.BlockHashes {
+		e, ok := st.engine.peek(h)
+		if !ok || (e.chained && w.Holds(e.key)) {
+			continue
+		}
+		st.engine.forget(h)
+	}
 }
 
 // maybeVerify recomputes a sample of stored blocks from their token_ids with

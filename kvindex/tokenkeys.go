@@ -85,8 +85,11 @@ func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) 
 
 // engineKeyMap remembers, for one target, which router key each engine hash
 // stands for, so BlockRemoved (which carries only engine hashes) and later
-// BlockStored events (whose parent is an engine hash) resolve. It is bounded
-// by two generations: when the young one fills, the old one is dropped.
+// BlockStored events (whose parent is an engine hash) resolve. An entry is
+// forgotten once the target holds its block nowhere (Ingestor.forgetRemoved),
+// so the map follows the pod's cache rather than every block it ever
+// stored; two generations bound it all the same (removals the router
+// missed): when the young one fills, the old one is dropped.
 // Its ingestState's mu guards it.
 type engineKeyMap struct {
 	young, old map[uint64]engineKey
@@ -116,6 +119,21 @@ func (m *engineKeyMap) get(h uint64) (engineKey, bool) {
 		return e, true
 	}
 	return engineKey{}, false
+}
+
+// peek is get without promotion.
+func (m *engineKeyMap) peek(h uint64) (engineKey, bool) {
+	if e, ok := m.young[h]; ok {
+		return e, true
+	}
+	e, ok := m.old[h]
+	return e, ok
+}
+
+// forget drops h from both generations.
+func (m *engineKeyMap) forget(h uint64) {
+	delete(m.young, h)
+	delete(m.old, h)
 }
 
 func (m *engineKeyMap) put(h uint64, e engineKey) {
