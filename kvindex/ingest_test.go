@@ -488,6 +488,8 @@ func TestIngestEngineMapFollowsTheCache(t *testing.T) {
 		// drops them; its own removal must still resolve.
 		{"offloaded copy outlives the GPU one", [][]events.Event{{gpu, cpu}, {removed(events.MediumGPU, b...)}}, 2, 2},
 		{"offloaded copy removed", [][]events.Event{{gpu, cpu}, {removed(events.MediumGPU, b...)}, {removed(events.MediumCPU, b[:2]...)}}, 0, 0},
+		// A block whose parent is unknown has no key: nothing to keep.
+		{"unchained stored", [][]events.Event{{orphan}}, 0, 0},
 		{"unchained removed", [][]events.Event{{orphan}, {removed(events.MediumGPU, orphan.BlockHashes...)}}, 0, 0},
 		{"restored after removal", [][]events.Event{{gpu}, {removed(events.MediumGPU, b...)}, {gpu}}, 4, 4},
 	}
