@@ -100,8 +100,14 @@ type targetState struct {
 	extraRefs map[placementRef]uint32
 	// stale counts, per placement, queue entries left behind by a removal:
 	// if the placement is stored again its old entry must not evict it
-	// early. Compaction resets it.
-	stale map[placementRef]uint32
+	// early. Compaction resets it. Only evictions read it, so it is kept
+	// only once the target has reached its cap (staleTracked): before,
+	// the first eviction compacts the order instead. A pod's removals
+	// keep its placements below the cap, and a map with an entry per
+	// removed block (a quarter of a gigabyte over 256 pods) was what
+	// that cost.
+	stale        map[placementRef]uint32
+	staleTracked bool
 	// maxPlacements overrides the index-wide cap (0: use the default).
 	maxPlacements int
 	evicted       uint64
@@ -149,7 +155,7 @@ func (ix *Index) slotFor(id target.ID) *targetState {
 			ix.masks[t] = append(ix.masks[t], make(map[Key]uint64))
 		}
 	}
-	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32), stale: make(map[placementRef]uint32)}
+	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32)}
 	ix.targets[slot] = ts
 	ix.slots[id] = slot
 	return ts
@@ -214,6 +220,9 @@ func (w *IndexWriter) Remove(tier Tier, keys []Key) { w.ix.removeLocked(w.ts, ti
 
 // Clear drops every placement of the target.
 func (w *IndexWriter) Clear() { w.ix.clearLocked(w.ts) }
+
+// Holds reports whether the target holds key in any tier.
+func (w *IndexWriter) Holds(key Key) bool { return w.ix.holdsLocked(w.ts.slot, key) }
 
 func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
@@ -282,9 +291,11 @@ func (ix *Index) capOf(ts *targetState) int {
 }
 
 // dropLocked removes a placement entirely (all references). Its queue entry
-// stays behind, marked stale.
+// stays behind, marked stale once the target evicts.
 func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
-	ts.stale[placementRef{k, tier}]++
+	if ts.staleTracked {
+		ts.stale[placementRef{k, tier}]++
+	}
 	if rest := old &^ bit; rest == 0 {
 		delete(m, k)
 	} else {
@@ -306,11 +317,18 @@ func (ix *Index) clearLocked(ts *targetState) {
 	ts.order.reset()
 	ts.history++
 	clear(ts.extraRefs)
-	clear(ts.stale)
+	ts.stale, ts.staleTracked = nil, false
 }
 
 // evictLocked drops the oldest placements until the target is within its cap.
 func (ix *Index) evictLocked(ts *targetState) {
+	if !ts.staleTracked {
+		// The order may hold untracked stale entries: compaction
+		// leaves each placement's last entry alone, and from here on
+		// removals are tracked.
+		ix.compactLocked(ts)
+		ts.stale, ts.staleTracked = make(map[placementRef]uint32), true
+	}
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
 	for ts.count > ix.capOf(ts) {
@@ -724,9 +742,13 @@ func (ix *Index) Has(id target.ID, key Key) bool {
 	if !ok {
 		return false
 	}
-	bit := uint64(1) << (s % 64)
+	return ix.holdsLocked(s, key)
+}
+
+func (ix *Index) holdsLocked(slot int, key Key) bool {
+	bit := uint64(1) << (slot % 64)
 	for t := range ix.masks {
-		if ix.masks[t][s/64][key]&bit != 0 {
+		if ix.masks[t][slot/64][key]&bit != 0 {
 			return true
 		}
 	}

@@ -416,3 +416,42 @@ func BenchmarkMemoryPerPlacement(b *testing.B) {
 		runtime.KeepAlive(ix)
 	}
 }
+
+// TestStaleEntriesTrackedOnlyAtTheCap checks that a target whose removals
+// keep it below its cap keeps no record of its removed placements, and
+// that one at its cap still evicts by each placement's latest insertion.
+func TestStaleEntriesTrackedOnlyAtTheCap(t *testing.T) {
+	ix := NewIndex(IndexConfig{MaxPlacementsPerTarget: 4})
+	k := keysN(1, 8)
+	stale := func() int {
+		ix.mu.RLock()
+		defer ix.mu.RUnlock()
+		return len(ix.targets[ix.slots[tid(1)]].stale)
+	}
+	for range 100 { // a pod churning its cache below the cap
+		ix.Store(tid(1), TierGPU, k[:4])
+		ix.Remove(tid(1), TierGPU, k[:4])
+	}
+	ix.Store(tid(1), TierGPU, k[:4])   // 0 1 2 3
+	ix.Remove(tid(1), TierGPU, k[1:2]) // 0 2 3
+	if n := stale(); n != 0 {
+		t.Fatalf("below the cap: %d stale entries recorded", n)
+	}
+	ix.Store(tid(1), TierGPU, k[1:2]) // 0 2 3 1
+	ix.Store(tid(1), TierGPU, k[4:5]) // over the cap: 0 goes
+	ix.Remove(tid(1), TierGPU, k[2:3])
+	ix.Store(tid(1), TierGPU, k[2:3]) // 3 1 4 2
+	if n := stale(); n != 1 {
+		t.Fatalf("at the cap: %d stale entries recorded, want 1", n)
+	}
+	ix.Store(tid(1), TierGPU, k[5:7]) // 4 2 5 6: 3 and 1 go, 2 stays by its new entry
+	for i, want := range []bool{false, false, true, false, true, true, true, false} {
+		if ix.Has(tid(1), k[i]) != want {
+			t.Errorf("key %d held %v, want %v", i, !want, want)
+		}
+	}
+	ix.Clear(tid(1))
+	if n := stale(); n != 0 {
+		t.Fatalf("after a clear: %d stale entries", n)
+	}
+}

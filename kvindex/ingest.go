@@ -298,6 +298,9 @@ func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
 				keys := in.removedKeys(st, ev)
 				tier := TierOf(ev.Medium)
 				w.Remove(tier, keys)
+				if in.cfg.Mode == ModeTokenDerived {
+					in.forgetRemoved(st, ev, w)
+				}
 				if in.obs.Removed != nil {
 					changes = append(changes, change{KindRemoved, tier, keys})
 				}
@@ -426,8 +429,8 @@ func (in *Ingestor) resolveKeys(st *ingestState, ev *events.Event) []Key {
 	keys := make([]Key, 0, len(ev.BlockHashes))
 	unresolved := 0
 	for _, h := range ev.BlockHashes {
-		if e, ok := st.engine.get(h); ok && e.chained {
-			keys = append(keys, e.key)
+		if k, ok := st.engine.get(h); ok {
+			keys = append(keys, k)
 		} else {
 			unresolved++
 		}
@@ -455,8 +458,7 @@ func (in *Ingestor) chained(st *ingestState, chained, unchained int) {
 
 // deriveKeys rebuilds token-derived keys from the event's token_ids, chained
 // from the key its parent engine hash maps to. A block whose parent is
-// unknown cannot be chained; its engine hashes are remembered (so removals
-// resolve) and replay is left to fill the chain.
+// unknown cannot be chained; replay is left to fill the chain.
 func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 	tk := in.cfg.TokenKeyer
 	bs := ev.BlockSize
@@ -467,13 +469,9 @@ func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 	}
 	parent, chained := tk.Root(), true
 	if ev.HasParentHash {
-		e, ok := st.engine.get(ev.ParentHash)
-		parent, chained = e.key, ok && e.chained
+		parent, chained = st.engine.get(ev.ParentHash)
 	}
 	if !chained {
-		for _, h := range ev.BlockHashes {
-			st.engine.put(h, engineKey{})
-		}
 		in.chained(st, 0, len(ev.BlockHashes))
 		return nil
 	}
@@ -487,7 +485,7 @@ func (in *Ingestor) deriveKeys(st *ingestState, ev *events.Event) []Key {
 			break
 		}
 		in.verified(st, true, "", "")
-		st.engine.put(h, engineKey{key: k, chained: true})
+		st.engine.put(h, k)
 		keys = append(keys, k)
 		parent = k
 	}
@@ -518,11 +516,26 @@ func (in *Ingestor) removedKeys(st *ingestState, ev *events.Event) []Key {
 			}
 			continue
 		}
-		if e, ok := st.engine.get(h); ok && e.chained {
-			keys = append(keys, e.key)
+		if k, ok := st.engine.get(h); ok {
+			keys = append(keys, k)
 		}
 	}
 	return keys
+}
+
+// forgetRemoved drops from the engine map the hashes of a BlockRemoved
+// whose keys the target now holds in no tier, once the index has applied
+// it: vLLM publishes a block again (BlockStored) before any later event
+// names it as a parent, and removes each copy it stored, so nothing will
+// resolve them again. Without this the map held every block the pod ever
+// stored, up to its bound (a million per target), long after the pod had
+// evicted them.
+func (in *Ingestor) forgetRemoved(st *ingestState, ev *events.Event, w *IndexWriter) {
+	for _, h := range ev.BlockHashes {
+		if k, ok := st.engine.peek(h); ok && !w.Holds(k) {
+			st.engine.forget(h)
+		}
+	}
 }
 
 // maybeVerify recomputes a sample of stored blocks from their token_ids with

@@ -446,3 +446,98 @@ func TestIngestRankMismatchIsLoud(t *testing.T) {
 		t.Fatalf("metric %v log %q", v, log.String())
 	}
 }
+
+// engineEntries counts the engine hashes the ingestor remembers for id.
+func engineEntries(in *Ingestor, id target.ID) int {
+	st := in.state(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := len(st.engine.young)
+	for h := range st.engine.old {
+		if _, dup := st.engine.young[h]; !dup {
+			n++
+		}
+	}
+	return n
+}
+
+func TestIngestEngineMapFollowsTheCache(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	tokens := seqTokens(16 * 4)
+	gpu := storedEvent(t, h, tokens, RequestExtras{}, 0, 4)
+	removed := func(medium string, hashes ...uint64) events.Event {
+		return events.Event{Kind: events.KindBlockRemoved, BlockHashes: hashes, Medium: medium}
+	}
+	cpu := events.Event{Kind: events.KindBlockStored, BlockHashes: gpu.BlockHashes[:2], Medium: events.MediumCPU}
+	orphan := storedEvent(t, h, seqTokens(16*8), RequestExtras{}, 6, 8) // parent never seen: unchained
+	b := gpu.BlockHashes
+	tests := []struct {
+		name    string
+		batches [][]events.Event
+		// entries is what the map holds after the batches, blocks what
+		// the index still finds of the prompt.
+		entries, blocks int
+	}{
+		{"stored", [][]events.Event{{gpu}}, 4, 4},
+		{"every block removed", [][]events.Event{{gpu}, {removed(events.MediumGPU, b...)}}, 0, 0},
+		{"tail removed", [][]events.Event{{gpu}, {removed(events.MediumGPU, b[2:]...)}}, 2, 2},
+		// A duplicate copy keeps its hash until its own removal.
+		{"one of two copies removed", [][]events.Event{{gpu, gpu}, {removed(events.MediumGPU, b...)}}, 4, 4},
+		{"both copies removed", [][]events.Event{{gpu, gpu}, {removed(events.MediumGPU, b...)}, {removed(events.MediumGPU, b...)}}, 0, 0},
+		// The CPU tier still holds the first two blocks after the GPU
+		// drops them; its own removal must still resolve.
+		{"offloaded copy outlives the GPU one", [][]events.Event{{gpu, cpu}, {removed(events.MediumGPU, b...)}}, 2, 2},
+		{"offloaded copy removed", [][]events.Event{{gpu, cpu}, {removed(events.MediumGPU, b...)}, {removed(events.MediumCPU, b[:2]...)}}, 0, 0},
+		// A block whose parent is unknown has no key: nothing to keep.
+		{"unchained stored", [][]events.Event{{orphan}}, 0, 0},
+		{"unchained removed", [][]events.Event{{orphan}, {removed(events.MediumGPU, orphan.BlockHashes...)}}, 0, 0},
+		{"restored after removal", [][]events.Event{{gpu}, {removed(events.MediumGPU, b...)}, {gpu}}, 4, 4},
+	}
+	tk, _ := NewTokenKeyer(16)
+	keys, _ := tk.Keys(nil, tokens, RequestExtras{})
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, in, _, _ := newTestIngestor(t, ModeTokenDerived, h, nil)
+			for _, evs := range tc.batches {
+				in.Apply(tid(1), &events.Batch{Events: evs})
+			}
+			if n := engineEntries(in, tid(1)); n != tc.entries {
+				t.Errorf("engine map holds %d hashes, want %d", n, tc.entries)
+			}
+			blocks := 0
+			if got := ix.Lookup(nil, keys); len(got) == 1 {
+				blocks = got[0].Blocks
+			}
+			if blocks != tc.blocks {
+				t.Errorf("index finds %d blocks, want %d", blocks, tc.blocks)
+			}
+			if st, _ := ix.StatsFor(tid(1)); st.UnknownRemovals != 0 {
+				t.Errorf("%d removals of unknown placements", st.UnknownRemovals)
+			}
+		})
+	}
+}
+
+// TestIngestEngineMapStaysFlat churns a pod's cache far past its size, as a
+// long run does: the map holds what the pod holds, not what it stored.
+func TestIngestEngineMapStaysFlat(t *testing.T) {
+	h, _ := NewHasher(AlgoSHA256, "0", 16)
+	_, in, _, _ := newTestIngestor(t, ModeTokenDerived, h, nil)
+	const held = 8 // prompts the pod holds at once
+	var live [][]uint64
+	for i := range 200 {
+		tokens := seqTokens(16 * 5)
+		tokens[0] = uint32(i + 1) // a prompt of its own
+		ev := storedEvent(t, h, tokens, RequestExtras{}, 0, 5)
+		batch := []events.Event{ev}
+		if len(live) == held {
+			batch = append(batch, events.Event{Kind: events.KindBlockRemoved, BlockHashes: live[0], Medium: events.MediumGPU})
+			live = live[1:]
+		}
+		live = append(live, ev.BlockHashes)
+		in.Apply(tid(1), &events.Batch{Events: batch})
+	}
+	if n := engineEntries(in, tid(1)); n != held*5 {
+		t.Fatalf("engine map holds %d hashes after 200 prompts, want the %d the pod holds", n, held*5)
+	}
+}

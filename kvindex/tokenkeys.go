@@ -85,46 +85,59 @@ func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) 
 
 // engineKeyMap remembers, for one target, which router key each engine hash
 // stands for, so BlockRemoved (which carries only engine hashes) and later
-// BlockStored events (whose parent is an engine hash) resolve. It is bounded
-// by two generations: when the young one fills, the old one is dropped.
+// BlockStored events (whose parent is an engine hash) resolve. Only blocks
+// whose key could be derived are kept: a block whose parent was unknown
+// resolves to no key whether remembered or not. An entry is forgotten once
+// the target holds its block nowhere (Ingestor.forgetRemoved), so the map
+// follows the pod's cache rather than every block it ever stored; two
+// generations bound it all the same (removals the router missed): when the
+// young one fills, the old one is dropped.
 // Its ingestState's mu guards it.
 type engineKeyMap struct {
-	young, old map[uint64]engineKey
+	young, old map[uint64]Key
 	limit      int // entries per generation
-}
-
-type engineKey struct {
-	key Key
-	// chained is false when the block's parent was unknown: the engine hash
-	// is remembered so its removal resolves, but no key could be derived.
-	chained bool
 }
 
 func newEngineKeyMap(limit int) *engineKeyMap {
 	if limit < 2 {
 		limit = 2
 	}
-	return &engineKeyMap{young: make(map[uint64]engineKey), limit: limit / 2}
+	return &engineKeyMap{young: make(map[uint64]Key), limit: limit / 2}
 }
 
-func (m *engineKeyMap) get(h uint64) (engineKey, bool) {
-	if e, ok := m.young[h]; ok {
-		return e, true
+func (m *engineKeyMap) get(h uint64) (Key, bool) {
+	if k, ok := m.young[h]; ok {
+		return k, true
 	}
-	if e, ok := m.old[h]; ok {
-		m.put(h, e) // promote what is still in use
-		return e, true
+	if k, ok := m.old[h]; ok {
+		m.put(h, k) // promote what is still in use
+		return k, true
 	}
-	return engineKey{}, false
+	return 0, false
 }
 
-func (m *engineKeyMap) put(h uint64, e engineKey) {
+// peek is get without promotion.
+func (m *engineKeyMap) peek(h uint64) (Key, bool) {
+	if k, ok := m.young[h]; ok {
+		return k, true
+	}
+	k, ok := m.old[h]
+	return k, ok
+}
+
+// forget drops h from both generations.
+func (m *engineKeyMap) forget(h uint64) {
+	delete(m.young, h)
+	delete(m.old, h)
+}
+
+func (m *engineKeyMap) put(h uint64, k Key) {
 	if len(m.young) >= m.limit {
-		m.old, m.young = m.young, make(map[uint64]engineKey, m.limit)
+		m.old, m.young = m.young, make(map[uint64]Key)
 	}
-	m.young[h] = e
+	m.young[h] = k
 }
 
 func (m *engineKeyMap) reset() {
-	m.young, m.old = make(map[uint64]engineKey), nil
+	m.young, m.old = make(map[uint64]Key), nil
 }

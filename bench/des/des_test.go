@@ -15,6 +15,17 @@ import (
 // a few hundred requests: a run takes milliseconds.
 func smallRun(t *testing.T, kind, policy string, routers int) (*Result, *workload.Workload) {
 	t.Helper()
+	cfg := smallConfig(t, kind, policy, routers)
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, cfg.Workload
+}
+
+// smallConfig is smallRun's run.
+func smallConfig(t *testing.T, kind, policy string, routers int) Config {
+	t.Helper()
 	prof, err := sim.LookupProfile("h100x2-32b")
 	if err != nil {
 		t.Fatal(err)
@@ -27,12 +38,8 @@ func smallRun(t *testing.T, kind, policy string, routers int) (*Result, *workloa
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(context.Background(), Config{Workload: w, Fleet: sim.Config{Pods: 3, Profile: prof}, Policy: policy,
-		Routers: routers, Seed: 1, Delivery: DefaultDelivery(), Drain: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res, w
+	return Config{Workload: w, Fleet: sim.Config{Pods: 3, Profile: prof}, Policy: policy,
+		Routers: routers, Seed: 1, Delivery: DefaultDelivery(), Drain: time.Minute}
 }
 
 func TestRunAnswersEveryRequest(t *testing.T) {
@@ -117,5 +124,47 @@ func TestDrainBoundCountsUnfinished(t *testing.T) {
 func TestPodNameOf(t *testing.T) {
 	if got := PodNameOf(TargetOf(12)); got != "pod-12" {
 		t.Errorf("PodNameOf(TargetOf(12)) = %q", got)
+	}
+}
+
+// TestRunLeavesNothingInFlight checks that a run whose every request ended
+// holds nothing of them: no request at a pod, no event but the routers'
+// pending deliveries in the queue, no in-flight work in any router's
+// ledger. What a finished request left behind would grow with a long run.
+func TestRunLeavesNothingInFlight(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"precise", "speculative"} {
+		t.Run(policy, func(t *testing.T) {
+			cfg := smallConfig(t, workload.KindMultiTurn, policy, 2)
+			cfg.SharePredictions = true
+			w := cfg.Workload
+			r, err := newRun(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.loop(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if p := report.Summarize(r.recs); p.Requests != w.Requests() || p.Errors != 0 {
+				t.Fatalf("%d records, %d errors (%v); want %d answered", p.Requests, p.Errors, p.ErrorKinds, w.Requests())
+			}
+			for _, p := range r.pods {
+				if n := len(p.rank.Pending()); n != 0 {
+					t.Errorf("%s holds %d requests", PodName(p.i), n)
+				}
+			}
+			for _, it := range r.q.items {
+				if it.req != nil || it.sess != nil {
+					t.Errorf("an event of kind %d still holds a request or session", it.kind)
+				}
+			}
+			for ri, rt := range r.rts {
+				for _, p := range r.pods {
+					if f := rt.v.Flights(p.id); !f.IsZero() {
+						t.Errorf("%s counts %+v in flight on %s", routerName(ri), f, PodName(p.i))
+					}
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"slices"
+
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 )
@@ -19,9 +21,14 @@ type blockPool struct {
 	head, tail int32 // free queue; -1 when empty
 	numFree    int
 	// cached maps a hash's wire form (its last 8 bytes, a cheap map key)
-	// to the blocks caching a hash of that wire form; find picks those
-	// whose whole hash matches.
-	cached map[uint64][]int32
+	// to the first block caching a hash of that wire form, and more to
+	// the others, in the order they were cached; first picks the one
+	// whose whole hash matches. A second copy is rare (two requests
+	// filling the same block at once), so the common case holds one
+	// int32 per cached block and no slice: with 256 pods the pools cache
+	// seven million blocks.
+	cached map[uint64]int32
+	more   map[uint64][]int32
 	// pending collects the events of the current step.
 	pending []events.Event
 	// group is the KV-cache group index the pool's events carry (0 unless
@@ -43,7 +50,7 @@ type block struct {
 const noBlock = -1
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]block, n), cached: make(map[uint64][]int32)}
+	p := &blockPool{blocks: make([]block, n), cached: make(map[uint64]int32), more: make(map[uint64][]int32)}
 	p.head, p.tail = noBlock, noBlock
 	for i := range p.blocks {
 		p.pushTail(int32(i))
@@ -156,19 +163,7 @@ func (p *blockPool) evict(id int32) {
 	if !b.hashed {
 		return
 	}
-	key := b.hash.Wire()
-	ids := p.cached[key]
-	for i, x := range ids {
-		if x == id {
-			ids = append(ids[:i], ids[i+1:]...)
-			break
-		}
-	}
-	if len(ids) == 0 {
-		delete(p.cached, key)
-	} else {
-		p.cached[key] = ids
-	}
+	p.uncache(id, b.hash.Wire())
 	p.pending = append(p.pending, events.Event{
 		Kind:        events.KindBlockRemoved,
 		BlockHashes: []uint64{b.hash.Wire()},
@@ -181,12 +176,41 @@ func (p *blockPool) evict(id int32) {
 	b.hashed, b.hash = false, kvindex.Digest{}
 }
 
+// uncache drops block id from the blocks caching wire form key, keeping
+// the others' order.
+func (p *blockPool) uncache(id int32, key uint64) {
+	rest := p.more[key]
+	if p.cached[key] == id {
+		if len(rest) == 0 {
+			delete(p.cached, key)
+			return
+		}
+		p.cached[key] = rest[0]
+		rest = slices.Delete(rest, 0, 1)
+	} else if i := slices.Index(rest, id); i >= 0 {
+		rest = slices.Delete(rest, i, i+1)
+	}
+	if len(rest) == 0 {
+		delete(p.more, key)
+	} else {
+		p.more[key] = rest
+	}
+}
+
 // has reports whether some block caches hash h.
 func (p *blockPool) has(h kvindex.Digest) bool { return p.first(h) != noBlock }
 
 // first returns the first block caching h, or noBlock.
 func (p *blockPool) first(h kvindex.Digest) int32 {
-	for _, id := range p.cached[h.Wire()] {
+	key := h.Wire()
+	id, ok := p.cached[key]
+	if !ok {
+		return noBlock
+	}
+	if p.blocks[id].hash == h {
+		return id
+	}
+	for _, id := range p.more[key] {
 		if p.blocks[id].hash == h {
 			return id
 		}
@@ -221,7 +245,11 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 	}
 	b.hashed, b.hash = true, h
 	key := h.Wire()
-	p.cached[key] = append(p.cached[key], id)
+	if _, taken := p.cached[key]; taken {
+		p.more[key] = append(p.more[key], id)
+	} else {
+		p.cached[key] = id
+	}
 }
 
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds
@@ -247,6 +275,7 @@ func (p *blockPool) clear() {
 		p.pushTail(int32(i))
 	}
 	clear(p.cached)
+	clear(p.more)
 	p.pending = p.pending[:0]
 }
 

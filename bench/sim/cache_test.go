@@ -252,3 +252,58 @@ func TestBlockPoolLookupFromAMemo(t *testing.T) {
 		})
 	}
 }
+
+// TestBlockPoolCopiesAndWireCollisions checks which block holds a hash as
+// copies and hashes sharing a wire form (the last 8 bytes) come and go:
+// always the earliest cached one still holding it, as vLLM's dict of
+// blocks per hash returns; and nothing is left behind once all are gone.
+func TestBlockPoolCopiesAndWireCollisions(t *testing.T) {
+	a, b := digestWithPrefix(t, 1, 9), digestWithPrefix(t, 2, 9) // the same wire form
+	if a.Wire() != b.Wire() {
+		t.Fatal("test digests must share a wire form")
+	}
+	hashes := []kvindex.Digest{a, a, b, a, b} // block i caches hashes[i]
+	tests := []struct {
+		name  string
+		evict []int32 // blocks evicted, in order
+	}{
+		{"none", nil},
+		{"the first", []int32{0}},
+		{"the first two", []int32{0, 1}},
+		{"the middle ones", []int32{1, 2}},
+		{"the last", []int32{4}},
+		{"all, oldest first", []int32{0, 1, 2, 3, 4}},
+		{"all, newest first", []int32{4, 3, 2, 1, 0}},
+		{"all, mixed", []int32{2, 0, 4, 1, 3}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newBlockPool(len(hashes))
+			ids := p.allocate(nil, len(hashes))
+			for i, id := range ids {
+				p.cache(id, hashes[i])
+			}
+			gone := map[int32]bool{}
+			for _, id := range tc.evict {
+				p.blocks[id].ref = 0
+				p.evict(id)
+				gone[id] = true
+			}
+			for _, h := range []kvindex.Digest{a, b} {
+				want := int32(noBlock)
+				for i, x := range hashes {
+					if x == h && !gone[int32(i)] {
+						want = int32(i)
+						break
+					}
+				}
+				if got := p.first(h); got != want {
+					t.Errorf("first(%x) = %d, want %d", h.Wire(), got, want)
+				}
+			}
+			if len(tc.evict) == len(hashes) && (len(p.cached) != 0 || len(p.more) != 0) {
+				t.Errorf("left behind: cached %v, more %v", p.cached, p.more)
+			}
+		})
+	}
+}

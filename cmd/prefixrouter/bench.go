@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -33,6 +35,7 @@ type benchSettings struct {
 	Seed               uint64
 	Out                string
 	CPUProfile         string
+	MemProfile         string
 	Timeout, Drain     time.Duration
 	LogLevel           string
 
@@ -107,6 +110,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		run.uint64("seed", "seed of the workload (prompts, arrivals) and of the oracle's ties", &s.Seed),
 		defaultText(run.str("out", "directory for results.json and report.html", &s.Out), "none"),
 		defaultText(run.str("cpu-profile", "write a Go CPU profile of the whole run to this file (go tool pprof reads it)", &s.CPUProfile), "none"),
+		defaultText(run.str("mem-profile", "write a Go heap profile to this file at the run's largest live heap, sampled every second, and at its end if larger (go tool pprof reads it)", &s.MemProfile), "none"),
 		run.dur("timeout", "bound on the whole run", &s.Timeout),
 		defaultText(run.dur("drain", "once the last request is sent, how long (wall time) the ones still running may take before they are cancelled and counted as unfinished", &s.Drain), preset),
 		choice(run, "log-level", "the pods' and the router's log on stderr: debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
@@ -418,6 +422,17 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, s *benchSettings, p
 		}
 		defer stop()
 	}
+	if s.MemProfile != "" {
+		stop, err := startHeapProfile(s.MemProfile, time.Second)
+		if err != nil {
+			return cli.Exit(fmt.Sprintf("bench: --mem-profile: %v", err), exitFailure)
+		}
+		defer func() {
+			if err := stop(); err != nil {
+				fmt.Fprintf(stderr, "bench: --mem-profile: %v\n", err)
+			}
+		}()
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	fmt.Fprintln(stdout, describeRun(&o))
@@ -493,4 +508,81 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// startHeapProfile samples the live heap every interval until the returned
+// function runs, and writes a heap profile to path whenever the sample is
+// the largest yet (and once more at the end if it is), so that the file
+// shows what held the memory at the run's peak rather than at its end.
+func startHeapProfile(path string, interval time.Duration) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	hp := &heapPeak{write: func() error { return writeHeapProfile(f) }}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				hp.observe(liveHeap())
+			}
+		}
+	}()
+	return func() error {
+		close(done)
+		<-finished
+		runtime.GC()
+		hp.observe(liveHeap())
+		if err := f.Close(); err != nil && hp.err == nil {
+			hp.err = err
+		}
+		return hp.err
+	}, nil
+}
+
+// heapPeak writes a profile whenever it observes a live heap larger than
+// any before; after a failed write it stops.
+type heapPeak struct {
+	peak  uint64
+	write func() error
+	err   error
+}
+
+func (h *heapPeak) observe(live uint64) {
+	if live <= h.peak || h.err != nil {
+		return
+	}
+	h.peak = live
+	h.err = h.write()
+}
+
+// liveHeap is the heap the last garbage collection found live, the figure
+// a heap profile describes.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
+}
+
+// writeHeapProfile replaces f's content with a heap profile.
+func writeHeapProfile(f *os.File) error {
+	if err := f.Truncate(0); err != nil {
+		return fmt.Errorf("truncate: %w", err)
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		return fmt.Errorf("seek: %w", err)
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	return nil
 }
