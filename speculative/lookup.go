@@ -29,7 +29,8 @@ type Ref struct {
 // Lookup is the request path: for a target, the prompt's block keys read
 // so far and the target's confirmed run (blocks 0..confirmed-1 held per
 // the index), how many consecutive blocks from block confirmed on are
-// pending predictions on the target, whose deadlines have not passed.
+// pending predictions on the target, whose deadlines have not passed and
+// whose requests have not queued at the pod past their first deadline.
 // Each counts as referenced by a later lookup (funnel). It takes the
 // target's read lock once and allocates nothing; a target without pending
 // predictions costs a map read. The router calls it for each candidate of
@@ -49,7 +50,13 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 	n := 0
 	for _, k := range keys[confirmed:] {
 		p := t.pending[k]
-		if p == nil || p.deadline < now {
+		if p == nil || p.deadline < now || p.queued && p.owner.settled == 0 {
+			// A prediction whose request has queued at the pod past its
+			// TTL stays pending (Placement.Settle) but leads no follower:
+			// its blocks are not coming soon, and a follower there would
+			// wait behind the whole queue, or hold a second copy of a
+			// prefix another pod holds (on the overloaded llm-d ladder,
+			// counting them cost 12% of the output throughput).
 			break
 		}
 		if !p.referenced.Load() && p.referenced.CompareAndSwap(false, true) {

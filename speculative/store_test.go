@@ -166,6 +166,31 @@ func TestQueuedRequest(t *testing.T) {
 	runTransitions(t, d, keys, tests)
 }
 
+// TestQueuedPredictionsLeadNoFollower: a prediction moved while its
+// request queued stays pending but extends no run until the request
+// settles; then it does, until its moved deadline.
+func TestQueuedPredictionsLeadNoFollower(t *testing.T) {
+	keys := keyRange(100, 4)
+	r := newRig(t, DefaultConfig())
+	d := dispatch(podA, "req-1")
+	d.Settles = true
+	h := r.Predict(d, keys)
+	if got := r.Lookup(podA, keys, 0).Blocks; got != 4 {
+		t.Fatalf("a fresh prediction extends the run by %d, want 4", got)
+	}
+	r.settle(5 * time.Second)
+	if got := r.Lookup(podA, keys, 0).Blocks; got != 0 {
+		t.Fatalf("queued past the TTL it extends the run by %d, want 0", got)
+	}
+	if tv := r.targetView(t, podA); tv.Pending.Live != 4 {
+		t.Fatalf("%d predictions pending, want the 4 still queued", tv.Pending.Live)
+	}
+	h.Settle()
+	if got := r.Lookup(podA, keys, 0).Blocks; got != 4 {
+		t.Fatalf("settled it extends the run by %d, want 4", got)
+	}
+}
+
 // TestStaleStreamBeforeInsertion: a stream that was not fresh before a
 // prediction was inserted, and has been since, does not make its expiry
 // unknown.
