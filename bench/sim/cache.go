@@ -7,7 +7,7 @@ import (
 
 // blockPool mirrors vLLM v1's BlockPool for one KV-cache group: a fixed set
 // of blocks with reference counts, a free queue ordered for eviction (head is
-// evicted first), and a map from block hash to the cached blocks holding it.
+// evicted first), and a table from block hash to the cached blocks holding it.
 // vLLM may cache the same hash in two blocks (two requests filling the same
 // block concurrently); both are kept and each eviction reports its own copy.
 //
@@ -18,10 +18,13 @@ type blockPool struct {
 	blocks     []block
 	head, tail int32 // free queue; -1 when empty
 	numFree    int
-	// cached maps a hash's wire form (its last 8 bytes, a cheap map key)
-	// to the blocks caching a hash of that wire form; find picks those
-	// whose whole hash matches.
-	cached map[uint64][]int32
+	// cached maps a hash's wire form (its last 8 bytes, a cheap key) to
+	// the first block caching a hash of that wire form; the others follow
+	// through block.sameNext in the order they were cached, and first
+	// picks the one whose whole hash matches. Probing it is the
+	// simulator's hottest memory access, hence a flat table rather than a
+	// map of slices.
+	cached wireTable
 	// pending collects the events of the current step.
 	pending []events.Event
 	// group is the KV-cache group index the pool's events carry (0 unless
@@ -35,17 +38,21 @@ type blockPool struct {
 type block struct {
 	ref        int32
 	prev, next int32
-	inFree     bool
-	hashed     bool
-	hash       kvindex.Digest
+	// sameNext is the next block caching a hash of the same wire form
+	// (noBlock at the end of the chain or when not hashed).
+	sameNext int32
+	inFree   bool
+	hashed   bool
+	hash     kvindex.Digest
 }
 
 const noBlock = -1
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]block, n), cached: make(map[uint64][]int32)}
+	p := &blockPool{blocks: make([]block, n), cached: newWireTable(n)}
 	p.head, p.tail = noBlock, noBlock
 	for i := range p.blocks {
+		p.blocks[i].sameNext = noBlock
 		p.pushTail(int32(i))
 	}
 	return p
@@ -156,19 +163,23 @@ func (p *blockPool) evict(id int32) {
 	if !b.hashed {
 		return
 	}
-	key := b.hash.Wire()
-	ids := p.cached[key]
-	for i, x := range ids {
-		if x == id {
-			ids = append(ids[:i], ids[i+1:]...)
-			break
+	if slot, ok := p.cached.find(b.hash.Wire()); ok {
+		if head := &p.cached.slots[slot]; head.id == id {
+			if b.sameNext == noBlock {
+				p.cached.deleteAt(slot)
+			} else {
+				head.id = b.sameNext
+			}
+		} else {
+			for prev := head.id; prev != noBlock; prev = p.blocks[prev].sameNext {
+				if p.blocks[prev].sameNext == id {
+					p.blocks[prev].sameNext = b.sameNext
+					break
+				}
+			}
 		}
 	}
-	if len(ids) == 0 {
-		delete(p.cached, key)
-	} else {
-		p.cached[key] = ids
-	}
+	b.sameNext = noBlock
 	p.pending = append(p.pending, events.Event{
 		Kind:        events.KindBlockRemoved,
 		BlockHashes: []uint64{b.hash.Wire()},
@@ -186,7 +197,11 @@ func (p *blockPool) has(h kvindex.Digest) bool { return p.first(h) != noBlock }
 
 // first returns the first block caching h, or noBlock.
 func (p *blockPool) first(h kvindex.Digest) int32 {
-	for _, id := range p.cached[h.Wire()] {
+	slot, ok := p.cached.find(h.Wire())
+	if !ok {
+		return noBlock
+	}
+	for id := p.cached.slots[slot].id; id != noBlock; id = p.blocks[id].sameNext {
 		if p.blocks[id].hash == h {
 			return id
 		}
@@ -219,9 +234,17 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 	if b.hashed {
 		return
 	}
-	b.hashed, b.hash = true, h
-	key := h.Wire()
-	p.cached[key] = append(p.cached[key], id)
+	b.hashed, b.hash, b.sameNext = true, h, noBlock
+	slot, ok := p.cached.find(h.Wire())
+	if !ok {
+		p.cached.slots[slot] = wireSlot{wire: h.Wire(), id: id}
+		return
+	}
+	last := p.cached.slots[slot].id
+	for p.blocks[last].sameNext != noBlock {
+		last = p.blocks[last].sameNext
+	}
+	p.blocks[last].sameNext = id
 }
 
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds
@@ -243,10 +266,10 @@ func (p *blockPool) idle() bool { return p.numFree == len(p.blocks) }
 func (p *blockPool) clear() {
 	p.head, p.tail, p.numFree = noBlock, noBlock, 0
 	for i := range p.blocks {
-		p.blocks[i] = block{}
+		p.blocks[i] = block{sameNext: noBlock}
 		p.pushTail(int32(i))
 	}
-	clear(p.cached)
+	p.cached.reset()
 	p.pending = p.pending[:0]
 }
 
@@ -258,4 +281,73 @@ func (p *blockPool) takeEvents() []events.Event {
 	ev := p.pending
 	p.pending = nil
 	return ev
+}
+
+// wireTable is an open-addressing hash table (linear probing) from a
+// hash's wire form to a block id. It holds at most one entry per block, and
+// is sized to at least twice the pool, so a probe rarely leaves its first
+// cache line: one memory access where a Go map takes two or three.
+type wireTable struct {
+	slots []wireSlot
+	shift uint // 64 - log2(len(slots))
+}
+
+// wireSlot is one table entry; id is noBlock when the slot is empty.
+type wireSlot struct {
+	wire uint64
+	id   int32
+}
+
+func newWireTable(blocks int) wireTable {
+	bits := uint(4)
+	for 1<<bits < 2*blocks {
+		bits++
+	}
+	t := wireTable{slots: make([]wireSlot, 1<<bits), shift: 64 - bits}
+	t.reset()
+	return t
+}
+
+// home is the slot a wire form's probe starts at: Fibonacci hashing,
+// because wire forms made in tests are small integers, not hash tails.
+func (t *wireTable) home(wire uint64) int {
+	return int((wire * 0x9E3779B97F4A7C15) >> t.shift)
+}
+
+// find returns the slot holding wire and true, or the empty slot where it
+// would go and false.
+func (t *wireTable) find(wire uint64) (int, bool) {
+	mask := len(t.slots) - 1
+	for i := t.home(wire); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.id == noBlock {
+			return i, false
+		}
+		if s.wire == wire {
+			return i, true
+		}
+	}
+}
+
+// deleteAt empties slot i, shifting back the entries after it that would
+// no longer be found past the hole (no tombstones, so probes stay short).
+func (t *wireTable) deleteAt(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; t.slots[j].id != noBlock; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i only if its home is not
+		// cyclically within (i, j].
+		h := t.home(t.slots[j].wire)
+		if (i <= j && i < h && h <= j) || (i > j && (i < h || h <= j)) {
+			continue
+		}
+		t.slots[i] = t.slots[j]
+		i = j
+	}
+	t.slots[i] = wireSlot{id: noBlock}
+}
+
+func (t *wireTable) reset() {
+	for i := range t.slots {
+		t.slots[i] = wireSlot{id: noBlock}
+	}
 }

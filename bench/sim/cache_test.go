@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -248,6 +249,48 @@ func TestBlockPoolLookupFromAMemo(t *testing.T) {
 			fresh := p.lookup(nil, hashes, 3)
 			if len(got) != tc.want || !slices.Equal(got, fresh) {
 				t.Errorf("lookupFrom %v, lookup %v; want %d blocks, the same", got, fresh, tc.want)
+			}
+		})
+	}
+}
+
+// TestWireTableMatchesAMap drives the pool's hash table and a Go map with
+// the same inserts and deletes, on a small table crowded with colliding
+// wire forms so that deletion has to shift entries back across the wrap.
+func TestWireTableMatchesAMap(t *testing.T) {
+	tests := []struct {
+		name   string
+		blocks int
+		wires  func(i int) uint64
+	}{
+		{"sequential", 8, func(i int) uint64 { return uint64(i) }},
+		{"spread", 32, func(i int) uint64 { return uint64(i) * 0x9E3779B97F4A7C15 }},
+		{"one home", 8, func(i int) uint64 { return uint64(i) << 60 }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tab := newWireTable(tc.blocks)
+			want := map[uint64]int32{}
+			rng := rand.New(rand.NewPCG(1, 2))
+			for step := range 20000 {
+				w := tc.wires(rng.IntN(2 * tc.blocks))
+				slot, ok := tab.find(w)
+				if _, in := want[w]; in != ok {
+					t.Fatalf("step %d: find(%d) = %v, want %v", step, w, ok, in)
+				}
+				switch {
+				case ok:
+					tab.deleteAt(slot)
+					delete(want, w)
+				case len(want) < tc.blocks:
+					tab.slots[slot] = wireSlot{wire: w, id: int32(step)}
+					want[w] = int32(step)
+				}
+				for w, id := range want {
+					if slot, ok := tab.find(w); !ok || tab.slots[slot].id != id {
+						t.Fatalf("step %d: %d lost (found %v)", step, w, ok)
+					}
+				}
 			}
 		})
 	}

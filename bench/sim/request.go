@@ -42,6 +42,9 @@ type seq struct {
 	arrival         time.Duration // model time
 
 	out *output
+	// rankReq is the handle a Rank gave out for it (nil on a pod): a Rank
+	// reaches it from the step's schedule without a map probe.
+	rankReq *Request
 }
 
 type seqState uint8
