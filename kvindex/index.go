@@ -100,8 +100,12 @@ type targetState struct {
 	extraRefs map[placementRef]uint32
 	// stale counts, per placement, queue entries left behind by a removal:
 	// if the placement is stored again its old entry must not evict it
-	// early. Compaction resets it.
-	stale map[placementRef]uint32
+	// early. Only eviction reads it, and most targets never reach their
+	// cap, so it is kept only while staleKnown: the first eviction after a
+	// compaction or clear counts it from order, and removals keep it up to
+	// date from then until the next compaction resets it.
+	stale      map[placementRef]uint32
+	staleKnown bool
 	// maxPlacements overrides the index-wide cap (0: use the default).
 	maxPlacements int
 	evicted       uint64
@@ -247,13 +251,8 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 			ts.unknownRemovals++
 			continue
 		}
-		ref := placementRef{k, tier}
-		if n := ts.extraRefs[ref]; n > 0 {
-			if n == 1 {
-				delete(ts.extraRefs, ref)
-			} else {
-				ts.extraRefs[ref] = n - 1
-			}
+		// Extra references are rare: an empty map costs no probe.
+		if len(ts.extraRefs) > 0 && takeOne(ts.extraRefs, placementRef{k, tier}) {
 			continue
 		}
 		ix.dropLocked(ts, m, k, tier, old, bit)
@@ -284,7 +283,9 @@ func (ix *Index) capOf(ts *targetState) int {
 // dropLocked removes a placement entirely (all references). Its queue entry
 // stays behind, marked stale.
 func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
-	ts.stale[placementRef{k, tier}]++
+	if ts.staleKnown {
+		ts.stale[placementRef{k, tier}]++
+	}
 	if rest := old &^ bit; rest == 0 {
 		delete(m, k)
 	} else {
@@ -307,26 +308,56 @@ func (ix *Index) clearLocked(ts *targetState) {
 	ts.history++
 	clear(ts.extraRefs)
 	clear(ts.stale)
+	ts.staleKnown = false
+}
+
+// takeOne drops one count of ref from m and reports whether it had one.
+func takeOne(m map[placementRef]uint32, ref placementRef) bool {
+	n := m[ref]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(m, ref)
+	default:
+		m[ref] = n - 1
+	}
+	return true
+}
+
+// countStale fills ts.stale from the insertion order: every entry of a
+// placement is stale but the last one of a placement still held.
+func (ix *Index) countStale(ts *targetState) {
+	bit := uint64(1) << (ts.slot % 64)
+	g := ts.slot / 64
+	clear(ts.stale)
+	for i := ts.order.head; i < len(ts.order.keys); i++ {
+		ts.stale[placementRef{ts.order.keys[i], ts.order.tiers[i]}]++
+	}
+	for ref := range ts.stale {
+		if ix.masks[ref.tier][g][ref.key]&bit != 0 {
+			takeOne(ts.stale, ref)
+		}
+	}
+	ts.staleKnown = true
 }
 
 // evictLocked drops the oldest placements until the target is within its cap.
 func (ix *Index) evictLocked(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
+	if ts.count > ix.capOf(ts) && !ts.staleKnown {
+		ix.countStale(ts)
+	}
 	for ts.count > ix.capOf(ts) {
 		k, tier, ok := ts.order.pop()
 		if !ok {
 			return
 		}
 		ref := placementRef{k, tier}
-		if n := ts.stale[ref]; n > 0 {
+		if takeOne(ts.stale, ref) {
 			// Left behind by a removal; a later entry (if the placement
 			// was stored again) carries its real age.
-			if n == 1 {
-				delete(ts.stale, ref)
-			} else {
-				ts.stale[ref] = n - 1
-			}
 			continue
 		}
 		m := ix.masks[tier][g]
@@ -336,10 +367,7 @@ func (ix *Index) evictLocked(ts *targetState) {
 		}
 		delete(ts.extraRefs, ref)
 		ix.dropLocked(ts, m, k, tier, old, bit)
-		ts.stale[ref]-- // its only entry was just consumed
-		if ts.stale[ref] == 0 {
-			delete(ts.stale, ref)
-		}
+		takeOne(ts.stale, ref) // its only entry was just consumed
 		ts.evicted++
 	}
 }
@@ -347,29 +375,40 @@ func (ix *Index) evictLocked(ts *targetState) {
 // compactLocked rewrites the insertion order without removed placements.
 // A placement stored again after a removal appears more than once; its last
 // entry is its real insertion, so the order is scanned from the back.
+// Every held placement has an entry, so when the entries of held
+// placements number exactly count there is none twice and no need to
+// look for duplicates.
 func (ix *Index) compactLocked(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
-	seen := make(map[placementRef]struct{}, ts.count)
 	keys := make([]Key, 0, ts.count)
 	tiers := make([]Tier, 0, ts.count)
 	for i := len(ts.order.keys) - 1; i >= ts.order.head; i-- {
 		k, tier := ts.order.keys[i], ts.order.tiers[i]
-		if ix.masks[tier][g][k]&bit == 0 {
-			continue
+		if ix.masks[tier][g][k]&bit != 0 {
+			keys, tiers = append(keys, k), append(tiers, tier)
 		}
-		ref := placementRef{k, tier}
-		if _, dup := seen[ref]; dup {
-			continue
+	}
+	if len(keys) > ts.count {
+		seen := make(map[placementRef]struct{}, ts.count)
+		n := 0
+		for i, k := range keys {
+			ref := placementRef{k, tiers[i]}
+			if _, dup := seen[ref]; dup {
+				continue
+			}
+			seen[ref] = struct{}{}
+			keys[n], tiers[n] = k, tiers[i]
+			n++
 		}
-		seen[ref] = struct{}{}
-		keys, tiers = append(keys, k), append(tiers, tier)
+		keys, tiers = keys[:n], tiers[:n]
 	}
 	slices.Reverse(keys)
 	slices.Reverse(tiers)
 	ts.order = fifo{keys: keys, tiers: tiers}
 	ts.history++
 	clear(ts.stale)
+	ts.staleKnown = false
 }
 
 // Match is one target's confirmed prefix for a lookup.
