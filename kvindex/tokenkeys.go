@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 )
 
 // TokenKeyer derives block keys from token ids alone, for fleets whose
@@ -89,7 +91,9 @@ func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) 
 // by two generations: when the young one fills, the old one is dropped.
 // Its ingestState's mu guards it.
 type engineKeyMap struct {
-	young, old map[uint64]engineKey
+	// young and old are flat maps: every event probes them, and they hold
+	// up to limit entries, far beyond the CPU caches.
+	young, old *flatmap.Map[engineKey]
 	limit      int // entries per generation
 }
 
@@ -104,14 +108,17 @@ func newEngineKeyMap(limit int) *engineKeyMap {
 	if limit < 2 {
 		limit = 2
 	}
-	return &engineKeyMap{young: make(map[uint64]engineKey), limit: limit / 2}
+	return &engineKeyMap{young: &flatmap.Map[engineKey]{}, limit: limit / 2}
 }
 
 func (m *engineKeyMap) get(h uint64) (engineKey, bool) {
-	if e, ok := m.young[h]; ok {
+	if e, ok := m.young.Get(h); ok {
 		return e, true
 	}
-	if e, ok := m.old[h]; ok {
+	if m.old == nil {
+		return engineKey{}, false
+	}
+	if e, ok := m.old.Get(h); ok {
 		m.put(h, e) // promote what is still in use
 		return e, true
 	}
@@ -119,12 +126,12 @@ func (m *engineKeyMap) get(h uint64) (engineKey, bool) {
 }
 
 func (m *engineKeyMap) put(h uint64, e engineKey) {
-	if len(m.young) >= m.limit {
-		m.old, m.young = m.young, make(map[uint64]engineKey, m.limit)
+	if m.young.Len() >= m.limit {
+		m.old, m.young = m.young, &flatmap.Map[engineKey]{}
 	}
-	m.young[h] = e
+	m.young.Put(h, e)
 }
 
 func (m *engineKeyMap) reset() {
-	m.young, m.old = make(map[uint64]engineKey), nil
+	m.young, m.old = &flatmap.Map[engineKey]{}, nil
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 )
@@ -24,9 +25,18 @@ type blockPool struct {
 	// picks the one whose whole hash matches. Probing it is the
 	// simulator's hottest memory access, hence a flat table rather than a
 	// map of slices.
-	cached wireTable
+	cached *flatmap.Map[int32]
+	// losses counts the hashes blocks have lost (evictions, clears), and
+	// lostAt[id] is the count at block id's last loss: a block looked up
+	// when losses was n and not lost since still caches what it did then,
+	// which a memo checks in this dense array instead of the blocks'.
+	losses uint64
+	lostAt []uint64
 	// pending collects the events of the current step.
 	pending []events.Event
+	// wires hands out the one-hash slices of BlockRemoved events from
+	// shared chunks: one allocation per chunk instead of per eviction.
+	wires []uint64
 	// group is the KV-cache group index the pool's events carry (0 unless
 	// the pod models a hybrid model's second group).
 	group int
@@ -49,7 +59,7 @@ type block struct {
 const noBlock = -1
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]block, n), cached: newWireTable(n)}
+	p := &blockPool{blocks: make([]block, n), cached: flatmap.New[int32](n), lostAt: make([]uint64, n)}
 	p.head, p.tail = noBlock, noBlock
 	for i := range p.blocks {
 		p.blocks[i].sameNext = noBlock
@@ -97,20 +107,25 @@ func (p *blockPool) unlink(id int32) {
 // lookup returns the cached blocks of the longest run of hashes from block 0,
 // at most maxBlocks long.
 func (p *blockPool) lookup(dst []int32, hashes []kvindex.Digest, maxBlocks int) []int32 {
-	return p.lookupFrom(dst, hashes, maxBlocks, nil)
+	return p.lookupFrom(dst, hashes, maxBlocks, nil, 0)
 }
 
-// lookupFrom is lookup given memo, an earlier lookup of the same hashes:
-// the run starts with memo's blocks that still cache their hash, checked
-// in the block array instead of the map. A request waiting for memory is
-// looked up again every step, and its run rarely changes.
-func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32) []int32 {
+// lookupFrom is lookup given memo, an earlier lookup of the same hashes
+// made when p.losses was memoAt: the run starts with memo's blocks that
+// still cache their hash, checked in the block array instead of the
+// table, and only for blocks that lost a hash since. A request waiting
+// for memory is looked up again every step, and its run rarely changes.
+func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32, memoAt uint64) []int32 {
 	i := 0
 	for ; i < len(memo) && i < len(hashes) && i < maxBlocks; i++ {
-		if b := &p.blocks[memo[i]]; !b.hashed || b.hash != hashes[i] {
-			break
+		id := memo[i]
+		if p.lostAt[id] > memoAt {
+			// Lost its hash since; it may have cached the same one again.
+			if b := &p.blocks[id]; !b.hashed || b.hash != hashes[i] {
+				break
+			}
 		}
-		dst = append(dst, memo[i])
+		dst = append(dst, id)
 	}
 	for ; i < len(hashes) && i < maxBlocks; i++ {
 		id := p.first(hashes[i])
@@ -163,15 +178,15 @@ func (p *blockPool) evict(id int32) {
 	if !b.hashed {
 		return
 	}
-	if slot, ok := p.cached.find(b.hash.Wire()); ok {
-		if head := &p.cached.slots[slot]; head.id == id {
+	if head := p.cached.Ptr(b.hash.Wire()); head != nil {
+		if *head == id {
 			if b.sameNext == noBlock {
-				p.cached.deleteAt(slot)
+				p.cached.Delete(b.hash.Wire())
 			} else {
-				head.id = b.sameNext
+				*head = b.sameNext
 			}
 		} else {
-			for prev := head.id; prev != noBlock; prev = p.blocks[prev].sameNext {
+			for prev := *head; prev != noBlock; prev = p.blocks[prev].sameNext {
 				if p.blocks[prev].sameNext == id {
 					p.blocks[prev].sameNext = b.sameNext
 					break
@@ -182,7 +197,7 @@ func (p *blockPool) evict(id int32) {
 	b.sameNext = noBlock
 	p.pending = append(p.pending, events.Event{
 		Kind:        events.KindBlockRemoved,
-		BlockHashes: []uint64{b.hash.Wire()},
+		BlockHashes: p.oneWire(b.hash.Wire()),
 		Medium:      events.MediumGPU,
 		GroupIdx:    p.group, HasGroupIdx: true,
 	})
@@ -190,6 +205,19 @@ func (p *blockPool) evict(id int32) {
 		p.onEvict(b.hash)
 	}
 	b.hashed, b.hash = false, kvindex.Digest{}
+	p.losses++
+	p.lostAt[id] = p.losses
+}
+
+// oneWire returns a slice holding just w, its capacity capped so that an
+// append by the receiver cannot reach the chunk's next hash.
+func (p *blockPool) oneWire(w uint64) []uint64 {
+	if len(p.wires) == cap(p.wires) {
+		p.wires = make([]uint64, 0, 256)
+	}
+	p.wires = append(p.wires, w)
+	n := len(p.wires)
+	return p.wires[n-1 : n : n]
 }
 
 // has reports whether some block caches hash h.
@@ -197,11 +225,11 @@ func (p *blockPool) has(h kvindex.Digest) bool { return p.first(h) != noBlock }
 
 // first returns the first block caching h, or noBlock.
 func (p *blockPool) first(h kvindex.Digest) int32 {
-	slot, ok := p.cached.find(h.Wire())
+	id, ok := p.cached.Get(h.Wire())
 	if !ok {
 		return noBlock
 	}
-	for id := p.cached.slots[slot].id; id != noBlock; id = p.blocks[id].sameNext {
+	for ; id != noBlock; id = p.blocks[id].sameNext {
 		if p.blocks[id].hash == h {
 			return id
 		}
@@ -235,12 +263,12 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 		return
 	}
 	b.hashed, b.hash, b.sameNext = true, h, noBlock
-	slot, ok := p.cached.find(h.Wire())
-	if !ok {
-		p.cached.slots[slot] = wireSlot{wire: h.Wire(), id: id}
+	head, existed := p.cached.Upsert(h.Wire())
+	if !existed {
+		*head = id
 		return
 	}
-	last := p.cached.slots[slot].id
+	last := *head
 	for p.blocks[last].sameNext != noBlock {
 		last = p.blocks[last].sameNext
 	}
@@ -265,11 +293,13 @@ func (p *blockPool) idle() bool { return p.numFree == len(p.blocks) }
 // with an empty cache and tells nobody.
 func (p *blockPool) clear() {
 	p.head, p.tail, p.numFree = noBlock, noBlock, 0
+	p.losses++
 	for i := range p.blocks {
 		p.blocks[i] = block{sameNext: noBlock}
+		p.lostAt[i] = p.losses
 		p.pushTail(int32(i))
 	}
-	p.cached.reset()
+	p.cached.Clear()
 	p.pending = p.pending[:0]
 }
 
@@ -279,75 +309,8 @@ func (p *blockPool) takeEvents() []events.Event {
 		return nil
 	}
 	ev := p.pending
-	p.pending = nil
+	// The next step's events are likely as many: room for them up front
+	// saves growing the slice through every power of two.
+	p.pending = make([]events.Event, 0, len(ev))
 	return ev
-}
-
-// wireTable is an open-addressing hash table (linear probing) from a
-// hash's wire form to a block id. It holds at most one entry per block, and
-// is sized to at least twice the pool, so a probe rarely leaves its first
-// cache line: one memory access where a Go map takes two or three.
-type wireTable struct {
-	slots []wireSlot
-	shift uint // 64 - log2(len(slots))
-}
-
-// wireSlot is one table entry; id is noBlock when the slot is empty.
-type wireSlot struct {
-	wire uint64
-	id   int32
-}
-
-func newWireTable(blocks int) wireTable {
-	bits := uint(4)
-	for 1<<bits < 2*blocks {
-		bits++
-	}
-	t := wireTable{slots: make([]wireSlot, 1<<bits), shift: 64 - bits}
-	t.reset()
-	return t
-}
-
-// home is the slot a wire form's probe starts at: Fibonacci hashing,
-// because wire forms made in tests are small integers, not hash tails.
-func (t *wireTable) home(wire uint64) int {
-	return int((wire * 0x9E3779B97F4A7C15) >> t.shift)
-}
-
-// find returns the slot holding wire and true, or the empty slot where it
-// would go and false.
-func (t *wireTable) find(wire uint64) (int, bool) {
-	mask := len(t.slots) - 1
-	for i := t.home(wire); ; i = (i + 1) & mask {
-		s := &t.slots[i]
-		if s.id == noBlock {
-			return i, false
-		}
-		if s.wire == wire {
-			return i, true
-		}
-	}
-}
-
-// deleteAt empties slot i, shifting back the entries after it that would
-// no longer be found past the hole (no tombstones, so probes stay short).
-func (t *wireTable) deleteAt(i int) {
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; t.slots[j].id != noBlock; j = (j + 1) & mask {
-		// The entry at j may fill the hole at i only if its home is not
-		// cyclically within (i, j].
-		h := t.home(t.slots[j].wire)
-		if (i <= j && i < h && h <= j) || (i > j && (i < h || h <= j)) {
-			continue
-		}
-		t.slots[i] = t.slots[j]
-		i = j
-	}
-	t.slots[i] = wireSlot{id: noBlock}
-}
-
-func (t *wireTable) reset() {
-	for i := range t.slots {
-		t.slots[i] = wireSlot{id: noBlock}
-	}
 }
