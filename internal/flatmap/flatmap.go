@@ -7,17 +7,22 @@
 package flatmap
 
 // Map maps uint64 keys to values of V. The zero value is an empty map ready
-// to use. It is not safe for concurrent use.
+// to use. Reads (Get, Len) may run concurrently with each other, nothing
+// else may.
+//
+// A slot whose key is 0 is empty, so a slot is just its key and value; key
+// 0 itself lives outside the table.
 type Map[V any] struct {
-	slots []slot[V]
-	n     int
-	shift uint // 64 - log2(len(slots))
+	slots   []slot[V]
+	n       int  // keys in slots
+	shift   uint // 64 - log2(len(slots))
+	hasZero bool
+	zero    V // key 0's value
 }
 
 type slot[V any] struct {
-	key  uint64
-	val  V
-	used bool
+	key uint64
+	val V
 }
 
 // minSlots is the smallest table; maxLoad the share of slots in use past
@@ -52,40 +57,49 @@ func (m *Map[V]) alloc(size int) {
 }
 
 // Len is the number of keys.
-func (m *Map[V]) Len() int { return m.n }
+func (m *Map[V]) Len() int {
+	if m.hasZero {
+		return m.n + 1
+	}
+	return m.n
+}
 
 func (m *Map[V]) home(k uint64) int {
 	return int((k * 0x9E3779B97F4A7C15) >> m.shift)
 }
 
-// find returns the slot holding k and true, or the free slot where k would
-// go and false. The table must not be empty.
+// find returns the slot holding k (not 0) and true, or the free slot where
+// k would go and false. The table must have a free slot.
 func (m *Map[V]) find(k uint64) (int, bool) {
 	mask := len(m.slots) - 1
 	for i := m.home(k); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if !s.used {
-			return i, false
-		}
-		if s.key == k {
+		switch m.slots[i].key {
+		case k:
 			return i, true
+		case 0:
+			return i, false
 		}
 	}
 }
 
 // Get returns k's value and whether k is present.
 func (m *Map[V]) Get(k uint64) (V, bool) {
-	if m.n == 0 {
-		var zero V
-		return zero, false
+	if p := m.Ptr(k); p != nil {
+		return *p, true
 	}
-	i, ok := m.find(k)
-	return m.slots[i].val, ok
+	var zero V
+	return zero, false
 }
 
 // Ptr returns a pointer to k's value, or nil when k is absent. It is valid
-// until the next Put, Upsert or Delete.
+// until the next Put, Upsert, Delete or Clear.
 func (m *Map[V]) Ptr(k uint64) *V {
+	if k == 0 {
+		if m.hasZero {
+			return &m.zero
+		}
+		return nil
+	}
 	if m.n == 0 {
 		return nil
 	}
@@ -105,12 +119,20 @@ func (m *Map[V]) Put(k uint64, v V) {
 // absent (reported by false): a read-modify-write in one probe. The pointer
 // is valid until the next Put, Upsert or Delete.
 func (m *Map[V]) Upsert(k uint64) (*V, bool) {
+	if k == 0 {
+		had := m.hasZero
+		if !had {
+			var zero V
+			m.hasZero, m.zero = true, zero
+		}
+		return &m.zero, had
+	}
 	if (m.n+1)*maxLoadD > len(m.slots)*maxLoadN {
 		m.grow()
 	}
 	i, ok := m.find(k)
 	if !ok {
-		m.slots[i] = slot[V]{key: k, used: true}
+		m.slots[i] = slot[V]{key: k}
 		m.n++
 	}
 	return &m.slots[i].val, ok
@@ -121,11 +143,11 @@ func (m *Map[V]) grow() {
 	m.alloc(max(minSlots, 2*len(old)))
 	mask := len(m.slots) - 1
 	for _, s := range old {
-		if !s.used {
+		if s.key == 0 {
 			continue
 		}
 		i := m.home(s.key)
-		for m.slots[i].used {
+		for m.slots[i].key != 0 {
 			i = (i + 1) & mask
 		}
 		m.slots[i] = s
@@ -136,6 +158,12 @@ func (m *Map[V]) grow() {
 // it that would no longer be found past the hole move back into it (no
 // tombstones, so probes stay short however many keys come and go).
 func (m *Map[V]) Delete(k uint64) bool {
+	if k == 0 {
+		had := m.hasZero
+		var zero V
+		m.hasZero, m.zero = false, zero
+		return had
+	}
 	if m.n == 0 {
 		return false
 	}
@@ -144,7 +172,7 @@ func (m *Map[V]) Delete(k uint64) bool {
 		return false
 	}
 	mask := len(m.slots) - 1
-	for j := (i + 1) & mask; m.slots[j].used; j = (j + 1) & mask {
+	for j := (i + 1) & mask; m.slots[j].key != 0; j = (j + 1) & mask {
 		// The entry at j may fill the hole at i only if its home is not
 		// cyclically within (i, j].
 		h := m.home(m.slots[j].key)
@@ -163,4 +191,6 @@ func (m *Map[V]) Delete(k uint64) bool {
 func (m *Map[V]) Clear() {
 	clear(m.slots)
 	m.n = 0
+	var zero V
+	m.hasZero, m.zero = false, zero
 }
