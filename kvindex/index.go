@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -72,7 +73,18 @@ type Index struct {
 	targets []*targetState // by slot; nil when free
 	// masks[tier][group] maps a key to the bitmask of the group's 64 slots
 	// that hold it in that tier.
-	masks [numTiers][]map[Key]uint64
+	masks [numTiers][]*maskMap
+}
+
+// maskMap maps a key to a group's bitmask: a flat map, because every event
+// and every lookup probes it once per key and it outgrows the CPU caches.
+// A key whose mask becomes zero is deleted.
+type maskMap = flatmap.Map[uint64]
+
+// mask is m's bitmask for k, zero when absent.
+func mask(m *maskMap, k Key) uint64 {
+	v, _ := m.Get(uint64(k))
+	return v
 }
 
 type placementRef struct {
@@ -150,7 +162,7 @@ func (ix *Index) slotFor(id target.ID) *targetState {
 	}
 	if g := slot / 64; g >= len(ix.masks[TierGPU]) {
 		for t := range ix.masks {
-			ix.masks[t] = append(ix.masks[t], make(map[Key]uint64))
+			ix.masks[t] = append(ix.masks[t], &maskMap{})
 		}
 	}
 	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32), stale: make(map[placementRef]uint32)}
@@ -223,12 +235,12 @@ func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
 	bit := uint64(1) << (ts.slot % 64)
 	for _, k := range keys {
-		old := m[k]
-		if old&bit != 0 {
+		held, _ := m.Upsert(uint64(k))
+		if *held&bit != 0 {
 			ts.extraRefs[placementRef{k, tier}]++
 			continue
 		}
-		m[k] = old | bit
+		*held |= bit
 		ts.count++
 		ts.tierCount[tier]++
 		ts.order.push(k, tier)
@@ -246,8 +258,8 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
 	bit := uint64(1) << (ts.slot % 64)
 	for _, k := range keys {
-		old, ok := m[k]
-		if !ok || old&bit == 0 {
+		held := m.Ptr(uint64(k))
+		if held == nil || *held&bit == 0 {
 			ts.unknownRemovals++
 			continue
 		}
@@ -255,7 +267,7 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 		if len(ts.extraRefs) > 0 && takeOne(ts.extraRefs, placementRef{k, tier}) {
 			continue
 		}
-		ix.dropLocked(ts, m, k, tier, old, bit)
+		ix.dropLocked(ts, m, k, tier, held, bit)
 	}
 }
 
@@ -280,16 +292,14 @@ func (ix *Index) capOf(ts *targetState) int {
 	return ix.cfg.MaxPlacementsPerTarget
 }
 
-// dropLocked removes a placement entirely (all references). Its queue entry
-// stays behind, marked stale.
-func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
+// dropLocked removes a placement entirely (all references); held is k's
+// mask in m. Its queue entry stays behind, marked stale.
+func (ix *Index) dropLocked(ts *targetState, m *maskMap, k Key, tier Tier, held *uint64, bit uint64) {
 	if ts.staleKnown {
 		ts.stale[placementRef{k, tier}]++
 	}
-	if rest := old &^ bit; rest == 0 {
-		delete(m, k)
-	} else {
-		m[k] = rest
+	if *held &^= bit; *held == 0 {
+		m.Delete(uint64(k))
 	}
 	ts.count--
 	ts.tierCount[tier]--
@@ -300,8 +310,8 @@ func (ix *Index) clearLocked(ts *targetState) {
 	g := ts.slot / 64
 	ts.order.each(func(k Key, tier Tier) {
 		m := ix.masks[tier][g]
-		if old, ok := m[k]; ok && old&bit != 0 {
-			ix.dropLocked(ts, m, k, tier, old, bit)
+		if held := m.Ptr(uint64(k)); held != nil && *held&bit != 0 {
+			ix.dropLocked(ts, m, k, tier, held, bit)
 		}
 	})
 	ts.order.reset()
@@ -335,7 +345,7 @@ func (ix *Index) countStale(ts *targetState) {
 		ts.stale[placementRef{ts.order.keys[i], ts.order.tiers[i]}]++
 	}
 	for ref := range ts.stale {
-		if ix.masks[ref.tier][g][ref.key]&bit != 0 {
+		if mask(ix.masks[ref.tier][g], ref.key)&bit != 0 {
 			takeOne(ts.stale, ref)
 		}
 	}
@@ -361,12 +371,12 @@ func (ix *Index) evictLocked(ts *targetState) {
 			continue
 		}
 		m := ix.masks[tier][g]
-		old, present := m[k]
-		if !present || old&bit == 0 {
+		held := m.Ptr(uint64(k))
+		if held == nil || *held&bit == 0 {
 			continue
 		}
 		delete(ts.extraRefs, ref)
-		ix.dropLocked(ts, m, k, tier, old, bit)
+		ix.dropLocked(ts, m, k, tier, held, bit)
 		takeOne(ts.stale, ref) // its only entry was just consumed
 		ts.evicted++
 	}
@@ -385,7 +395,7 @@ func (ix *Index) compactLocked(ts *targetState) {
 	tiers := make([]Tier, 0, ts.count)
 	for i := len(ts.order.keys) - 1; i >= ts.order.head; i-- {
 		k, tier := ts.order.keys[i], ts.order.tiers[i]
-		if ix.masks[tier][g][k]&bit != 0 {
+		if mask(ix.masks[tier][g], k)&bit != 0 {
 			keys, tiers = append(keys, k), append(tiers, tier)
 		}
 	}
@@ -445,7 +455,7 @@ func (ix *Index) Lookup(dst []Match, keys []Key) []Match {
 func (ix *Index) tiersInUse() (inUse [numTiers]bool) {
 	for t := range ix.masks {
 		for _, m := range ix.masks[t] {
-			if len(m) > 0 {
+			if m.Len() > 0 {
 				inUse[t] = true
 				break
 			}
@@ -564,7 +574,7 @@ func (ix *Index) firstPlacedSince(ts *targetState, n int, pos map[Key]int) (int,
 	for k, newTiers := range placed {
 		var heldTiers uint8
 		for t := range ix.masks {
-			if ix.masks[t][g][k]&bit != 0 {
+			if mask(ix.masks[t][g], k)&bit != 0 {
 				heldTiers |= 1 << t
 			}
 		}
@@ -606,8 +616,8 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 			for t := range ix.masks {
 				// A tier no target of the group uses (CPU and storage,
 				// in most fleets) costs no probe.
-				if m := ix.masks[t][g]; len(m) > 0 {
-					held |= m[k]
+				if m := ix.masks[t][g]; m.Len() > 0 {
+					held |= mask(m, k)
 				}
 			}
 			if r.alive[g] &= held; r.alive[g] != 0 {
@@ -658,13 +668,13 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 		k := keys[i]
 		var mg, mc, ms uint64
 		if inUse[TierGPU] {
-			mg = gpu[k]
+			mg = mask(gpu, k)
 		}
 		if inUse[TierCPU] {
-			mc = cpu[k]
+			mc = mask(cpu, k)
 		}
 		if inUse[TierStorage] {
-			ms = sto[k]
+			ms = mask(sto, k)
 		}
 		held := mg | mc | ms
 		for len(cuts) > 0 && int(cuts[0].at) <= i {
@@ -765,7 +775,7 @@ func (ix *Index) Has(id target.ID, key Key) bool {
 	}
 	bit := uint64(1) << (s % 64)
 	for t := range ix.masks {
-		if ix.masks[t][s/64][key]&bit != 0 {
+		if mask(ix.masks[t][s/64], key)&bit != 0 {
 			return true
 		}
 	}
