@@ -507,7 +507,8 @@ func (e *engine) allocate(s *seq, n int, hits []int32, loaded int) bool {
 	total := computed + n
 	need := (total+bs-1)/bs - len(s.blocks) - len(hits)
 	need = max(need, 0)
-	if need+e.pool.evictable(hits) > e.pool.numFree {
+	// need alone too many spares the walk over the hits.
+	if need > e.pool.numFree || need+e.pool.evictable(hits) > e.pool.numFree {
 		return false
 	}
 	var swHits []int32
