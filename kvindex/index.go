@@ -92,6 +92,45 @@ type placementRef struct {
 	tier Tier
 }
 
+// refCounts counts something per placement, one map per tier, so that a
+// probe hashes a plain key rather than a (key, tier) struct. The zero
+// value is empty.
+type refCounts [numTiers]map[Key]uint32
+
+func (r *refCounts) add(k Key, t Tier) {
+	if r[t] == nil {
+		r[t] = make(map[Key]uint32)
+	}
+	r[t][k]++
+}
+
+// take drops one count of (k, t) and reports whether it had one. An empty
+// tier costs no probe.
+func (r *refCounts) take(k Key, t Tier) bool {
+	m := r[t]
+	if len(m) == 0 {
+		return false
+	}
+	switch n := m[k]; n {
+	case 0:
+		return false
+	case 1:
+		delete(m, k)
+	default:
+		m[k] = n - 1
+	}
+	return true
+}
+
+// forget drops every count of (k, t).
+func (r *refCounts) forget(k Key, t Tier) { delete(r[t], k) }
+
+func (r *refCounts) reset() {
+	for t := range r {
+		clear(r[t])
+	}
+}
+
 type targetState struct {
 	id   target.ID
 	slot int
@@ -109,14 +148,14 @@ type targetState struct {
 	history uint32
 	// extraRefs holds reference counts above one; almost every placement
 	// has exactly one reference, so this map stays tiny.
-	extraRefs map[placementRef]uint32
+	extraRefs refCounts
 	// stale counts, per placement, queue entries left behind by a removal:
 	// if the placement is stored again its old entry must not evict it
 	// early. Only eviction reads it, and most targets never reach their
 	// cap, so it is kept only while staleKnown: the first eviction after a
 	// compaction or clear counts it from order, and removals keep it up to
 	// date from then until the next compaction resets it.
-	stale      map[placementRef]uint32
+	stale      refCounts
 	staleKnown bool
 	// maxPlacements overrides the index-wide cap (0: use the default).
 	maxPlacements int
@@ -165,7 +204,7 @@ func (ix *Index) slotFor(id target.ID) *targetState {
 			ix.masks[t] = append(ix.masks[t], &maskMap{})
 		}
 	}
-	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32), stale: make(map[placementRef]uint32)}
+	ts := &targetState{id: id, slot: slot}
 	ix.targets[slot] = ts
 	ix.slots[id] = slot
 	return ts
@@ -237,7 +276,7 @@ func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 	for _, k := range keys {
 		held, _ := m.Upsert(uint64(k))
 		if *held&bit != 0 {
-			ts.extraRefs[placementRef{k, tier}]++
+			ts.extraRefs.add(k, tier)
 			continue
 		}
 		*held |= bit
@@ -263,8 +302,7 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 			ts.unknownRemovals++
 			continue
 		}
-		// Extra references are rare: an empty map costs no probe.
-		if len(ts.extraRefs) > 0 && takeOne(ts.extraRefs, placementRef{k, tier}) {
+		if ts.extraRefs.take(k, tier) {
 			continue
 		}
 		ix.dropLocked(ts, m, k, tier, held, bit)
@@ -296,7 +334,7 @@ func (ix *Index) capOf(ts *targetState) int {
 // mask in m. Its queue entry stays behind, marked stale.
 func (ix *Index) dropLocked(ts *targetState, m *maskMap, k Key, tier Tier, held *uint64, bit uint64) {
 	if ts.staleKnown {
-		ts.stale[placementRef{k, tier}]++
+		ts.stale.add(k, tier)
 	}
 	if *held &^= bit; *held == 0 {
 		m.Delete(uint64(k))
@@ -316,23 +354,9 @@ func (ix *Index) clearLocked(ts *targetState) {
 	})
 	ts.order.reset()
 	ts.history++
-	clear(ts.extraRefs)
-	clear(ts.stale)
+	ts.extraRefs.reset()
+	ts.stale.reset()
 	ts.staleKnown = false
-}
-
-// takeOne drops one count of ref from m and reports whether it had one.
-func takeOne(m map[placementRef]uint32, ref placementRef) bool {
-	n := m[ref]
-	switch {
-	case n == 0:
-		return false
-	case n == 1:
-		delete(m, ref)
-	default:
-		m[ref] = n - 1
-	}
-	return true
 }
 
 // countStale fills ts.stale from the insertion order: every entry of a
@@ -340,13 +364,15 @@ func takeOne(m map[placementRef]uint32, ref placementRef) bool {
 func (ix *Index) countStale(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
-	clear(ts.stale)
+	ts.stale.reset()
 	for i := ts.order.head; i < len(ts.order.keys); i++ {
-		ts.stale[placementRef{ts.order.keys[i], ts.order.tiers[i]}]++
+		ts.stale.add(ts.order.keys[i], ts.order.tiers[i])
 	}
-	for ref := range ts.stale {
-		if mask(ix.masks[ref.tier][g], ref.key)&bit != 0 {
-			takeOne(ts.stale, ref)
+	for t, m := range ts.stale {
+		for k := range m {
+			if mask(ix.masks[t][g], k)&bit != 0 {
+				ts.stale.take(k, Tier(t))
+			}
 		}
 	}
 	ts.staleKnown = true
@@ -364,8 +390,7 @@ func (ix *Index) evictLocked(ts *targetState) {
 		if !ok {
 			return
 		}
-		ref := placementRef{k, tier}
-		if takeOne(ts.stale, ref) {
+		if ts.stale.take(k, tier) {
 			// Left behind by a removal; a later entry (if the placement
 			// was stored again) carries its real age.
 			continue
@@ -375,9 +400,9 @@ func (ix *Index) evictLocked(ts *targetState) {
 		if held == nil || *held&bit == 0 {
 			continue
 		}
-		delete(ts.extraRefs, ref)
+		ts.extraRefs.forget(k, tier)
 		ix.dropLocked(ts, m, k, tier, held, bit)
-		takeOne(ts.stale, ref) // its only entry was just consumed
+		ts.stale.take(k, tier) // its only entry was just consumed
 		ts.evicted++
 	}
 }
@@ -417,7 +442,7 @@ func (ix *Index) compactLocked(ts *targetState) {
 	slices.Reverse(tiers)
 	ts.order = fifo{keys: keys, tiers: tiers}
 	ts.history++
-	clear(ts.stale)
+	ts.stale.reset()
 	ts.staleKnown = false
 }
 
