@@ -117,6 +117,11 @@ func (p *blockPool) lookup(dst []int32, hashes []kvindex.Digest, maxBlocks int) 
 // for memory is looked up again every step, and its run rarely changes.
 func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32, memoAt uint64) []int32 {
 	i := 0
+	if memoAt == p.losses {
+		// Nothing lost a hash since: the whole memo still holds.
+		i = min(len(memo), len(hashes), maxBlocks)
+		dst = append(dst, memo[:i]...)
+	}
 	for ; i < len(memo) && i < len(hashes) && i < maxBlocks; i++ {
 		id := memo[i]
 		if p.lostAt[id] > memoAt {
