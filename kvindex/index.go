@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -72,12 +73,70 @@ type Index struct {
 	targets []*targetState // by slot; nil when free
 	// masks[tier][group] maps a key to the bitmask of the group's 64 slots
 	// that hold it in that tier.
-	masks [numTiers][]map[Key]uint64
+	masks [numTiers][]*maskMap
+}
+
+// maskMap maps a key to a group's bitmask: a flat map, because every event
+// and every lookup probes it once per key and it outgrows the CPU caches.
+// A key whose mask becomes zero is deleted.
+type maskMap = flatmap.Map[uint64]
+
+// mask is m's bitmask for k, zero when absent.
+func mask(m *maskMap, k Key) uint64 {
+	v, _ := m.Get(uint64(k))
+	return v
 }
 
 type placementRef struct {
 	key  Key
 	tier Tier
+}
+
+// refCounts counts something per placement, one map per tier, so that a
+// probe hashes a plain key rather than a (key, tier) struct. The zero
+// value is empty.
+type refCounts [numTiers]map[Key]uint32
+
+func (r *refCounts) add(k Key, t Tier) {
+	if r[t] == nil {
+		r[t] = make(map[Key]uint32)
+	}
+	r[t][k]++
+}
+
+// take drops one count of (k, t) and reports whether it had one. An empty
+// tier costs no probe.
+func (r *refCounts) take(k Key, t Tier) bool {
+	m := r[t]
+	if len(m) == 0 {
+		return false
+	}
+	switch n := m[k]; n {
+	case 0:
+		return false
+	case 1:
+		delete(m, k)
+	default:
+		m[k] = n - 1
+	}
+	return true
+}
+
+// forget drops every count of (k, t).
+func (r *refCounts) forget(k Key, t Tier) { delete(r[t], k) }
+
+func (r *refCounts) len() int {
+	n := 0
+	for _, m := range r {
+		n += len(m)
+	}
+	return n
+}
+
+func (r *refCounts) reset() {
+	for t := range r {
+		clear(r[t])
+	}
 }
 
 type targetState struct {
@@ -97,7 +156,7 @@ type targetState struct {
 	history uint32
 	// extraRefs holds reference counts above one; almost every placement
 	// has exactly one reference, so this map stays tiny.
-	extraRefs map[placementRef]uint32
+	extraRefs refCounts
 	// stale counts, per placement, queue entries left behind by a removal:
 	// if the placement is stored again its old entry must not evict it
 	// early. Compaction resets it. Only evictions read it, so it is kept
@@ -106,7 +165,7 @@ type targetState struct {
 	// keep its placements below the cap, and a map with an entry per
 	// removed block (a quarter of a gigabyte over 256 pods) was what
 	// that cost.
-	stale        map[placementRef]uint32
+	stale        refCounts
 	staleTracked bool
 	// maxPlacements overrides the index-wide cap (0: use the default).
 	maxPlacements int
@@ -152,10 +211,10 @@ func (ix *Index) slotFor(id target.ID) *targetState {
 	}
 	if g := slot / 64; g >= len(ix.masks[TierGPU]) {
 		for t := range ix.masks {
-			ix.masks[t] = append(ix.masks[t], make(map[Key]uint64))
+			ix.masks[t] = append(ix.masks[t], &maskMap{})
 		}
 	}
-	ts := &targetState{id: id, slot: slot, extraRefs: make(map[placementRef]uint32)}
+	ts := &targetState{id: id, slot: slot}
 	ix.targets[slot] = ts
 	ix.slots[id] = slot
 	return ts
@@ -228,12 +287,12 @@ func (ix *Index) storeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
 	bit := uint64(1) << (ts.slot % 64)
 	for _, k := range keys {
-		old := m[k]
-		if old&bit != 0 {
-			ts.extraRefs[placementRef{k, tier}]++
+		held, _ := m.Upsert(uint64(k))
+		if *held&bit != 0 {
+			ts.extraRefs.add(k, tier)
 			continue
 		}
-		m[k] = old | bit
+		*held |= bit
 		ts.count++
 		ts.tierCount[tier]++
 		ts.order.push(k, tier)
@@ -251,21 +310,15 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 	m := ix.masks[tier][ts.slot/64]
 	bit := uint64(1) << (ts.slot % 64)
 	for _, k := range keys {
-		old, ok := m[k]
-		if !ok || old&bit == 0 {
+		held := m.Ptr(uint64(k))
+		if held == nil || *held&bit == 0 {
 			ts.unknownRemovals++
 			continue
 		}
-		ref := placementRef{k, tier}
-		if n := ts.extraRefs[ref]; n > 0 {
-			if n == 1 {
-				delete(ts.extraRefs, ref)
-			} else {
-				ts.extraRefs[ref] = n - 1
-			}
+		if ts.extraRefs.take(k, tier) {
 			continue
 		}
-		ix.dropLocked(ts, m, k, tier, old, bit)
+		ix.dropLocked(ts, m, k, tier, held, bit)
 	}
 }
 
@@ -290,16 +343,14 @@ func (ix *Index) capOf(ts *targetState) int {
 	return ix.cfg.MaxPlacementsPerTarget
 }
 
-// dropLocked removes a placement entirely (all references). Its queue entry
-// stays behind, marked stale once the target evicts.
-func (ix *Index) dropLocked(ts *targetState, m map[Key]uint64, k Key, tier Tier, old, bit uint64) {
+// dropLocked removes a placement entirely (all references); held is k's
+// mask in m. Its queue entry stays behind, marked stale once the target evicts.
+func (ix *Index) dropLocked(ts *targetState, m *maskMap, k Key, tier Tier, held *uint64, bit uint64) {
 	if ts.staleTracked {
-		ts.stale[placementRef{k, tier}]++
+		ts.stale.add(k, tier)
 	}
-	if rest := old &^ bit; rest == 0 {
-		delete(m, k)
-	} else {
-		m[k] = rest
+	if *held &^= bit; *held == 0 {
+		m.Delete(uint64(k))
 	}
 	ts.count--
 	ts.tierCount[tier]--
@@ -310,14 +361,15 @@ func (ix *Index) clearLocked(ts *targetState) {
 	g := ts.slot / 64
 	ts.order.each(func(k Key, tier Tier) {
 		m := ix.masks[tier][g]
-		if old, ok := m[k]; ok && old&bit != 0 {
-			ix.dropLocked(ts, m, k, tier, old, bit)
+		if held := m.Ptr(uint64(k)); held != nil && *held&bit != 0 {
+			ix.dropLocked(ts, m, k, tier, held, bit)
 		}
 	})
 	ts.order.reset()
 	ts.history++
-	clear(ts.extraRefs)
-	ts.stale, ts.staleTracked = nil, false
+	ts.extraRefs.reset()
+	ts.stale.reset()
+	ts.staleTracked = false
 }
 
 // evictLocked drops the oldest placements until the target is within its cap.
@@ -327,7 +379,7 @@ func (ix *Index) evictLocked(ts *targetState) {
 		// leaves each placement's last entry alone, and from here on
 		// removals are tracked.
 		ix.compactLocked(ts)
-		ts.stale, ts.staleTracked = make(map[placementRef]uint32), true
+		ts.staleTracked = true
 	}
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
@@ -336,28 +388,19 @@ func (ix *Index) evictLocked(ts *targetState) {
 		if !ok {
 			return
 		}
-		ref := placementRef{k, tier}
-		if n := ts.stale[ref]; n > 0 {
+		if ts.stale.take(k, tier) {
 			// Left behind by a removal; a later entry (if the placement
 			// was stored again) carries its real age.
-			if n == 1 {
-				delete(ts.stale, ref)
-			} else {
-				ts.stale[ref] = n - 1
-			}
 			continue
 		}
 		m := ix.masks[tier][g]
-		old, present := m[k]
-		if !present || old&bit == 0 {
+		held := m.Ptr(uint64(k))
+		if held == nil || *held&bit == 0 {
 			continue
 		}
-		delete(ts.extraRefs, ref)
-		ix.dropLocked(ts, m, k, tier, old, bit)
-		ts.stale[ref]-- // its only entry was just consumed
-		if ts.stale[ref] == 0 {
-			delete(ts.stale, ref)
-		}
+		ts.extraRefs.forget(k, tier)
+		ix.dropLocked(ts, m, k, tier, held, bit)
+		ts.stale.take(k, tier) // its only entry was just consumed
 		ts.evicted++
 	}
 }
@@ -365,29 +408,39 @@ func (ix *Index) evictLocked(ts *targetState) {
 // compactLocked rewrites the insertion order without removed placements.
 // A placement stored again after a removal appears more than once; its last
 // entry is its real insertion, so the order is scanned from the back.
+// Every held placement has an entry, so when the entries of held
+// placements number exactly count there is none twice and no need to
+// look for duplicates.
 func (ix *Index) compactLocked(ts *targetState) {
 	bit := uint64(1) << (ts.slot % 64)
 	g := ts.slot / 64
-	seen := make(map[placementRef]struct{}, ts.count)
 	keys := make([]Key, 0, ts.count)
 	tiers := make([]Tier, 0, ts.count)
 	for i := len(ts.order.keys) - 1; i >= ts.order.head; i-- {
 		k, tier := ts.order.keys[i], ts.order.tiers[i]
-		if ix.masks[tier][g][k]&bit == 0 {
-			continue
+		if mask(ix.masks[tier][g], k)&bit != 0 {
+			keys, tiers = append(keys, k), append(tiers, tier)
 		}
-		ref := placementRef{k, tier}
-		if _, dup := seen[ref]; dup {
-			continue
+	}
+	if len(keys) > ts.count {
+		seen := make(map[placementRef]struct{}, ts.count)
+		n := 0
+		for i, k := range keys {
+			ref := placementRef{k, tiers[i]}
+			if _, dup := seen[ref]; dup {
+				continue
+			}
+			seen[ref] = struct{}{}
+			keys[n], tiers[n] = k, tiers[i]
+			n++
 		}
-		seen[ref] = struct{}{}
-		keys, tiers = append(keys, k), append(tiers, tier)
+		keys, tiers = keys[:n], tiers[:n]
 	}
 	slices.Reverse(keys)
 	slices.Reverse(tiers)
 	ts.order = fifo{keys: keys, tiers: tiers}
 	ts.history++
-	clear(ts.stale)
+	ts.stale.reset()
 }
 
 // Match is one target's confirmed prefix for a lookup.
@@ -424,7 +477,7 @@ func (ix *Index) Lookup(dst []Match, keys []Key) []Match {
 func (ix *Index) tiersInUse() (inUse [numTiers]bool) {
 	for t := range ix.masks {
 		for _, m := range ix.masks[t] {
-			if len(m) > 0 {
+			if m.Len() > 0 {
 				inUse[t] = true
 				break
 			}
@@ -543,7 +596,7 @@ func (ix *Index) firstPlacedSince(ts *targetState, n int, pos map[Key]int) (int,
 	for k, newTiers := range placed {
 		var heldTiers uint8
 		for t := range ix.masks {
-			if ix.masks[t][g][k]&bit != 0 {
+			if mask(ix.masks[t][g], k)&bit != 0 {
 				heldTiers |= 1 << t
 			}
 		}
@@ -585,8 +638,8 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 			for t := range ix.masks {
 				// A tier no target of the group uses (CPU and storage,
 				// in most fleets) costs no probe.
-				if m := ix.masks[t][g]; len(m) > 0 {
-					held |= m[k]
+				if m := ix.masks[t][g]; m.Len() > 0 {
+					held |= mask(m, k)
 				}
 			}
 			if r.alive[g] &= held; r.alive[g] != 0 {
@@ -637,13 +690,13 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 		k := keys[i]
 		var mg, mc, ms uint64
 		if inUse[TierGPU] {
-			mg = gpu[k]
+			mg = mask(gpu, k)
 		}
 		if inUse[TierCPU] {
-			mc = cpu[k]
+			mc = mask(cpu, k)
 		}
 		if inUse[TierStorage] {
-			ms = sto[k]
+			ms = mask(sto, k)
 		}
 		held := mg | mc | ms
 		for len(cuts) > 0 && int(cuts[0].at) <= i {
@@ -748,7 +801,7 @@ func (ix *Index) Has(id target.ID, key Key) bool {
 func (ix *Index) holdsLocked(slot int, key Key) bool {
 	bit := uint64(1) << (slot % 64)
 	for t := range ix.masks {
-		if ix.masks[t][slot/64][key]&bit != 0 {
+		if mask(ix.masks[t][slot/64], key)&bit != 0 {
 			return true
 		}
 	}

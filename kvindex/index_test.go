@@ -2,7 +2,9 @@ package kvindex
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -426,7 +428,7 @@ func TestStaleEntriesTrackedOnlyAtTheCap(t *testing.T) {
 	stale := func() int {
 		ix.mu.RLock()
 		defer ix.mu.RUnlock()
-		return len(ix.targets[ix.slots[tid(1)]].stale)
+		return ix.targets[ix.slots[tid(1)]].stale.len()
 	}
 	for range 100 { // a pod churning its cache below the cap
 		ix.Store(tid(1), TierGPU, k[:4])
@@ -453,5 +455,54 @@ func TestStaleEntriesTrackedOnlyAtTheCap(t *testing.T) {
 	ix.Clear(tid(1))
 	if n := stale(); n != 0 {
 		t.Fatalf("after a clear: %d stale entries", n)
+	}
+}
+
+// TestCapEvictionMatchesAReferenceModel drives the index with random stores,
+// removals and cap changes on a few keys (many compactions and stale
+// entries) and checks after every step that it holds exactly what a plain
+// model holds: placements ordered by their last new insertion, with
+// reference counts, the oldest evicted first when over the cap.
+func TestCapEvictionMatchesAReferenceModel(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			ix := NewIndex(IndexConfig{})
+			ix.SetTargetCap(tid(1), 24)
+			var order []Key // oldest first
+			refs := map[Key]int{}
+			keys := keysN(1, 40)
+			capN := 24
+			for step := range 30000 {
+				k := keys[rng.IntN(len(keys))]
+				switch op := rng.IntN(100); {
+				case op < 50:
+					ix.Store(tid(1), TierGPU, []Key{k})
+					if refs[k] == 0 {
+						order = append(order, k)
+					}
+					refs[k]++
+				case op < 98:
+					ix.Remove(tid(1), TierGPU, []Key{k})
+					if refs[k] > 0 {
+						if refs[k]--; refs[k] == 0 {
+							order = slices.DeleteFunc(order, func(x Key) bool { return x == k })
+						}
+					}
+				default:
+					capN = 8 + rng.IntN(24)
+					ix.SetTargetCap(tid(1), capN)
+				}
+				for len(order) > capN {
+					delete(refs, order[0])
+					order = order[1:]
+				}
+				for _, k := range keys {
+					if got, want := ix.Has(tid(1), k), refs[k] > 0; got != want {
+						t.Fatalf("step %d: key %d held %v, want %v", step, k, got, want)
+					}
+				}
+			}
+		})
 	}
 }

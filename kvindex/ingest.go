@@ -144,6 +144,9 @@ type targetMetrics struct {
 	stored, removed, cleared prometheus.Counter
 	placements               [numTiers]prometheus.Gauge
 	evictions                prometheus.Counter
+	// hashChecks is made on the first check, so a target never checked
+	// exports no series; verified counts every stored block.
+	hashChecks prometheus.Counter
 }
 
 func (m *Metrics) forTarget(label string) *targetMetrics {
@@ -610,8 +613,11 @@ func (in *Ingestor) verified(st *ingestState, ok bool, reason, detail string) {
 	k := &st.keys
 	k.Checks++
 	m := in.cfg.Metrics
-	if m != nil {
-		m.hashChecks.WithLabelValues(st.label).Inc()
+	if tm := st.metrics; tm != nil {
+		if tm.hashChecks == nil {
+			tm.hashChecks = m.hashChecks.WithLabelValues(st.label)
+		}
+		tm.hashChecks.Inc()
 	}
 	if ok {
 		k.PassedSinceMismatch++

@@ -452,9 +452,12 @@ func engineEntries(in *Ingestor, id target.ID) int {
 	st := in.state(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	n := len(st.engine.young)
-	for h := range st.engine.old {
-		if _, dup := st.engine.young[h]; !dup {
+	n := st.engine.young.Len()
+	if st.engine.old == nil {
+		return n
+	}
+	for h := range st.engine.old.All() {
+		if _, dup := st.engine.young.Get(h); !dup {
 			n++
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 )
 
 // TokenKeyer derives block keys from token ids alone, for fleets whose
@@ -94,7 +96,10 @@ func (t *TokenKeyer) Extend(c *KeyChain, tokens []uint32, extras RequestExtras) 
 // young one fills, the old one is dropped.
 // Its ingestState's mu guards it.
 type engineKeyMap struct {
-	young, old map[uint64]Key
+	// young and old are flat maps: every event probes them, and they hold
+	// up to limit entries, far beyond the CPU caches. old is nil until the
+	// first generation fills.
+	young, old *flatmap.Map[Key]
 	limit      int // entries per generation
 }
 
@@ -102,14 +107,17 @@ func newEngineKeyMap(limit int) *engineKeyMap {
 	if limit < 2 {
 		limit = 2
 	}
-	return &engineKeyMap{young: make(map[uint64]Key), limit: limit / 2}
+	return &engineKeyMap{young: &flatmap.Map[Key]{}, limit: limit / 2}
 }
 
 func (m *engineKeyMap) get(h uint64) (Key, bool) {
-	if k, ok := m.young[h]; ok {
+	if k, ok := m.young.Get(h); ok {
 		return k, true
 	}
-	if k, ok := m.old[h]; ok {
+	if m.old == nil {
+		return 0, false
+	}
+	if k, ok := m.old.Get(h); ok {
 		m.put(h, k) // promote what is still in use
 		return k, true
 	}
@@ -118,26 +126,30 @@ func (m *engineKeyMap) get(h uint64) (Key, bool) {
 
 // peek is get without promotion.
 func (m *engineKeyMap) peek(h uint64) (Key, bool) {
-	if k, ok := m.young[h]; ok {
+	if k, ok := m.young.Get(h); ok {
 		return k, true
 	}
-	k, ok := m.old[h]
-	return k, ok
+	if m.old == nil {
+		return 0, false
+	}
+	return m.old.Get(h)
 }
 
 // forget drops h from both generations.
 func (m *engineKeyMap) forget(h uint64) {
-	delete(m.young, h)
-	delete(m.old, h)
+	m.young.Delete(h)
+	if m.old != nil {
+		m.old.Delete(h)
+	}
 }
 
 func (m *engineKeyMap) put(h uint64, k Key) {
-	if len(m.young) >= m.limit {
-		m.old, m.young = m.young, make(map[uint64]Key)
+	if m.young.Len() >= m.limit {
+		m.old, m.young = m.young, &flatmap.Map[Key]{}
 	}
-	m.young[h] = k
+	m.young.Put(h, k)
 }
 
 func (m *engineKeyMap) reset() {
-	m.young, m.old = make(map[uint64]Key), nil
+	m.young, m.old = &flatmap.Map[Key]{}, nil
 }

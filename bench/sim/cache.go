@@ -1,15 +1,14 @@
 package sim
 
 import (
-	"slices"
-
+	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 )
 
 // blockPool mirrors vLLM v1's BlockPool for one KV-cache group: a fixed set
 // of blocks with reference counts, a free queue ordered for eviction (head is
-// evicted first), and a map from block hash to the cached blocks holding it.
+// evicted first), and a table from block hash to the cached blocks holding it.
 // vLLM may cache the same hash in two blocks (two requests filling the same
 // block concurrently); both are kept and each eviction reports its own copy.
 //
@@ -20,17 +19,24 @@ type blockPool struct {
 	blocks     []block
 	head, tail int32 // free queue; -1 when empty
 	numFree    int
-	// cached maps a hash's wire form (its last 8 bytes, a cheap map key)
-	// to the first block caching a hash of that wire form, and more to
-	// the others, in the order they were cached; first picks the one
-	// whose whole hash matches. A second copy is rare (two requests
-	// filling the same block at once), so the common case holds one
-	// int32 per cached block and no slice: with 256 pods the pools cache
-	// seven million blocks.
-	cached map[uint64]int32
-	more   map[uint64][]int32
+	// cached maps a hash's wire form (its last 8 bytes, a cheap key) to
+	// the first block caching a hash of that wire form; the others follow
+	// through block.sameNext in the order they were cached, and first
+	// picks the one whose whole hash matches. Probing it is the
+	// simulator's hottest memory access, hence a flat table rather than a
+	// map of slices.
+	cached *flatmap.Map[int32]
+	// losses counts the hashes blocks have lost (evictions, clears), and
+	// lostAt[id] is the count at block id's last loss: a block looked up
+	// when losses was n and not lost since still caches what it did then,
+	// which a memo checks in this dense array instead of the blocks'.
+	losses uint64
+	lostAt []uint64
 	// pending collects the events of the current step.
 	pending []events.Event
+	// wires hands out the one-hash slices of BlockRemoved events from
+	// shared chunks: one allocation per chunk instead of per eviction.
+	wires []uint64
 	// group is the KV-cache group index the pool's events carry (0 unless
 	// the pod models a hybrid model's second group).
 	group int
@@ -42,17 +48,21 @@ type blockPool struct {
 type block struct {
 	ref        int32
 	prev, next int32
-	inFree     bool
-	hashed     bool
-	hash       kvindex.Digest
+	// sameNext is the next block caching a hash of the same wire form
+	// (noBlock at the end of the chain or when not hashed).
+	sameNext int32
+	inFree   bool
+	hashed   bool
+	hash     kvindex.Digest
 }
 
 const noBlock = -1
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]block, n), cached: make(map[uint64]int32), more: make(map[uint64][]int32)}
+	p := &blockPool{blocks: make([]block, n), cached: flatmap.New[int32](n), lostAt: make([]uint64, n)}
 	p.head, p.tail = noBlock, noBlock
 	for i := range p.blocks {
+		p.blocks[i].sameNext = noBlock
 		p.pushTail(int32(i))
 	}
 	return p
@@ -97,20 +107,30 @@ func (p *blockPool) unlink(id int32) {
 // lookup returns the cached blocks of the longest run of hashes from block 0,
 // at most maxBlocks long.
 func (p *blockPool) lookup(dst []int32, hashes []kvindex.Digest, maxBlocks int) []int32 {
-	return p.lookupFrom(dst, hashes, maxBlocks, nil)
+	return p.lookupFrom(dst, hashes, maxBlocks, nil, 0)
 }
 
-// lookupFrom is lookup given memo, an earlier lookup of the same hashes:
-// the run starts with memo's blocks that still cache their hash, checked
-// in the block array instead of the map. A request waiting for memory is
-// looked up again every step, and its run rarely changes.
-func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32) []int32 {
+// lookupFrom is lookup given memo, an earlier lookup of the same hashes
+// made when p.losses was memoAt: the run starts with memo's blocks that
+// still cache their hash, checked in the block array instead of the
+// table, and only for blocks that lost a hash since. A request waiting
+// for memory is looked up again every step, and its run rarely changes.
+func (p *blockPool) lookupFrom(dst []int32, hashes []kvindex.Digest, maxBlocks int, memo []int32, memoAt uint64) []int32 {
 	i := 0
+	if memoAt == p.losses {
+		// Nothing lost a hash since: the whole memo still holds.
+		i = min(len(memo), len(hashes), maxBlocks)
+		dst = append(dst, memo[:i]...)
+	}
 	for ; i < len(memo) && i < len(hashes) && i < maxBlocks; i++ {
-		if b := &p.blocks[memo[i]]; !b.hashed || b.hash != hashes[i] {
-			break
+		id := memo[i]
+		if p.lostAt[id] > memoAt {
+			// Lost its hash since; it may have cached the same one again.
+			if b := &p.blocks[id]; !b.hashed || b.hash != hashes[i] {
+				break
+			}
 		}
-		dst = append(dst, memo[i])
+		dst = append(dst, id)
 	}
 	for ; i < len(hashes) && i < maxBlocks; i++ {
 		id := p.first(hashes[i])
@@ -163,10 +183,26 @@ func (p *blockPool) evict(id int32) {
 	if !b.hashed {
 		return
 	}
-	p.uncache(id, b.hash.Wire())
+	if head := p.cached.Ptr(b.hash.Wire()); head != nil {
+		if *head == id {
+			if b.sameNext == noBlock {
+				p.cached.Delete(b.hash.Wire())
+			} else {
+				*head = b.sameNext
+			}
+		} else {
+			for prev := *head; prev != noBlock; prev = p.blocks[prev].sameNext {
+				if p.blocks[prev].sameNext == id {
+					p.blocks[prev].sameNext = b.sameNext
+					break
+				}
+			}
+		}
+	}
+	b.sameNext = noBlock
 	p.pending = append(p.pending, events.Event{
 		Kind:        events.KindBlockRemoved,
-		BlockHashes: []uint64{b.hash.Wire()},
+		BlockHashes: p.oneWire(b.hash.Wire()),
 		Medium:      events.MediumGPU,
 		GroupIdx:    p.group, HasGroupIdx: true,
 	})
@@ -174,27 +210,19 @@ func (p *blockPool) evict(id int32) {
 		p.onEvict(b.hash)
 	}
 	b.hashed, b.hash = false, kvindex.Digest{}
+	p.losses++
+	p.lostAt[id] = p.losses
 }
 
-// uncache drops block id from the blocks caching wire form key, keeping
-// the others' order.
-func (p *blockPool) uncache(id int32, key uint64) {
-	rest := p.more[key]
-	if p.cached[key] == id {
-		if len(rest) == 0 {
-			delete(p.cached, key)
-			return
-		}
-		p.cached[key] = rest[0]
-		rest = slices.Delete(rest, 0, 1)
-	} else if i := slices.Index(rest, id); i >= 0 {
-		rest = slices.Delete(rest, i, i+1)
+// oneWire returns a slice holding just w, its capacity capped so that an
+// append by the receiver cannot reach the chunk's next hash.
+func (p *blockPool) oneWire(w uint64) []uint64 {
+	if len(p.wires) == cap(p.wires) {
+		p.wires = make([]uint64, 0, 256)
 	}
-	if len(rest) == 0 {
-		delete(p.more, key)
-	} else {
-		p.more[key] = rest
-	}
+	p.wires = append(p.wires, w)
+	n := len(p.wires)
+	return p.wires[n-1 : n : n]
 }
 
 // has reports whether some block caches hash h.
@@ -202,15 +230,11 @@ func (p *blockPool) has(h kvindex.Digest) bool { return p.first(h) != noBlock }
 
 // first returns the first block caching h, or noBlock.
 func (p *blockPool) first(h kvindex.Digest) int32 {
-	key := h.Wire()
-	id, ok := p.cached[key]
+	id, ok := p.cached.Get(h.Wire())
 	if !ok {
 		return noBlock
 	}
-	if p.blocks[id].hash == h {
-		return id
-	}
-	for _, id := range p.more[key] {
+	for ; id != noBlock; id = p.blocks[id].sameNext {
 		if p.blocks[id].hash == h {
 			return id
 		}
@@ -243,13 +267,17 @@ func (p *blockPool) cache(id int32, h kvindex.Digest) {
 	if b.hashed {
 		return
 	}
-	b.hashed, b.hash = true, h
-	key := h.Wire()
-	if _, taken := p.cached[key]; taken {
-		p.more[key] = append(p.more[key], id)
-	} else {
-		p.cached[key] = id
+	b.hashed, b.hash, b.sameNext = true, h, noBlock
+	head, existed := p.cached.Upsert(h.Wire())
+	if !existed {
+		*head = id
+		return
 	}
+	last := *head
+	for p.blocks[last].sameNext != noBlock {
+		last = p.blocks[last].sameNext
+	}
+	p.blocks[last].sameNext = id
 }
 
 // reset drops every cached hash, as vLLM's reset_prefix_cache: it succeeds
@@ -270,12 +298,13 @@ func (p *blockPool) idle() bool { return p.numFree == len(p.blocks) }
 // with an empty cache and tells nobody.
 func (p *blockPool) clear() {
 	p.head, p.tail, p.numFree = noBlock, noBlock, 0
+	p.losses++
 	for i := range p.blocks {
-		p.blocks[i] = block{}
+		p.blocks[i] = block{sameNext: noBlock}
+		p.lostAt[i] = p.losses
 		p.pushTail(int32(i))
 	}
-	clear(p.cached)
-	clear(p.more)
+	p.cached.Clear()
 	p.pending = p.pending[:0]
 }
 
@@ -285,6 +314,8 @@ func (p *blockPool) takeEvents() []events.Event {
 		return nil
 	}
 	ev := p.pending
-	p.pending = nil
+	// The next step's events are likely as many: room for them up front
+	// saves growing the slice through every power of two.
+	p.pending = make([]events.Event, 0, len(ev))
 	return ev
 }

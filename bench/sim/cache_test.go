@@ -241,10 +241,11 @@ func TestBlockPoolLookupFromAMemo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, ids := fill()
+			at := p.losses
 			if tc.change != nil {
 				tc.change(p, ids)
 			}
-			got := p.lookupFrom(nil, hashes, 3, tc.memo(ids))
+			got := p.lookupFrom(nil, hashes, 3, tc.memo(ids), at)
 			fresh := p.lookup(nil, hashes, 3)
 			if len(got) != tc.want || !slices.Equal(got, fresh) {
 				t.Errorf("lookupFrom %v, lookup %v; want %d blocks, the same", got, fresh, tc.want)
@@ -301,9 +302,30 @@ func TestBlockPoolCopiesAndWireCollisions(t *testing.T) {
 					t.Errorf("first(%x) = %d, want %d", h.Wire(), got, want)
 				}
 			}
-			if len(tc.evict) == len(hashes) && (len(p.cached) != 0 || len(p.more) != 0) {
-				t.Errorf("left behind: cached %v, more %v", p.cached, p.more)
+			if len(tc.evict) == len(hashes) && p.cached.Len() != 0 {
+				t.Errorf("left behind: %d cached wire forms", p.cached.Len())
 			}
 		})
+	}
+}
+
+// TestBlockPoolMemoKeepsARecachedBlock: a memo block that lost its hash and
+// cached the same hash again is still the memo's hit, even though a lookup
+// from scratch finds the other block that cached it in between.
+func TestBlockPoolMemoKeepsARecachedBlock(t *testing.T) {
+	h := []kvindex.Digest{digestOf(t, 1)}
+	p := newBlockPool(2)
+	a := p.allocate(nil, 1)[0]
+	p.cache(a, h[0])
+	at := p.losses
+	p.evict(a)
+	b := p.allocate(nil, 1)[0]
+	p.cache(b, h[0])
+	p.cache(a, h[0])
+	if got := p.lookupFrom(nil, h, 1, []int32{a}, at); !slices.Equal(got, []int32{a}) {
+		t.Errorf("lookupFrom the memo = %v, want [%d]", got, a)
+	}
+	if got := p.lookup(nil, h, 1); !slices.Equal(got, []int32{b}) {
+		t.Errorf("lookup = %v, want the first block caching it, [%d]", got, b)
 	}
 }

@@ -381,6 +381,7 @@ func (e *engine) add(s *seq, at time.Duration) bool {
 	s.state = stateWaiting
 	// The run found here is the first scheduling attempt's memo.
 	s.hitMemo, s.expectHits = e.cachedBlocks(s.hitMemo[:0], s.hashes, s.promptLen)
+	s.hitMemoAt = e.pool.losses
 	e.waiting = append(e.waiting, s)
 	return true
 }
@@ -433,8 +434,8 @@ func (e *engine) step() time.Duration {
 				// vLLM never serves the whole prompt from cache: the last
 				// token is always recomputed to produce logits.
 				limit := (s.numTokens() - 1) / p.BlockSize
-				hits = e.pool.lookupFrom(hits, s.hashes, limit, s.hitMemo)
-				s.hitMemo = append(s.hitMemo[:0], hits...)
+				hits = e.pool.lookupFrom(hits, s.hashes, limit, s.hitMemo, s.hitMemoAt)
+				s.hitMemo, s.hitMemoAt = append(s.hitMemo[:0], hits...), e.pool.losses
 				if e.sw != nil {
 					hits = hits[:e.swHit(s.hashes, len(hits))]
 				}
@@ -506,7 +507,8 @@ func (e *engine) allocate(s *seq, n int, hits []int32, loaded int) bool {
 	total := computed + n
 	need := (total+bs-1)/bs - len(s.blocks) - len(hits)
 	need = max(need, 0)
-	if need+e.pool.evictable(hits) > e.pool.numFree {
+	// need alone too many spares the walk over the hits.
+	if need > e.pool.numFree || need+e.pool.evictable(hits) > e.pool.numFree {
 		return false
 	}
 	var swHits []int32

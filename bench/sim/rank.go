@@ -102,6 +102,7 @@ func (r *Rank) Add(ids []uint32, maxTokens int, now time.Duration) (*Request, er
 		return nil, s.out.snapshot().Err
 	}
 	q := &Request{s: s, n: r.next}
+	s.rankReq = q
 	r.reqs[s] = q
 	return q, nil
 }
@@ -125,7 +126,7 @@ func (r *Rank) FinishStep(now time.Duration) []*Request {
 	r.e.finishStep()
 	r.ran = r.ran[:0]
 	for _, sc := range r.e.sched {
-		q := r.reqs[sc.s]
+		q := sc.s.rankReq
 		if q == nil {
 			continue
 		}

@@ -20,28 +20,33 @@ var (
 // seq is one request inside an engine: vLLM's Request. Everything but out
 // belongs to the engine goroutine once the request is submitted.
 type seq struct {
-	id        string
-	tokens    []uint32 // prompt, then generated tokens
-	promptLen int
-	maxTokens int
-	extras    kvindex.RequestExtras
-	loraID    int64
-	hashes    []kvindex.Digest // one per full block of tokens
-	hasher    *kvindex.Hasher  // the one hashes were computed with
-
+	// The fields every step reads for every running request come first,
+	// within the struct's first two cache lines: a step over hundreds of
+	// requests is bound by memory latency, not by its arithmetic.
+	tokens          []uint32         // prompt, then generated tokens
+	hashes          []kvindex.Digest // one per full block of tokens
 	blocks          []int32
-	swBlocks        []int32 // sliding-window group's blocks (noBlock outside the window)
+	promptLen       int
+	maxTokens       int
 	numComputed     int
-	numCachedBlocks int // leading blocks already registered in the cache
-	looked          bool
-	hitMemo         []int32       // the GPU hit of its last scheduling attempt (blockPool.lookupFrom)
-	expectHits      int           // cached blocks when it joined the queue (Pod.Probe's estimate until it is scheduled)
 	nextPoke        time.Duration // model time before which a new token does not wake the stream's writer
-	failPrefill     bool
+	out             *output
+	rankReq         *Request // the handle a Rank gave out for it (nil on a pod): a Rank reaches it from the step's schedule without a map probe
 	state           seqState
-	arrival         time.Duration // model time
+	failPrefill     bool
+	looked          bool
+	numCachedBlocks int // leading blocks already registered in the cache
 
-	out *output
+	id       string
+	extras   kvindex.RequestExtras
+	loraID   int64
+	hasher   *kvindex.Hasher // the one hashes were computed with
+	swBlocks []int32         // sliding-window group's blocks (noBlock outside the window)
+	arrival  time.Duration   // model time
+
+	hitMemo    []int32 // the GPU hit of its last scheduling attempt (blockPool.lookupFrom)
+	hitMemoAt  uint64  // the pool's losses when hitMemo was looked up
+	expectHits int     // cached blocks when it joined the queue (Pod.Probe's estimate until it is scheduled)
 }
 
 type seqState uint8
