@@ -466,6 +466,7 @@ func TestStaleEntriesTrackedOnlyAtTheCap(t *testing.T) {
 func TestCapEvictionMatchesAReferenceModel(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 7))
 			ix := NewIndex(IndexConfig{})
 			ix.SetTargetCap(tid(1), 24)
@@ -473,7 +474,7 @@ func TestCapEvictionMatchesAReferenceModel(t *testing.T) {
 			refs := map[Key]int{}
 			keys := keysN(1, 40)
 			capN := 24
-			for step := range 30000 {
+			for step := range 6000 { // about 120 cap changes
 				k := keys[rng.IntN(len(keys))]
 				switch op := rng.IntN(100); {
 				case op < 50:
