@@ -15,7 +15,7 @@ import (
 // bound of what a router can do with perfect knowledge of every pod.
 const Oracle = "oracle"
 
-// oracle scores every rank of every pod with sim.RankState.OracleCost,
+// oracle scores every rank of every pod with sim.OracleCosts,
 // the precise policy's cost fed with the true cached prefix and queue
 // (sim.Pod.Probe) instead of what events and scrapes let a router infer,
 // and sends the request straight to the cheapest rank.
@@ -36,24 +36,28 @@ func (o *oracle) route(ctx context.Context, prompt string) (dest, error) {
 	if err != nil {
 		return dest{}, err
 	}
-	type cand struct {
-		pod, rank int
-		cost      float64
-	}
-	var best []cand
+	type cand struct{ pod, rank int }
+	var (
+		cands  []cand
+		states []sim.RankState
+	)
 	for i, p := range pods {
 		ranks, err := p.Probe(ctx, ids)
 		if err != nil {
 			return dest{}, fmt.Errorf("oracle: %w", err)
 		}
 		for r, st := range ranks {
-			c := cand{pod: i, rank: r, cost: st.OracleCost(len(ids), o.cost.DecodeWeight)}
-			switch {
-			case len(best) == 0 || c.cost < best[0].cost:
-				best = append(best[:0], c)
-			case c.cost == best[0].cost:
-				best = append(best, c)
-			}
+			cands, states = append(cands, cand{pod: i, rank: r}), append(states, st)
+		}
+	}
+	var best []cand
+	bestCost := 0.0
+	for i, cost := range sim.OracleCosts(nil, states, len(ids), o.cost.DecodeWeight, o.cost.RecomputeWeight) {
+		switch {
+		case len(best) == 0 || cost < bestCost:
+			best, bestCost = append(best[:0], cands[i]), cost
+		case cost == bestCost:
+			best = append(best, cands[i])
 		}
 	}
 	o.mu.Lock()

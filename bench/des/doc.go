@@ -10,7 +10,7 @@
 //     (index, ingestion, freshness), predicted placements and load ledger
 //     that decide for the HTTP path, on the engine's clock. Several
 //     routers (Config.Routers) each have their own;
-//   - the oracle scores every pod with sim.RankState.OracleCost, as the
+//   - the oracle scores every pod with sim.OracleCosts, as the
 //     live engine's oracle does.
 //
 // What is modelled instead of run: the network and the client (a request

@@ -27,24 +27,44 @@ type RankState struct {
 	KVUsage          float64
 }
 
-// oracleMissWeight is what an uncached prompt token costs the oracle.
+// oracleMissWeight is what an uncached prompt token costs the oracle at
+// least.
 const oracleMissWeight = 2
 
-// OracleCost is the benchmark's oracle policy's score of the rank for a
-// prompt of promptTokens tokens, in prefill tokens: the router's precise
-// cost (router.CostConfig, decodeWeight its DecodeWeight) with the true
-// queue and cached prefix. It leaves out the KV-pressure term: that term
-// is the router's guess that a full cache makes a request wait for
-// memory, and the oracle sees those waits in the true queue (requests
-// waiting for blocks are waiting requests). And it counts uncached tokens
-// twice: a miss costs its prefill now and, by pushing a prefix out, a
-// later request's prefill. With the precise policy's weight of one, the
-// greedy choice tips under load into spreading every group over every pod
-// and does not come back (measured: docs/performance.md).
-func (st RankState) OracleCost(promptTokens int, decodeWeight float64) float64 {
-	cost := float64(st.QueuedPrefillTokens) + oracleMissWeight*float64(promptTokens-min(st.CachedTokens, promptTokens)) +
-		decodeWeight*float64(st.Running)
-	return math.Max(cost, 0)
+// OracleCosts is the benchmark's oracle policy's score of each rank in
+// states (every rank of the fleet) for a prompt of promptTokens tokens, in
+// prefill tokens, appended to dst: the router's precise cost
+// (router.CostConfig: decodeWeight and recomputeWeight its DecodeWeight
+// and RecomputeWeight) with the true queue and cached prefix. It leaves
+// out the KV-pressure term: that term is the router's guess that a full
+// cache makes a request wait for memory, and the oracle sees those waits
+// in the true queue (requests waiting for blocks are waiting requests).
+// An uncached token costs at least twice: a miss costs its prefill now
+// and, by pushing a prefix out, a later request's prefill (with the
+// precise policy's weight of one, the greedy choice tipped under load into
+// spreading every group over every pod and did not come back: measured in
+// docs/performance.md); and, as the router's does, 1 + recomputeWeight ×
+// (1 − spare) as the fleet's spare capacity falls (spare: 1 while some rank
+// is idle, 0 once the least busy has two prompts' worth of queued prefill
+// and decoding).
+func OracleCosts(dst []float64, states []RankState, promptTokens int, decodeWeight, recomputeWeight float64) []float64 {
+	work := func(st RankState) float64 {
+		return float64(st.QueuedPrefillTokens) + decodeWeight*float64(st.Running)
+	}
+	spare := 1.0
+	if promptTokens > 0 && len(states) > 0 {
+		least := math.Inf(1)
+		for _, st := range states {
+			least = math.Min(least, work(st))
+		}
+		spare = 1 - math.Min(1, least/(2*float64(promptTokens)))
+	}
+	miss := math.Max(oracleMissWeight, 1+recomputeWeight*(1-spare))
+	for _, st := range states {
+		cost := work(st) + miss*float64(promptTokens-min(st.CachedTokens, promptTokens))
+		dst = append(dst, math.Max(cost, 0))
+	}
+	return dst
 }
 
 // probeMsg asks an engine for its RankState for a prompt's block hashes.
