@@ -455,7 +455,11 @@ func (a *attempt) end() {
 		chunkPool.Put(a.bufp)
 	}
 	a.call.end()
-	a.placement.Settle()
+	if !a.answered {
+		// Ended before a first byte (answer settles it otherwise): the
+		// pod may have computed some blocks, and their events are due.
+		a.placement.Settle()
+	}
 	if a.label == "" {
 		a.label = "upstream_error"
 	}

@@ -211,7 +211,6 @@ func (r *VirtualRequest) FirstByte() {
 func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 	if !answered {
 		r.placement.Withdraw()
-		r.placement.Settle()
 		r.flight.Finish(health.OutcomeUpstreamError)
 		return
 	}
