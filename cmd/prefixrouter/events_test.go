@@ -94,7 +94,11 @@ func TestEventsCommandPrintsEventsAndRecoversGaps(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[3]), &sum); err != nil {
 		t.Fatal(err)
 	}
-	if sum.Summary.Events != 3 || sum.Summary.Gaps != 1 || sum.Summary.Replayed < 2 || sum.Summary.DecodeErrors != 0 {
+	// The removed batch was never sent live, so its line above came from a
+	// replay: after the gap it left (Gaps 1) or, when the subscription's
+	// catch-up on connecting ran after it was published, within that
+	// catch-up (Gaps 0). Either way nothing is lost.
+	if sum.Summary.Events != 3 || sum.Summary.Gaps > 1 || sum.Summary.Replayed < 2 || sum.Summary.DecodeErrors != 0 {
 		t.Fatalf("summary %+v", sum.Summary)
 	}
 }
