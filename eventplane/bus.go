@@ -32,7 +32,7 @@ func (p *Plane) routeTopic(rank int, topic string) (kvindex.BusRoute, error) {
 	if err != nil {
 		return kvindex.BusRoute{}, err
 	}
-	id, in := s.id, p.ingestor
+	id, in, l := s.id, p.ingestor, s.live
 	replay := s.src.Replay
 	if replay == "" && p.cfg.ReplayPort != 0 && p.cfg.ReplayPort+rank <= 65535 {
 		replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p.cfg.ReplayPort+rank))
@@ -41,7 +41,7 @@ func (p *Plane) routeTopic(rank int, topic string) (kvindex.BusRoute, error) {
 		Target:    id,
 		Replay:    replay,
 		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
-		Restarted: func() { in.Reset(id) },
+		Restarted: func() { in.Reset(id); l.processRestarted() },
 	}, nil
 }
 

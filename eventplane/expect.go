@@ -53,7 +53,15 @@ type live struct {
 	// expect receives one expectation per answered request that should
 	// have made the pod publish BlockStored; evaluation drains it.
 	expect expectInbox
+	// restarted is when the stream last found the pod's process restarted
+	// (Unix nanoseconds; 0: not since the last evaluation): the old
+	// process's unpublished events died with it, so no request dispatched
+	// before then awaits any.
+	restarted atomic.Int64
 }
+
+// processRestarted records that the pod's process restarted now.
+func (l *live) processRestarted() { l.restarted.Store(l.now().UnixNano()) }
 
 // Expectation is one dispatched request as the event plane follows it:
 // started by Plane.Dispatch, answered by FirstByte. It is a small value:
@@ -187,6 +195,12 @@ func (a *awaitLedger) absorb(es []expectation) {
 // settle drops every expectation satisfied by an event received at
 // lastEvent (unix nanos; 0: never). A merged entry partly satisfied keeps
 // only its unsatisfied part, whose dispatches are all after lastEvent.
+// forget drops the expectations of requests dispatched by restartedAt:
+// their pod's process ended, and its unpublished events with it.
+func (a *awaitLedger) forget(restartedAt int64) {
+	a.pending = slices.DeleteFunc(a.pending, func(e expectation) bool { return e.dispatched <= restartedAt })
+}
+
 func (a *awaitLedger) settle(lastEvent int64) {
 	if lastEvent == 0 {
 		return

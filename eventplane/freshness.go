@@ -144,6 +144,9 @@ func (p *Plane) judge(t *stream, now time.Time) {
 
 	// Requests awaiting their events.
 	t.await.absorb(l.expect.drain())
+	if at := l.restarted.Swap(0); at != 0 {
+		t.await.forget(at)
+	}
 	if ok && !status.LastEvent.IsZero() {
 		t.await.settle(status.LastEvent.UnixNano())
 	}

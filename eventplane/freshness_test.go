@@ -2,11 +2,13 @@ package eventplane
 
 import (
 	"cmp"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/target"
 )
@@ -479,5 +481,59 @@ func TestFirstByteCountsDecide(t *testing.T) {
 		if v := env.p.Freshness(id); v.Verdict != want {
 			t.Fatalf("revised %v: verdict %s (%s), want %s", revised, v.Verdict, v.Detail, want)
 		}
+	}
+}
+
+// TestRestartForgetsAwaitedEvents: a pod process that restarts takes the
+// events it had not published yet with it, so the requests dispatched
+// before the restart await nothing more: the stream stays fresh where,
+// without the restart, the same silence makes it stale. Both ways a
+// restart shows (the sequence going backwards, and a scrape's new process
+// start time) count.
+func TestRestartForgetsAwaitedEvents(t *testing.T) {
+	h, err := kvindex.NewHasher(kvindex.AlgoSHA256, "0", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	batch, _ := storedBatch(t, h, tokens)
+	for _, tc := range []struct {
+		name    string
+		restart func(p *Plane, id target.ID)
+		want    Verdict
+	}{
+		{"no restart", func(*Plane, target.ID) {}, VerdictStale},
+		{"sequence backwards", func(p *Plane, id target.ID) { p.Deliver(id, 0, &batch) }, VerdictFresh},
+		{"process start time", func(p *Plane, id target.ID) { p.TargetRestarted(id) }, VerdictFresh},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := manualclock.New()
+			p, err := New(Config{StaleAfter: 10 * time.Second, MinUncachedTokens: 1, BlockSize: 16}, Deps{Now: clock.Now,
+				Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := podID(0)
+			p.SetCaches(map[target.ID]Cache{id: {Serving: true, Reported: true, BlockSize: 16}})
+			p.SetTarget(id, Source{InProcess: true})
+			for seq := range uint64(4) {
+				p.Deliver(id, seq, &batch)
+			}
+			clock.Advance(time.Second)
+			exp := p.Dispatch(id)
+			exp.FirstByte(1000, 1000)
+			clock.Advance(time.Second)
+			p.Evaluate()
+			// The old process dies before publishing the request's blocks.
+			tc.restart(p, id)
+			clock.Advance(12 * time.Second)
+			p.Evaluate()
+			if f := p.Freshness(id); f.Verdict != tc.want {
+				t.Fatalf("verdict %s (%s), want %s", f.Verdict, f.Detail, tc.want)
+			}
+		})
 	}
 }

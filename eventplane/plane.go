@@ -381,6 +381,9 @@ func (p *Plane) TargetRestarted(id target.ID) {
 		p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
 		s.sub.sub.Resync()
 	}
+	if s.direct != nil {
+		s.direct.Resync()
+	}
 	for _, b := range p.buses {
 		if s.onBus && b.Resync(id) {
 			p.log.Warn("pod process restarted: rebuilding its placements", "target", id.String())
@@ -591,11 +594,11 @@ func (p *Plane) configureLocked(blockSize int, algo string) (bool, error) {
 func (p *Plane) startLocked(s *stream) {
 	if s.src.InProcess {
 		if s.direct == nil && p.ingestor != nil {
-			id, in := s.id, p.ingestor
+			id, in, l := s.id, p.ingestor, s.live
 			s.direct = kvindex.NewDirect(kvindex.DirectConfig{
 				Target:    id,
 				Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
-				Restarted: func() { in.Reset(id) },
+				Restarted: func() { in.Reset(id); l.processRestarted() },
 				Logger:    p.log,
 				Metrics:   p.metrics,
 				Now:       p.now,
@@ -606,14 +609,14 @@ func (p *Plane) startLocked(s *stream) {
 	if s.sub != nil || s.onBus || p.ctx == nil || p.ingestor == nil || s.src.Events == "" {
 		return
 	}
-	id, in := s.id, p.ingestor
+	id, in, l := s.id, p.ingestor, s.live
 	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
 		Target:    id,
 		Endpoint:  s.src.Events,
 		Replay:    s.src.Replay,
 		Topic:     s.src.Topic,
 		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
-		Restarted: func() { in.Reset(id) },
+		Restarted: func() { in.Reset(id); l.processRestarted() },
 		Logger:    p.log,
 		Metrics:   p.metrics,
 	})
