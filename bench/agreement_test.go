@@ -79,7 +79,7 @@ func quickOptions(t *testing.T, kind string) Options {
 		prof.NumGPUBlocks = p.KVBlocks
 	}
 	fleet := sim.Config{Pods: p.Pods, Profile: prof, Tokenizer: "bytes", TimeScale: p.TimeScale, StreamInterval: p.StreamInterval,
-		Host: "127.0.0.1", Model: prof.Model}
+		Host: "127.0.0.1", Model: prof.Model, Faults: sim.Faults{EventDelay: p.EventDelay}}
 	spec := p.Spec
 	spec.Seed, spec.Vocab = 1, workload.Bytes
 	w, err := workload.Build(spec, workload.Limits{KVTokens: fleet.Pods * prof.KVTokens(), MaxContext: min(prof.MaxModelLen, prof.KVTokens())})

@@ -187,9 +187,6 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 			res.Fleet["holdback"] = *o.Speculative.Holdback
 		}
 	}
-	if o.Engine == EngineDES {
-		return o.runDES(ctx, res, prog)
-	}
 	var tm pairTiming
 	if w.Name == workload.KindPairedGap {
 		if len(w.Cells) == 0 {
@@ -201,6 +198,14 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 			res.Fleet["speculative_ttl"] = o.Speculative.TTL.String()
 			res.Notes = append(res.Notes, fmt.Sprintf("paired-gap fixes the speculative TTL at %s (2.5 × the known confirmation latency) so that its cells sit at known offsets from it; --speculative-ttl changes it",
 				report.Seconds(o.Speculative.TTL.Seconds())))
+		}
+		if o.Speculative.Holdback == nil {
+			// A pair's second request drawn into the holdback arm would
+			// read as a cell where predictions failed.
+			none := 0.0
+			o.Speculative.Holdback = &none
+			res.Fleet["holdback"] = none
+			res.Notes = append(res.Notes, "paired-gap turns the holdback arm off so that every cell's second request may use predictions; --holdback changes it")
 		}
 		tm = newPairTiming(fc, prompt, o.Speculative.TTL)
 		gaps := map[string]float64{}
@@ -214,6 +219,9 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 	}
 	if w.Name == workload.KindFaults {
 		res.Workload["faults"] = faultScheduleParams(w)
+	}
+	if o.Engine == EngineDES {
+		return o.runDES(ctx, res, tm, prog)
 	}
 	for _, pol := range o.Policies {
 		var (

@@ -51,10 +51,9 @@ func rowName(policy string, n int, counts []int) string {
 
 // runDES runs every policy (and every router count) on the discrete-event
 // engine and fills res.
-func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progress) (*report.Results, error) {
+func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming, prog *progress) (*report.Results, error) {
 	w := o.Workload
-	switch w.Name {
-	case workload.KindFaults, workload.KindPairedGap:
+	if w.Name == workload.KindFaults {
 		return nil, fmt.Errorf("the %s workload runs on the live engine only", w.Name)
 	}
 	res.Engine, res.TimeScale = EngineDES, 1
@@ -85,12 +84,23 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, prog *progres
 			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
 				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, Cost: o.Cost,
 				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
+			var pairs *desPairs
+			if w.Name == workload.KindPairedGap {
+				pairs = &desPairs{w: w, tm: tm, prof: o.Fleet.Profile}
+				cfg.Conduct = pairs.conduct
+			}
 			r, err := des.Run(ctx, cfg)
 			prog.end()
+			if err == nil && pairs != nil {
+				err = pairs.err
+			}
 			if err != nil {
 				return res, fmt.Errorf("%s: %w", name, err)
 			}
 			p := report.Summarize(r.Records)
+			if pairs != nil {
+				p.Pairs = pairs.pairs
+			}
 			if w.Name == workload.KindBurst {
 				p.Holder = report.HolderOf(r.Records)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
@@ -304,3 +305,130 @@ func endedUnconfirmed(v *speculative.View) int64 {
 }
 
 var errNoCells = errors.New("paired-gap: the workload has no cells")
+
+// desPairs runs paired-gap's cells one after another on the des engine,
+// as pairRunner does on a live fleet: the same conditions, gaps and
+// settling, in model time.
+type desPairs struct {
+	w     *workload.Workload
+	tm    pairTiming
+	prof  sim.Profile
+	c     *des.Control
+	pairs []report.Pair
+	err   error
+}
+
+// routableBound bounds (model time) the wait for every pod to be routable
+// again after a cell that failed requests (the breaker's cooldown).
+const routableBound = time.Minute
+
+func (dp *desPairs) conduct(c *des.Control) {
+	dp.c = c
+	dp.cell(0)
+}
+
+// cell runs cell i, then the next once it settled.
+func (dp *desPairs) cell(i int) {
+	if i == len(dp.w.Cells) {
+		return
+	}
+	c, tm, cell := dp.c, dp.tm, dp.w.Cells[i]
+	out := report.Pair{Condition: cell.Condition, Gap: cell.Gap}
+	before, _ := c.Speculative()
+	t0 := c.Now()
+	eventDelay := c.EventDelay(0)
+	allPods := func(change func(pod int)) {
+		for p := range c.Pods() {
+			change(p)
+		}
+	}
+	switch cell.Condition {
+	case workload.CondDelayedEvents:
+		allPods(func(p int) { c.SetEventDelay(p, tm.delayed) })
+	case workload.CondFailPrefill:
+		allPods(func(p int) { c.SetFaults(p, sim.Faults{FailPrefill: 1}) })
+	}
+	var first, second *des.Sent
+	ended := 0
+	settle := func() {
+		out.FirstPod, out.FirstErr = first.Record.Pod, first.Record.Err
+		if out.FirstPod == "" {
+			// A canceled request names no pod: the one holding its
+			// prompt is where it went, as on the live engine.
+			if h := c.HolderOf(2 * i); h >= 0 {
+				out.FirstPod = des.PodName(h)
+			}
+		}
+		r := second.Record
+		out.Pod, out.Err = r.Pod, r.Err
+		out.SamePod = r.Pod != "" && r.Pod == out.FirstPod
+		out.ConfirmedBlocks, out.PredictedTokens, out.CachedTokens = second.ConfirmedBlocks, second.PredictedTokens, r.CachedTokens
+		out.TTFTS = r.TTFT
+		out.Basis = basisOf(routedOn{known: second.Routed, confirmedBlocks: second.ConfirmedBlocks, predictedTokens: second.PredictedTokens}, dp.prof.BlockSize)
+		delayed := eventDelay
+		if cell.Condition == workload.CondDelayedEvents {
+			delayed = tm.delayed
+		}
+		until := max(delayed+tm.latency*3/2, tm.gaps[cell.Gap]+tm.latency, tm.ttl+tm.latency)
+		c.At(t0+until, func() {
+			allPods(func(p int) { c.SetEventDelay(p, eventDelay) })
+			dp.whenRoutable(c.Now()+routableBound, func() {
+				if after, ok := c.Speculative(); ok {
+					out.Spec = pairSpec(&before, &after)
+				}
+				dp.pairs = append(dp.pairs, out)
+				dp.cell(i + 1)
+			})
+		})
+	}
+	bothEnded := func(*des.Sent) {
+		if ended++; ended == 2 {
+			settle()
+		}
+	}
+	sendSecond := func() {
+		out.GapS = (c.Now() - t0).Seconds()
+		second = c.Send(2*i+1, bothEnded)
+	}
+	waitsForFirst := cell.Condition == workload.CondFailPrefill || cell.Condition == workload.CondRestart
+	first = c.Send(2*i, func(s *des.Sent) {
+		switch cell.Condition {
+		case workload.CondFailPrefill:
+			allPods(func(p int) { c.SetFaults(p, sim.Faults{}) })
+		case workload.CondRestart:
+			if s.Pod >= 0 && s.Record.Err == "" {
+				c.Restart(s.Pod)
+			}
+		}
+		if waitsForFirst {
+			c.At(t0+tm.gaps[cell.Gap], sendSecond)
+		}
+		bothEnded(s)
+	})
+	if cell.Condition == workload.CondCancel {
+		// Halfway through the first request's prefill step, as on the
+		// live engine.
+		half := dp.prof.StepTime(len(dp.w.Sessions[2*i].Prompt(0, nil)), 0) / 2
+		c.At(t0+half, func() { c.Cancel(first) })
+	}
+	if !waitsForFirst {
+		c.At(t0+tm.gaps[cell.Gap], sendSecond)
+	}
+}
+
+// whenRoutable runs next once every router routes to every pod again,
+// polling as the live engine does; past bound the run fails.
+func (dp *desPairs) whenRoutable(bound time.Duration, next func()) {
+	c := dp.c
+	for p := range c.Pods() {
+		if !c.Routable(p) {
+			if c.Now() >= bound {
+				dp.err = fmt.Errorf("paired-gap: %s not routable again within %s", des.PodName(p), routableBound)
+				return
+			}
+			c.At(c.Now()+convergePoll, func() { dp.whenRoutable(bound, next) })
+			return
+		}
+	}
+	next()
+}

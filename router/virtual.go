@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -38,7 +39,10 @@ type VirtualConfig struct {
 	// TieSeed seeds the draws that break cost ties, so that a run
 	// repeats (the API's routers draw from the process's generator).
 	TieSeed uint64
-	Logger  *slog.Logger
+	// MaxRetries is how many other targets a request that failed before
+	// its first byte is tried on (Retry), as the API's --max-retries.
+	MaxRetries int
+	Logger     *slog.Logger
 }
 
 // Virtual is the router's decision and bookkeeping without HTTP, sockets
@@ -61,6 +65,10 @@ type Virtual struct {
 	slot    map[target.ID]int
 	now     func() time.Time
 	nextID  uint64
+	// started is each target's process start as its last scrape read it
+	// (by slot).
+	started    []time.Time
+	maxRetries int
 	// origins are the peer replicas whose predictions PredictFrom
 	// recorded, by name.
 	origins map[string]*speculative.Origin
@@ -81,7 +89,7 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now}
+	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
 		stream := func(id target.ID) speculative.Stream {
@@ -134,9 +142,12 @@ type VirtualRequest struct {
 	// shared is what the placement predicted, for the peer replicas.
 	shared    VirtualPrediction
 	predicted int
+	confirmed int
 	sent      time.Time
 	ttft      time.Duration
 	answered  bool
+	// failed are the targets earlier attempts of the request failed on.
+	failed []target.ID
 }
 
 // Route decides where a prompt of token ids goes and dispatches it there,
@@ -146,17 +157,45 @@ type VirtualRequest struct {
 // the approximate policy hashes; session names the conversation for the
 // holdback arm (empty: the request alone).
 func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
+	return v.route(ids, text, session, v.targets, v.now(), nil)
+}
+
+// Retry decides again for r, which failed at its target before the first
+// byte (after Finish), as the API retries on another target: the same
+// prompt on the targets no attempt of it failed on. It returns nil once
+// MaxRetries retries were made or no other target is routable.
+func (r *VirtualRequest) Retry(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
+	v := r.v
+	if len(r.failed) >= v.maxRetries {
+		return nil, nil
+	}
+	failed := append(slices.Clip(r.failed), r.Target())
+	var others []*health.Target
+	for _, t := range v.targets {
+		if !slices.Contains(failed, t.ID) && t.CanRoute() {
+			others = append(others, t)
+		}
+	}
+	if len(others) == 0 {
+		return nil, nil
+	}
+	return v.route(ids, text, session, others, r.sent, failed)
+}
+
+// route decides among targets and dispatches; sent is when the client
+// sent the request, failed the targets earlier attempts failed on.
+func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []target.ID) (*VirtualRequest, error) {
 	v.nextID++
-	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: v.now()}
+	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: sent, failed: failed}
 	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
-	d, err := v.dec.decide(decisionInput{model: v.model, targets: v.targets,
+	d, err := v.dec.decide(decisionInput{model: v.model, targets: targets,
 		prompt: promptTokens{ids: ids, count: len(ids), source: "ids"}, approxText: text, conversation: conv})
 	if err != nil {
 		return nil, err
 	}
 	c := d.target()
 	pv := d.view(nil, d.chosen)
-	r.predicted = pv.predicted
+	r.predicted, r.confirmed = pv.predicted, pv.confirmed
 	r.flight = c.Target.Dispatch(pv.prompt.count, pv.prompt.count-pv.predicted)
 	r.expect = v.plane.Dispatch(c.Target.ID)
 	if d.predicting {
@@ -191,6 +230,10 @@ func (r *VirtualRequest) Target() target.ID { return r.d.target().Target.ID }
 // PredictedCached is the prompt tokens the router expects the target to
 // serve from its cache.
 func (r *VirtualRequest) PredictedCached() int { return r.predicted }
+
+// ConfirmedBlocks is the run of prompt blocks the index said the target
+// holds (the API's X-Prefixrouter-Confirmed-Blocks).
+func (r *VirtualRequest) ConfirmedBlocks() int { return r.confirmed }
 
 // FirstByte records the request's first byte now: its prefill leaves the
 // target's queue and the plane awaits the blocks it computed.
@@ -296,12 +339,23 @@ func (v *Virtual) SetPeerFlights(id target.ID, f health.Flights) {
 // target's subscriber does once it received and decoded it.
 func (v *Virtual) Deliver(id target.ID, seq uint64, b *events.Batch) { v.plane.Deliver(id, seq, b) }
 
-// Scrape records what a scrape of target id's /metrics read now.
-func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64) {
+// Scrape records what a scrape of target id's /metrics read now:
+// requests running and waiting, the KV-cache usage and the process start
+// time, whose change is a restart (as health's probe reads
+// process_start_time_seconds): the event plane forgets the old process's
+// placements although its stream has not shown it yet.
+func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64, processStart time.Time) {
 	i, ok := v.slot[id]
 	if !ok {
 		return
 	}
+	if v.started == nil {
+		v.started = make([]time.Time, len(v.targets))
+	}
+	if old := v.started[i]; !old.IsZero() && !old.Equal(processStart) {
+		v.plane.TargetRestarted(id)
+	}
+	v.started[i] = processStart
 	v.targets[i] = v.targets[i].WithLoad(health.Load{Running: running, Waiting: waiting, KVUsage: kvUsage, At: v.now()})
 }
 
@@ -324,6 +378,13 @@ func (v *Virtual) Speculative() (speculative.View, bool) {
 		return speculative.View{}, false
 	}
 	return v.spec.View(), true
+}
+
+// Routable reports whether the router would send new work to target id
+// now (its circuit breaker allows it).
+func (v *Virtual) Routable(id target.ID) bool {
+	i, ok := v.slot[id]
+	return ok && v.targets[i].CanRoute()
 }
 
 // Verdict is the verdict on target id's event stream.

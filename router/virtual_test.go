@@ -165,7 +165,7 @@ func TestVirtualRoundRobinAndLoad(t *testing.T) {
 	}
 
 	ll := newVirtualFleet(t, PolicyLeastLoad, 2)
-	ll.v.Scrape(ll.ids[0], 9, 4, 0.5)
+	ll.v.Scrape(ll.ids[0], 9, 4, 0.5, time.Time{})
 	for range 3 {
 		vr, err := ll.v.Route(promptOf(50, 1), nil, "")
 		if err != nil {

@@ -92,6 +92,11 @@ type Config struct {
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
+	// Conduct, when set, sends the sessions instead of their start times
+	// (paired-gap's cells, one after another): the run calls it once at
+	// model time 0 and sends a session only when the conductor says
+	// (Control.Send). The drain bound does not apply.
+	Conduct func(*Control)
 	// Sent and Done, when set, are told of every request sent and of
 	// every request that ends (failed or not).
 	Sent   func()
@@ -121,6 +126,10 @@ type Result struct {
 // ErrUnfinished is the error of a request still running at the drain
 // bound (the live engine's words).
 const ErrUnfinished = "unfinished at the drain bound"
+
+// ErrCanceled is the error of a request its client went away from
+// (Control.Cancel), in the live client's words.
+const ErrCanceled = "no answer"
 
 // epoch anchors the virtual clock: time.Time values the router's packages
 // read are epoch plus the model time.
@@ -170,6 +179,16 @@ type pod struct {
 	rank    *sim.Rank
 	busy    bool // a step is in progress
 	nextSeq uint64
+	// eventDelay holds the pod's batches back before publication.
+	eventDelay time.Duration
+	// started is when the pod's process last started (model time); gen
+	// counts its starts, and ended is when each earlier process ended.
+	started time.Duration
+	gen     int
+	ended   []time.Duration
+	// between are changes that wait for the step in progress to end (a
+	// live engine takes them between steps).
+	between []func()
 }
 
 // routerState is one router replica and what it receives.
@@ -213,6 +232,11 @@ type request struct {
 	sq         *sim.Request
 	first      bool
 	rec        report.Record
+	// over is set once the request's record is made; canceled once its
+	// client went away (Control.Cancel).
+	over, canceled bool
+	// conducted is the conductor's view of it (Config.Conduct).
+	conducted *Sent
 }
 
 // session is one conversation's state.
@@ -265,12 +289,16 @@ func newRun(cfg Config) (*run, error) {
 		if err != nil {
 			return nil, fmt.Errorf("des: %w", err)
 		}
-		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank})
+		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank, eventDelay: cfg.Fleet.Faults.EventDelay})
 	}
 	if cfg.Policy == Oracle {
 		r.oracle = &oracleRouter{cost: router.DefaultCostConfig(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x6f7261636c65))}
 	} else if err := r.startRouters(); err != nil {
 		return nil, err
+	}
+	if cfg.Conduct != nil {
+		r.q.push(item{kind: evCall, fn: func() { cfg.Conduct(&Control{r: r}) }})
+		return r, nil
 	}
 	if n := len(r.w.Sessions); n > 0 {
 		r.bound = r.w.Sessions[n-1].Start + cfg.Drain
@@ -311,6 +339,7 @@ func (r *run) startRouters() error {
 		// Each router breaks its cost ties from the run's seed, so that
 		// a run repeats.
 		vc.TieSeed = r.cfg.Seed + uint64(len(r.rts))
+		vc.MaxRetries = def.MaxRetries
 		v, err := router.NewVirtual(vc)
 		if err != nil {
 			return fmt.Errorf("des: %w", err)
@@ -339,6 +368,7 @@ const (
 	evPeerPredict         // a: receiving router; b: origin router
 	evPeerWithdraw        // a: receiving router
 	evPeerFlights         // a: receiving router; b: origin router
+	evCall                // fn: the conductor's
 )
 
 func (r *run) loop(ctx context.Context) error {
@@ -368,6 +398,9 @@ func (r *run) handle(it item) error {
 	case evStepEnd:
 		r.stepEnd(r.pods[it.a])
 	case evDeliver:
+		if p := r.pods[it.b]; it.gen < p.gen && it.pub > p.ended[it.gen] {
+			break // held back by a process that ended before publishing it
+		}
 		r.rts[it.a].v.Deliver(r.pods[it.b].id, it.seq, it.batch)
 		r.res.Delivered++
 	case evPeerPredict:
@@ -381,6 +414,8 @@ func (r *run) handle(it item) error {
 		it.msg.pred.at[it.a].Withdraw()
 	case evPeerFlights:
 		r.peerFlights(it.a, it.b, it.msg)
+	case evCall:
+		it.fn()
 	}
 	return nil
 }
@@ -402,7 +437,7 @@ func (r *run) advance(t time.Duration) {
 				case rt.nextScrape:
 					for _, p := range r.pods {
 						run, wait, kv := p.rank.Gauges()
-						rt.v.Scrape(p.id, run, wait, kv)
+						rt.v.Scrape(p.id, run, wait, kv, epoch.Add(p.started))
 					}
 					rt.nextScrape += hc.ScrapeInterval
 				case rt.nextEval:
@@ -419,17 +454,21 @@ func (r *run) advance(t time.Duration) {
 }
 
 // send sends turn k of session i (a fresh session starts at turn 0).
-func (r *run) send(i, k int, s *session) {
+func (r *run) send(i, k int, s *session) { r.sendRequest(&request{}, i, k, s) }
+
+// sendRequest sends turn k of session i as q and returns it.
+func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 	if s == nil {
 		s = &session{s: &r.w.Sessions[i]}
 	}
 	t := &s.s.Turns[k]
-	q := &request{s: s, sess: i, turn: k, sent: r.now, rec: report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds()}}
+	q.s, q.sess, q.turn, q.sent = s, i, k, r.now
+	q.rec = report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds()}
 	text := s.s.Prompt(k, s.answers)
 	ids, err := r.tok.Encode(text, true)
 	if err != nil {
 		r.fail(q, s, fmt.Sprintf("encode: %v", err))
-		return
+		return q
 	}
 	q.ids = ids
 	if r.cfg.Sent != nil {
@@ -439,36 +478,77 @@ func (r *run) send(i, k int, s *session) {
 		pi, err := r.oracle.route(r.pods, ids)
 		if err != nil {
 			r.fail(q, s, err.Error())
-			return
+			return q
 		}
 		q.pod = pi
 	} else {
 		q.router = i % len(r.rts)
 		rt := r.rts[q.router]
-		session := ""
-		if len(s.s.Turns) > 1 {
-			session = "s" + strconv.Itoa(i)
-		}
 		w0 := time.Now()
-		vr, err := rt.v.Route(ids, []byte(text), session)
+		vr, err := rt.v.Route(ids, []byte(text), q.session())
 		r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
 		if err != nil {
 			r.fail(q, s, "no answer")
-			return
+			return q
 		}
-		q.vr = vr
-		q.pod = r.podOf(vr.Target())
-		if p, ok := vr.Prediction(); ok && r.cfg.SharePredictions && len(r.rts) > 1 {
-			q.shared = &sharedPrediction{p: p, at: make([]*speculative.Placement, len(r.rts))}
-			r.tellPeers(q.router, evPeerPredict, &peerMessage{pred: q.shared})
-		}
-		r.flightsChanged(q)
+		r.dispatched(q, vr)
 	}
+	r.toPod(q)
+	return q
+}
+
+// session names q's conversation for the holdback arm (none for a
+// single request).
+func (q *request) session() string {
+	if len(q.s.s.Turns) > 1 {
+		return "s" + strconv.Itoa(q.sess)
+	}
+	return ""
+}
+
+// dispatched takes vr as q's attempt: its pod, and what the other
+// replicas learn of it.
+func (r *run) dispatched(q *request, vr *router.VirtualRequest) {
+	q.vr, q.shared = vr, nil
+	q.pod = r.podOf(vr.Target())
+	if p, ok := vr.Prediction(); ok && r.cfg.SharePredictions && len(r.rts) > 1 {
+		q.shared = &sharedPrediction{p: p, at: make([]*speculative.Placement, len(r.rts))}
+		r.tellPeers(q.router, evPeerPredict, &peerMessage{pred: q.shared})
+	}
+	r.flightsChanged(q)
+}
+
+// toPod sends q on its way to its pod.
+func (r *run) toPod(q *request) {
 	at := r.now + r.cfg.Delivery.Request
 	if j := r.cfg.Delivery.RequestJitter; j > 0 {
 		at += time.Duration(r.rng.ExpFloat64() * float64(j))
 	}
 	r.q.push(item{at: at, kind: evArrive, req: q})
+}
+
+// retry sends q, whose attempt failed at its pod before the first byte
+// (and ended at its router), to another pod as its router decides
+// (VirtualRequest.Retry), and reports whether it did.
+func (r *run) retry(q *request) bool {
+	if q.vr == nil || q.canceled {
+		return false
+	}
+	text := q.s.s.Prompt(q.turn, q.s.answers)
+	ids, err := r.tok.Encode(text, true)
+	if err != nil {
+		return false
+	}
+	w0 := time.Now()
+	vr, err := q.vr.Retry(ids, []byte(text), q.session())
+	r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
+	if err != nil || vr == nil {
+		return false
+	}
+	q.ids, q.sq, q.first = ids, nil, false
+	r.dispatched(q, vr)
+	r.toPod(q)
+	return true
 }
 
 func (r *run) podOf(id target.ID) int {
@@ -482,11 +562,16 @@ func (r *run) podOf(id target.ID) int {
 
 // arrive hands a request to its pod, which starts a step if idle.
 func (r *run) arrive(q *request) {
+	if q.canceled {
+		return
+	}
 	p := r.pods[q.pod]
 	sq, err := p.rank.Add(q.ids, q.s.s.Turns[q.turn].MaxTokens, r.now)
 	if err != nil {
 		r.finish(q, false, 0)
-		r.fail(q, q.s, err.Error())
+		if !r.retry(q) {
+			r.fail(q, q.s, err.Error())
+		}
 		return
 	}
 	sq.Tag = q
@@ -512,6 +597,9 @@ func (r *run) stepEnd(p *pod) {
 	p.busy = false
 	for _, sq := range p.rank.FinishStep(r.now) {
 		q := sq.Tag.(*request)
+		if q.canceled {
+			continue
+		}
 		snap := sq.Snapshot()
 		if !q.first && snap.Generated > 0 {
 			q.first = true
@@ -525,6 +613,19 @@ func (r *run) stepEnd(p *pod) {
 			r.done(p, q, snap)
 		}
 	}
+	r.publish(p)
+	between := p.between
+	p.between = nil
+	for _, change := range between {
+		change()
+	}
+	if !p.rank.Idle() {
+		r.step(p)
+	}
+}
+
+// publish sends the batches p published on their way to every router.
+func (r *run) publish(p *pod) {
 	for _, b := range p.rank.Events() {
 		seq := p.nextSeq
 		p.nextSeq++
@@ -532,18 +633,29 @@ func (r *run) stepEnd(p *pod) {
 		b.TS = r.now.Seconds()
 		for ri, rt := range r.rts {
 			d := r.cfg.Delivery
-			at := r.now + r.cfg.Fleet.Faults.EventDelay + d.Transport
+			at := r.now + p.eventDelay + d.Transport
 			if d.Jitter > 0 {
 				at += time.Duration(r.rng.Int64N(int64(d.Jitter)))
 			}
 			at = max(at, rt.applied[p.i]) + d.ApplyPerBatch
 			rt.applied[p.i] = at
-			r.q.push(item{at: at, kind: evDeliver, a: ri, b: p.i, seq: seq, batch: &b})
+			r.q.push(item{at: at, kind: evDeliver, a: ri, b: p.i, seq: seq, batch: &b, gen: p.gen, pub: r.now + p.eventDelay})
 		}
 	}
-	if !p.rank.Idle() {
-		r.step(p)
+}
+
+// betweenSteps runs change on p now if it is idle, otherwise once its
+// step in progress ends, then publishes what it published.
+func (r *run) betweenSteps(p *pod, change func()) {
+	do := func() {
+		change()
+		r.publish(p)
 	}
+	if p.busy {
+		p.between = append(p.between, do)
+		return
+	}
+	do()
 }
 
 // done records an ended request and sends its session's next turn.
@@ -551,6 +663,9 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 	s := q.s
 	if snap.Err != nil || snap.Generated == 0 {
 		r.finish(q, false, 0)
+		if !q.first && r.retry(q) {
+			return
+		}
 		msg := "no answer"
 		if snap.Err != nil {
 			msg = snap.Err.Error()
@@ -563,7 +678,7 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 	q.rec.E2E = (r.now - q.sent).Seconds()
 	q.rec.CachedTokens, q.rec.OutputTokens = snap.CachedTokens, snap.Generated
 	q.rec.Pod = PodName(p.i)
-	r.record(q.rec, false)
+	r.end(q, false)
 	if q.turn+1 < len(s.s.Turns) {
 		text, err := p.rank.Answer(q.sq)
 		if err != nil {
@@ -628,7 +743,7 @@ func routerName(i int) string { return "router-" + strconv.Itoa(i) }
 // never sent.
 func (r *run) fail(q *request, s *session, why string) {
 	q.rec.Err = why
-	r.record(q.rec, true)
+	r.end(q, true)
 	if s != nil {
 		r.skip(s, q.sess, q.turn+1, "not sent: an earlier turn failed")
 	}
@@ -638,6 +753,18 @@ func (r *run) skip(s *session, i, from int, why string) {
 	for k := from; k < len(s.s.Turns); k++ {
 		t := &s.s.Turns[k]
 		r.record(report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds(), Err: why}, true)
+	}
+}
+
+// end records q as it ended and tells its conductor.
+func (r *run) end(q *request, failed bool) {
+	q.over = true
+	r.record(q.rec, failed)
+	if c := q.conducted; c != nil {
+		c.Record = q.rec
+		if c.ended != nil {
+			c.ended(c)
+		}
 	}
 }
 
@@ -671,11 +798,14 @@ func (r *run) unfinished() {
 		}
 	}
 	for _, q := range left {
+		if q.over {
+			continue // canceled by its client, its abort still to come
+		}
 		if q.vr != nil {
 			q.vr.Cancel()
 		}
 		q.rec.Err = ErrUnfinished
-		r.record(q.rec, true)
+		r.end(q, true)
 		r.skip(q.s, q.sess, q.turn+1, "not sent: an earlier turn failed")
 	}
 }
@@ -691,4 +821,8 @@ type item struct {
 	req   *request
 	sess  *session
 	msg   *peerMessage
+	fn    func()
+	// gen is the pod process that published a batch, at pub.
+	gen int
+	pub time.Duration
 }

@@ -298,30 +298,10 @@ func (e *engine) handle(m engineMsg) {
 	case msgAbort:
 		e.abort(m.s)
 	case msgRestart:
-		e.failAll(errRestarted)
-		e.pool.clear()
-		if e.sw != nil {
-			e.sw.clear()
-		}
-		if e.cpu != nil {
-			e.cpu.clear()
-		}
-		if e.newHasher != nil {
-			// A new process, a new random root: hashes of the old one
-			// match nothing any more.
-			if h, err := e.newHasher(); err == nil {
-				e.hasher.Store(h)
-			}
-		}
-		e.stats.reset()
-		e.dead = false
-		if e.pub != nil {
-			e.pub.Restart()
-		}
+		e.restart()
 		m.reply <- true
 	case msgDie:
-		e.failAll(errEngineDead)
-		e.dead = true
+		e.die()
 		m.reply <- true
 	case msgSync:
 		m.reply <- true
@@ -337,6 +317,38 @@ func (e *engine) handle(m engineMsg) {
 		m.reply <- ok
 	}
 	e.publishStats()
+}
+
+// restart starts the engine's process anew: every request fails, the
+// cache is lost without an event, and a pod drawing random hash roots
+// draws a new one.
+func (e *engine) restart() {
+	e.failAll(errRestarted)
+	e.pool.clear()
+	if e.sw != nil {
+		e.sw.clear()
+	}
+	if e.cpu != nil {
+		e.cpu.clear()
+	}
+	if e.newHasher != nil {
+		// A new process, a new random root: hashes of the old one
+		// match nothing any more.
+		if h, err := e.newHasher(); err == nil {
+			e.hasher.Store(h)
+		}
+	}
+	e.stats.reset()
+	e.dead = false
+	if e.pub != nil {
+		e.pub.Restart()
+	}
+}
+
+// die fails every request and every later one until a restart.
+func (e *engine) die() {
+	e.failAll(errEngineDead)
+	e.dead = true
 }
 
 // newSeq builds a request for e of prompt ids and maxTokens output

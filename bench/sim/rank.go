@@ -165,6 +165,40 @@ func (r *Rank) Gauges() (running, waiting int, kvUsage float64) {
 // Preemptions counts the requests the rank preempted.
 func (r *Rank) Preemptions() int64 { return r.e.stats.preemptions.Load() }
 
+// SetFaults sets the faults the engine itself models: FailPrefill and
+// Slow. A caller stepping ranks models the others (event delay, dropped
+// batches) on the events' way out, and a dead engine with Die.
+func (r *Rank) SetFaults(f Faults) { r.e.faults.set(f) }
+
+// Abort ends q as vLLM does when its client goes away: its blocks go back
+// to the pool (cached, as a finished request's). Like every change of
+// the rank, it belongs between steps.
+func (r *Rank) Abort(q *Request) {
+	r.e.abort(q.s)
+	delete(r.reqs, q.s)
+}
+
+// Restart starts the rank's process anew: every request not done fails,
+// the cache is lost without an event, and the caller's event stream
+// should start its sequence again. It returns the failed requests in the
+// order they were added; their Snapshot says why.
+func (r *Rank) Restart() []*Request {
+	failed := r.Pending()
+	r.e.restart()
+	clear(r.reqs)
+	return failed
+}
+
+// Die kills the rank's engine: every request not done fails and every
+// later one is refused (Add's error) until Restart. It returns the failed
+// requests as Restart does.
+func (r *Rank) Die() []*Request {
+	failed := r.Pending()
+	r.e.die()
+	clear(r.reqs)
+	return failed
+}
+
 // Pending returns the requests not yet done, in the order they were added.
 func (r *Rank) Pending() []*Request {
 	out := make([]*Request, 0, len(r.reqs))

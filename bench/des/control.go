@@ -1,0 +1,149 @@
+package des
+
+import (
+	"time"
+
+	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/speculative"
+)
+
+// Control is what a conductor (Config.Conduct) does to a run as it goes:
+// it sends sessions when it chooses, cancels requests, changes pods'
+// faults and restarts them, and reads the routers' and the pods' state.
+// Its methods run on the run's goroutine, from Conduct and from the
+// functions it schedules (At) or is called back with (Send).
+type Control struct{ r *run }
+
+// Sent is one request a conductor sent.
+type Sent struct {
+	// Pod is where it went (-1: nowhere).
+	Pod int
+	// ConfirmedBlocks and PredictedTokens are what its router counted
+	// for that pod: the confirmed run of blocks and the prompt tokens it
+	// expected cached, predictions included (the API's debug headers).
+	// Routed says a router decided (not the oracle).
+	ConfirmedBlocks, PredictedTokens int
+	Routed                           bool
+	// Record is the request as the run recorded it, once it ended.
+	Record report.Record
+	q      *request
+	ended  func(*Sent)
+}
+
+// Now is the model time.
+func (c *Control) Now() time.Duration { return c.r.now }
+
+// At runs fn at model time t (now if t has passed).
+func (c *Control) At(t time.Duration, fn func()) {
+	c.r.q.push(item{at: max(t, c.r.now), kind: evCall, fn: fn})
+}
+
+// Send sends turn 0 of session i now; ended is called once it ends
+// (answered, failed or canceled), its Record filled in. A session's later
+// turns follow as in any run.
+func (c *Control) Send(i int, ended func(*Sent)) *Sent {
+	s := &Sent{Pod: -1, ended: ended}
+	r := c.r
+	q := &request{conducted: s}
+	s.q = q
+	q = r.sendRequest(q, i, 0, nil)
+	if !q.over {
+		s.Pod = q.pod
+		if q.vr != nil {
+			s.Routed, s.ConfirmedBlocks, s.PredictedTokens = true, q.vr.ConfirmedBlocks(), q.vr.PredictedCached()
+		}
+	}
+	return s
+}
+
+// Cancel ends s as a client that goes away does: the router ends it (its
+// predictions stay until confirmed or expired) and its pod aborts it
+// between steps. It is recorded as failed (ErrCanceled) at once; a
+// request already ended is left alone.
+func (c *Control) Cancel(s *Sent) {
+	r, q := c.r, s.q
+	if q.over {
+		return
+	}
+	q.canceled = true
+	if q.vr != nil {
+		q.vr.Cancel()
+		r.flightsChanged(q)
+	}
+	if sq := q.sq; sq != nil {
+		p := r.pods[q.pod]
+		r.betweenSteps(p, func() { p.rank.Abort(sq) })
+	}
+	q.rec.Err = ErrCanceled
+	r.end(q, true)
+}
+
+// SetEventDelay holds pod's KV-event batches back by d from now on
+// (batches still leave in order).
+func (c *Control) SetEventDelay(pod int, d time.Duration) { c.r.pods[pod].eventDelay = d }
+
+// EventDelay is pod's event delay now.
+func (c *Control) EventDelay(pod int) time.Duration { return c.r.pods[pod].eventDelay }
+
+// SetFaults sets the faults pod's engine models itself (sim.Rank.SetFaults:
+// FailPrefill, Slow).
+func (c *Control) SetFaults(pod int, f sim.Faults) { c.r.pods[pod].rank.SetFaults(f) }
+
+// Restart restarts pod's process between steps: its requests fail, its
+// cache is lost without an event and its event stream's sequence starts
+// again, which the routers read as a restart.
+func (c *Control) Restart(pod int) {
+	r, p := c.r, c.r.pods[pod]
+	r.betweenSteps(p, func() {
+		failed := p.rank.Restart()
+		p.ended = append(p.ended, r.now)
+		p.nextSeq, p.started = 0, r.now
+		p.gen++
+		for _, sq := range failed {
+			if q := sq.Tag.(*request); !q.canceled {
+				r.done(p, q, sq.Snapshot())
+			}
+		}
+	})
+}
+
+// Pods is the fleet's size.
+func (c *Control) Pods() int { return len(c.r.pods) }
+
+// Routable reports whether every router would send new work to pod now.
+func (c *Control) Routable(pod int) bool {
+	for _, rt := range c.r.rts {
+		if !rt.v.Routable(c.r.pods[pod].id) {
+			return false
+		}
+	}
+	return true
+}
+
+// Speculative is the first router's predicted placements (false unless
+// the policy is speculative).
+func (c *Control) Speculative() (speculative.View, bool) {
+	if len(c.r.rts) == 0 {
+		return speculative.View{}, false
+	}
+	return c.r.rts[0].v.Speculative()
+}
+
+// HolderOf is the pod caching most of session i's first prompt (-1 when
+// none caches any of it), from the pods' true state.
+func (c *Control) HolderOf(i int) int {
+	r := c.r
+	ids, err := r.tok.Encode(r.w.Sessions[i].Prompt(0, nil), true)
+	if err != nil {
+		return -1
+	}
+	best, most := -1, 0
+	for _, p := range r.pods {
+		st, err := p.rank.State(ids)
+		if err == nil && st.CachedTokens > most {
+			best, most = p.i, st.CachedTokens
+		}
+	}
+	return best
+}
