@@ -83,6 +83,9 @@ type Deps struct {
 	// (the speculative placements confirm and invalidate from it); its
 	// callbacks run on the subscribers' goroutines.
 	Observer kvindex.Observer
+	// Replay reads an InProcess target's replay buffer (nil, or nil for
+	// a target: its gaps are unrecovered).
+	Replay func(target.ID) kvindex.ReplayBuffer
 }
 
 // Plane owns what each target's KV-event stream says and how far to trust
@@ -128,6 +131,8 @@ type Plane struct {
 	streams  map[target.ID]*stream
 	caches   map[target.ID]Cache
 	caps     map[target.ID]int
+	// replay reads InProcess targets' replay buffers (Deps.Replay).
+	replay func(target.ID) kvindex.ReplayBuffer
 }
 
 // stream is one target's event stream: its subscription and the state
@@ -198,6 +203,7 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 		caps:    make(map[target.ID]int),
 
 		observer: deps.Observer,
+		replay:   deps.Replay,
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -500,6 +506,25 @@ func (p *Plane) Run(ctx context.Context) error {
 // Run calls it at its own pace.
 func (p *Plane) Evaluate() { p.evaluate() }
 
+// SetConnected marks an InProcess target's stream connected or not (a
+// network cut and its end): reconnected, it catches up from the replay
+// buffer as a subscriber does.
+func (p *Plane) SetConnected(id target.ID, connected bool) {
+	p.mu.Lock()
+	var d *kvindex.Direct
+	if s := p.streams[id]; s != nil {
+		d = s.direct
+	}
+	p.mu.Unlock()
+	switch {
+	case d == nil:
+	case connected:
+		d.Connect()
+	default:
+		d.Disconnect()
+	}
+}
+
 // Deliver applies batch seq of an in-process target's stream
 // (Source.InProcess), in sequence order, before it returns; a batch for a
 // target that is not in process, or before block keys are known, is
@@ -595,7 +620,12 @@ func (p *Plane) startLocked(s *stream) {
 	if s.src.InProcess {
 		if s.direct == nil && p.ingestor != nil {
 			id, in, l := s.id, p.ingestor, s.live
+			var replay kvindex.ReplayBuffer
+			if p.replay != nil {
+				replay = p.replay(id)
+			}
 			s.direct = kvindex.NewDirect(kvindex.DirectConfig{
+				Replay:    replay,
 				Target:    id,
 				Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
 				Restarted: func() { in.Reset(id); l.processRestarted() },

@@ -20,15 +20,20 @@ type DirectConfig struct {
 	// Now stamps each batch's arrival; nil: time.Now. A caller running on
 	// a virtual clock gives its own, so that freshness is judged on it.
 	Now func() time.Time
+	// Replay, when set, reads the pod's replay buffer: a gap, a restart
+	// and a reconnection are then replayed from it, as a subscriber's are
+	// from the replay socket (at once, on the caller's clock). Nil: a gap
+	// is unrecovered.
+	Replay ReplayBuffer
 }
 
 // Direct is one target's KV-event stream fed in process: the caller holds
 // decoded batches with their sequence numbers (the benchmark's
 // discrete-event engine, which models the publisher and the network
-// itself) and hands them over in order. Sequence tracking is the
-// subscriber's own (a gap is counted, a sequence going backwards is a
-// restart); there is no replay socket, so a gap is unrecovered. Deliver
-// applies the batch before it returns; calls must not overlap.
+// itself) and hands them over in order. Sequence tracking and replay are
+// the subscriber's own (a gap is counted and replayed, a sequence going
+// backwards is a restart), with the caller's replay buffer for the socket.
+// Deliver applies the batch before it returns; calls must not overlap.
 type Direct struct {
 	s  *sequencer
 	st stream
@@ -43,6 +48,7 @@ func NewDirect(cfg DirectConfig) *Direct {
 	s := newSequencer(sequencerConfig{
 		Target: cfg.Target, Handle: cfg.Handle, Restarted: cfg.Restarted,
 		Logger: log.With("target", cfg.Target.String()), Metrics: cfg.Metrics, Now: cfg.Now, QueueSize: 1,
+		ReplayBuffer: cfg.Replay,
 	})
 	now := s.cfg.Now()
 	s.update(func(st *SubscriberStatus) {
@@ -54,6 +60,22 @@ func NewDirect(cfg DirectConfig) *Direct {
 // Deliver applies batch seq of the stream.
 func (d *Direct) Deliver(seq uint64, b *events.Batch) {
 	d.s.handle(context.Background(), &d.st, rawMessage{seq: seq, batch: b})
+}
+
+// Disconnect marks the stream's connection lost (a network cut): its
+// verdict turns disconnected, and batches the caller no longer delivers
+// are missed until Connect.
+func (d *Direct) Disconnect() {
+	now := d.s.cfg.Now()
+	d.s.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = false, now })
+}
+
+// Connect marks the connection back and catches up from the replay
+// buffer, as a subscriber does when its socket reconnects.
+func (d *Direct) Connect() {
+	now := d.s.cfg.Now()
+	d.s.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = true, now })
+	d.s.handle(context.Background(), &d.st, rawMessage{connected: true})
 }
 
 // Resync tells the stream that the pod is known to have restarted (a

@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -54,6 +55,67 @@ func TestDirectSequences(t *testing.T) {
 			}
 			if !st.LastEvent.Equal(clk.Now()) || st.LastSeq != tc.seqs[len(tc.seqs)-1] {
 				t.Errorf("last event %v seq %d, want the injected clock's %v and seq %d", st.LastEvent, st.LastSeq, clk.Now(), tc.seqs[len(tc.seqs)-1])
+			}
+		})
+	}
+}
+
+// TestDirectReplay: with the pod's replay buffer, an in-process stream
+// recovers what a subscriber recovers through the replay socket: a gap, a
+// late first batch, and what a cut connection missed (caught up when it
+// reconnects, without waiting for the next batch).
+func TestDirectReplay(t *testing.T) {
+	batch := &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}}
+	// The pod published 0..9; the buffer holds them all.
+	buffer := func(start uint64, fn func(uint64, *events.Batch) bool) {
+		for s := start; s < 10; s++ {
+			if !fn(s, batch) {
+				return
+			}
+		}
+	}
+	type step struct {
+		deliver uint64
+		cut     bool // Disconnect, then deliver nothing
+		mend    bool // Connect
+	}
+	for _, tc := range []struct {
+		name    string
+		steps   []step
+		handled []uint64
+		gaps    uint64
+	}{
+		{name: "a gap is replayed", steps: []step{{deliver: 0}, {deliver: 1}, {deliver: 4}}, handled: []uint64{0, 1, 2, 3, 4}, gaps: 1},
+		{name: "a late join replays from 0", steps: []step{{deliver: 3}, {deliver: 4}}, handled: []uint64{0, 1, 2, 3, 4}},
+		{name: "a reconnection catches up", steps: []step{{deliver: 0}, {deliver: 1}, {cut: true}, {mend: true}}, handled: []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := manualclock.New()
+			var handled []uint64
+			d := NewDirect(DirectConfig{
+				Target: target.ID{Endpoint: "http://pod:8000"},
+				Handle: func(seq uint64, _ *events.Batch, _ bool) { handled = append(handled, seq) },
+				Now:    clk.Now, Replay: buffer,
+			})
+			for _, s := range tc.steps {
+				clk.Advance(time.Second)
+				switch {
+				case s.cut:
+					d.Disconnect()
+					if st := d.Status(); st.Connected || !st.ConnectionChanged.Equal(clk.Now()) {
+						t.Fatalf("after Disconnect: %+v", st)
+					}
+				case s.mend:
+					d.Connect()
+				default:
+					d.Deliver(s.deliver, batch)
+				}
+			}
+			if !slices.Equal(handled, tc.handled) {
+				t.Fatalf("handled %v, want %v", handled, tc.handled)
+			}
+			if st := d.Status(); st.Gaps != tc.gaps || st.Unrecovered != 0 || !st.Connected {
+				t.Errorf("gaps %d, unrecovered %d, connected %v; want %d, 0, true", st.Gaps, st.Unrecovered, st.Connected, tc.gaps)
 			}
 		})
 	}

@@ -41,7 +41,18 @@ type sequencerConfig struct {
 	Metrics       *Metrics
 	// Now stamps each batch's arrival (LastEvent); nil: time.Now.
 	Now func() time.Time
+	// ReplayBuffer, when set, is read instead of the Replay socket: an
+	// in-process stream's pod buffer (DirectConfig.Replay).
+	ReplayBuffer ReplayBuffer
 }
+
+// ReplayBuffer calls fn with the batches a pod's replay buffer holds from
+// sequence start on, in order, until fn returns false: what a replay
+// socket answers, already decoded.
+type ReplayBuffer func(start uint64, fn func(seq uint64, b *events.Batch) bool)
+
+// canReplay reports whether the pod's buffered batches can be asked for.
+func (s *sequencer) canReplay() bool { return s.cfg.Replay != "" || s.cfg.ReplayBuffer != nil }
 
 type rawMessage struct {
 	seq     uint64
@@ -127,7 +138,7 @@ func (s *sequencer) apply(ctx context.Context) {
 			return
 		case <-s.resync:
 			s.restart(ctx, &st, "resync requested")
-			if s.cfg.Replay != "" {
+			if s.canReplay() {
 				s.catchUp(ctx, &st)
 			}
 		case msg, ok := <-s.queue:
@@ -145,7 +156,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 		return
 	}
 	if msg.connected {
-		if s.cfg.Replay != "" {
+		if s.canReplay() {
 			s.catchUp(ctx, st)
 		}
 		return
@@ -154,7 +165,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 	case st.dupOpen && msg.seq >= st.dupFrom && msg.seq < st.next:
 		return // live copy of a batch the replay already delivered
 	case !st.have:
-		if s.cfg.Replay != "" && msg.seq > 0 {
+		if s.canReplay() && msg.seq > 0 {
 			st.next = s.replay(ctx, 0, msg.seq)
 		}
 	case msg.seq < st.next:
@@ -162,7 +173,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 		// counting from 0: live batches are never duplicated, and batches
 		// replayed ahead of the live stream are filtered below.
 		s.restart(ctx, st, "event sequence went backwards")
-		if s.cfg.Replay != "" && msg.seq > 0 {
+		if s.canReplay() && msg.seq > 0 {
 			st.next = s.replay(ctx, 0, msg.seq)
 		}
 	case msg.seq > st.next:
@@ -172,7 +183,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 			s.cfg.Metrics.gaps.WithLabelValues(s.label).Inc()
 		}
 		s.log.Warn("event sequence gap", "expected", st.next, "got", msg.seq, "missing", missing)
-		if s.cfg.Replay != "" {
+		if s.canReplay() {
 			st.next = s.replay(ctx, st.next, msg.seq)
 		} else {
 			s.unrecovered(missing)
@@ -280,7 +291,7 @@ func (s *sequencer) replay(ctx context.Context, start, stop uint64) uint64 {
 		s.cfg.Metrics.replays.WithLabelValues(s.label).Inc()
 	}
 	next := start
-	err := ReplayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, func(seq uint64, payload []byte) bool {
+	take := func(seq uint64, payload []byte, b *events.Batch) bool {
 		if seq >= stop {
 			return false
 		}
@@ -291,11 +302,19 @@ func (s *sequencer) replay(ctx context.Context, start, stop uint64) uint64 {
 			s.log.Warn("replay buffer no longer holds the requested batches", "from", next, "oldest_available", seq)
 			s.unrecovered(seq - next)
 		}
-		s.deliver(seq, payload, true)
+		if b != nil {
+			s.handOver(seq, b, nil, true)
+		} else {
+			s.deliver(seq, payload, true)
+		}
 		next = seq + 1
 		return true
-	})
-	if err != nil {
+	}
+	if s.cfg.ReplayBuffer != nil {
+		s.cfg.ReplayBuffer(start, func(seq uint64, b *events.Batch) bool { return take(seq, nil, b) })
+	} else if err := ReplayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, func(seq uint64, payload []byte) bool {
+		return take(seq, payload, nil)
+	}); err != nil {
 		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
 	}
 	if stop != events.EndOfReplay && next < stop && !publisherStart(next, stop) {
