@@ -37,3 +37,15 @@ func (t *Target) WithLoad(l Load) *Target {
 	c.Scraped = l
 	return &c
 }
+
+// WithState is t in state s for reason r (detail says more) since at: a
+// new target sharing t's load ledger and breaker, as a Monitor snapshot
+// after a probe changed the target's state. t is not changed.
+func (t *Target) WithState(s State, r Reason, detail string, at time.Time) *Target {
+	c := *t
+	if c.State != s {
+		c.Since = at
+	}
+	c.State, c.Reason, c.Detail = s, r, detail
+	return &c
+}

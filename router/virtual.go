@@ -36,6 +36,9 @@ type VirtualConfig struct {
 	NumGPUBlocks int
 	// Now is the clock of the plane, the predictions and the load ledger.
 	Now func() time.Time
+	// Replay reads a target's replay buffer, from which its stream
+	// recovers a gap, a restart and a reconnection (nil: it cannot).
+	Replay func(target.ID) kvindex.ReplayBuffer
 	// TieSeed seeds the draws that break cost ties, so that a run
 	// repeats (the API's routers draw from the process's generator).
 	TieSeed uint64
@@ -69,6 +72,14 @@ type Virtual struct {
 	// (by slot).
 	started    []time.Time
 	maxRetries int
+	health     health.Config
+	caches     map[target.ID]eventplane.Cache
+	// probes are each target's probe outcomes in a row (Probe); unlisted
+	// marks the targets out of the fleet (Unlist), which no request goes
+	// to, and nUnlisted counts them.
+	probes    []probeRun
+	unlisted  []bool
+	nUnlisted int
 	// origins are the peer replicas whose predictions PredictFrom
 	// recorded, by name.
 	origins map[string]*speculative.Origin
@@ -89,7 +100,8 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries}
+	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries,
+		health: cfg.Health, probes: make([]probeRun, len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets))}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
 		stream := func(id target.ID) speculative.Stream {
@@ -102,10 +114,10 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 		observer = v.spec.Observer()
 	}
 	var err error
-	if v.plane, err = eventplane.New(cfg.Events, eventplane.Deps{Logger: log, Now: cfg.Now, Observer: observer}); err != nil {
+	if v.plane, err = eventplane.New(cfg.Events, eventplane.Deps{Logger: log, Now: cfg.Now, Observer: observer, Replay: cfg.Replay}); err != nil {
 		return nil, fmt.Errorf("virtual router: %w", err)
 	}
-	caches := make(map[target.ID]eventplane.Cache, len(cfg.Targets))
+	v.caches = make(map[target.ID]eventplane.Cache, len(cfg.Targets))
 	for i, id := range cfg.Targets {
 		t, err := health.Standalone(id, cfg.Model, cfg.Health, cfg.Now)
 		if err != nil {
@@ -113,13 +125,13 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 		}
 		v.targets = append(v.targets, t)
 		v.slot[id] = i
-		caches[id] = eventplane.Cache{Serving: true, Reported: true, BlockSize: cfg.Events.BlockSize,
+		v.caches[id] = eventplane.Cache{Serving: true, Reported: true, BlockSize: cfg.Events.BlockSize,
 			HashAlgo: cfg.Events.HashAlgo, NumGPUBlocks: cfg.NumGPUBlocks}
 		if v.spec != nil {
 			v.spec.AddTarget(id)
 		}
 	}
-	v.plane.SetCaches(caches)
+	v.plane.SetCaches(v.caches)
 	for _, id := range cfg.Targets {
 		v.plane.SetTarget(id, eventplane.Source{InProcess: true})
 	}
@@ -157,7 +169,21 @@ type VirtualRequest struct {
 // the approximate policy hashes; session names the conversation for the
 // holdback arm (empty: the request alone).
 func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
-	return v.route(ids, text, session, v.targets, v.now(), nil)
+	return v.route(ids, text, session, v.listed(), v.now(), nil)
+}
+
+// listed is the fleet without its unlisted targets.
+func (v *Virtual) listed() []*health.Target {
+	if v.nUnlisted == 0 {
+		return v.targets
+	}
+	out := make([]*health.Target, 0, len(v.targets)-v.nUnlisted)
+	for i, t := range v.targets {
+		if !v.unlisted[i] {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // Retry decides again for r, which failed at its target before the first
@@ -171,7 +197,7 @@ func (r *VirtualRequest) Retry(ids []uint32, text []byte, session string) (*Virt
 	}
 	failed := append(slices.Clip(r.failed), r.Target())
 	var others []*health.Target
-	for _, t := range v.targets {
+	for _, t := range v.listed() {
 		if !slices.Contains(failed, t.ID) && t.CanRoute() {
 			others = append(others, t)
 		}
@@ -353,7 +379,7 @@ func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64, pr
 		v.started = make([]time.Time, len(v.targets))
 	}
 	if old := v.started[i]; !old.IsZero() && !old.Equal(processStart) {
-		v.plane.TargetRestarted(id)
+		v.restarted(id)
 	}
 	v.started[i] = processStart
 	v.targets[i] = v.targets[i].WithLoad(health.Load{Running: running, Waiting: waiting, KVUsage: kvUsage, At: v.now()})
@@ -389,3 +415,128 @@ func (v *Virtual) Routable(id target.ID) bool {
 
 // Verdict is the verdict on target id's event stream.
 func (v *Virtual) Verdict(id target.ID) eventplane.Verdict { return v.plane.Verdict(id) }
+
+// restarted is health's Restarted change as the router follows it: the
+// plane rebuilds the target's placements, and a new process generation
+// never confirms the old one's predictions.
+func (v *Virtual) restarted(id target.ID) {
+	v.plane.TargetRestarted(id)
+	if v.spec != nil {
+		v.spec.Invalidate(id, speculative.ReasonRestarted)
+	}
+}
+
+// probeRun is a target's probe outcomes in a row.
+type probeRun struct{ ok, failed int }
+
+// Probe records what a probe of target id's /health answered now, as
+// health's prober does: Health.FailureThreshold failures in a row take the
+// target down (probe_failed), Health.SuccessThreshold answers bring it
+// back.
+func (v *Virtual) Probe(id target.ID, ok bool) {
+	i, found := v.slot[id]
+	if !found {
+		return
+	}
+	run, t := &v.probes[i], v.targets[i]
+	if ok {
+		run.ok, run.failed = run.ok+1, 0
+		if t.State != health.StateRoutable && run.ok >= max(v.health.SuccessThreshold, 1) {
+			v.targets[i] = t.WithState(health.StateRoutable, health.ReasonOK, "", v.now())
+		}
+		return
+	}
+	run.failed, run.ok = run.failed+1, 0
+	if t.State != health.StateDown && run.failed >= max(v.health.FailureThreshold, 1) {
+		v.targets[i] = t.WithState(health.StateDown, health.ReasonProbeFailed, "GET /health failed", v.now())
+	}
+}
+
+// Unlist takes target id out of the fleet, as an endpoints file without
+// it does: no request goes there, the plane forgets its placements and
+// its predictions end (removed). List brings it back.
+func (v *Virtual) Unlist(id target.ID) {
+	i, ok := v.slot[id]
+	if !ok || v.unlisted[i] {
+		return
+	}
+	v.unlisted[i] = true
+	v.nUnlisted++
+	v.plane.RemoveTarget(id)
+	if v.spec != nil {
+		v.spec.Invalidate(id, speculative.ReasonRemoved)
+	}
+	if ap := v.dec.ch.approx; ap != nil {
+		ap.forget(id)
+	}
+}
+
+// List adds an unlisted target back as a new one: it awaits its first
+// probe, its stream starts over and catches up from the replay buffer,
+// and its load ledger and breaker start empty.
+func (v *Virtual) List(id target.ID) error {
+	i, ok := v.slot[id]
+	if !ok || !v.unlisted[i] {
+		return nil
+	}
+	t, err := health.Standalone(id, v.model, v.health, v.now)
+	if err != nil {
+		return fmt.Errorf("virtual router: %w", err)
+	}
+	v.targets[i] = t.WithState(health.StateDown, health.ReasonAwaitingProbe, "", v.now())
+	v.probes[i] = probeRun{}
+	v.unlisted[i] = false
+	v.nUnlisted--
+	v.plane.SetTarget(id, eventplane.Source{InProcess: true})
+	v.plane.SetCaches(v.caches)
+	v.plane.SetConnected(id, true)
+	if v.spec != nil {
+		v.spec.AddTarget(id)
+	}
+	return nil
+}
+
+// SetConnected cuts target id's event stream off (false) or lets it
+// reconnect and catch up from the replay buffer (true), as a network cut
+// between the router and the pod's publisher does.
+func (v *Virtual) SetConnected(id target.ID, connected bool) { v.plane.SetConnected(id, connected) }
+
+// Listed reports whether target id is in the fleet (not Unlist-ed).
+func (v *Virtual) Listed(id target.ID) bool {
+	i, ok := v.slot[id]
+	return ok && !v.unlisted[i]
+}
+
+// Reason is why the router would not route to target id now ("" when it
+// would): health's reason, or the open breaker.
+func (v *Virtual) Reason(id target.ID) string {
+	i, ok := v.slot[id]
+	switch {
+	case !ok || v.unlisted[i]:
+		return string(health.ReasonRemoved)
+	case v.targets[i].State != health.StateRoutable && v.targets[i].State != health.StateDegraded:
+		return string(v.targets[i].Reason)
+	case !v.targets[i].CanRoute():
+		return string(health.ReasonCircuitOpen)
+	}
+	return ""
+}
+
+// ConfirmedBlocks is the run of ids' blocks from block 0 the router's
+// index says target id holds.
+func (v *Virtual) ConfirmedBlocks(id target.ID, ids []uint32) (int, error) {
+	keys := v.plane.Keys()
+	if keys == nil {
+		return 0, errors.New("virtual router: no block keys")
+	}
+	chain, err := keys.Keyer.Keys(nil, ids, kvindex.RequestExtras{})
+	if err != nil {
+		return 0, fmt.Errorf("virtual router: block keys: %w", err)
+	}
+	for _, m := range v.plane.Index().Lookup(nil, chain) {
+		if m.Target == id {
+			return m.Blocks, nil
+		}
+	}
+	return 0, nil
+}

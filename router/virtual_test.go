@@ -39,7 +39,7 @@ func newVirtualFleet(t *testing.T, p Policy, pods int) *virtualFleet {
 	ev := cfg.Events
 	ev.BlockSize = prof.BlockSize
 	f.v, err = NewVirtual(VirtualConfig{Policy: p, Cost: cfg.Cost, Events: ev, Speculative: cfg.Speculative, Health: cfg.Health,
-		Model: prof.Model, Targets: f.ids, NumGPUBlocks: prof.NumGPUBlocks, Now: f.clk.Now})
+		Model: prof.Model, Targets: f.ids, NumGPUBlocks: prof.NumGPUBlocks, Now: f.clk.Now, MaxRetries: cfg.MaxRetries})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,5 +187,99 @@ func TestNewVirtualRefusesAnIncompleteConfig(t *testing.T) {
 		if _, err := NewVirtual(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestVirtualFleetChanges: what the des engine's faults do to a virtual
+// router: failed probes take a target down and a good one brings it back;
+// an unlisted target gets no request and comes back awaiting its probe
+// with its placements forgotten; a retry avoids the targets its request
+// failed on, up to MaxRetries; a new process start time clears the
+// target's placements.
+func TestVirtualFleetChanges(t *testing.T) {
+	f := newVirtualFleet(t, PolicyPrecise, 3)
+	prompt := promptOf(200, 5)
+	holder := f.serve(prompt, true).Target()
+	held := func() int {
+		n, err := f.v.ConfirmedBlocks(holder, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if held() != 12 {
+		t.Fatalf("holder holds %d blocks, want 12", held())
+	}
+
+	for range DefaultConfig().Health.FailureThreshold {
+		f.v.Probe(holder, false)
+	}
+	if f.v.Routable(holder) || f.v.Reason(holder) != "probe_failed" {
+		t.Fatalf("after failed probes: routable %v, reason %q", f.v.Routable(holder), f.v.Reason(holder))
+	}
+	if vr := f.serve(prompt, false); vr.Target() == holder {
+		t.Fatal("a request went to a target whose probes fail")
+	}
+	for range DefaultConfig().Health.SuccessThreshold {
+		f.v.Probe(holder, true)
+	}
+	if !f.v.Routable(holder) {
+		t.Fatalf("after good probes: reason %q", f.v.Reason(holder))
+	}
+
+	f.v.Unlist(holder)
+	for range 4 {
+		if vr := f.serve(promptOf(50, 9), false); vr.Target() == holder {
+			t.Fatal("a request went to an unlisted target")
+		}
+	}
+	if f.v.Listed(holder) || f.v.Reason(holder) != "removed" || held() != 0 {
+		t.Fatalf("unlisted: listed %v, reason %q, %d blocks held", f.v.Listed(holder), f.v.Reason(holder), held())
+	}
+	if err := f.v.List(holder); err != nil {
+		t.Fatal(err)
+	}
+	if f.v.Routable(holder) || f.v.Reason(holder) != "awaiting_probe" {
+		t.Fatalf("listed again: routable %v, reason %q", f.v.Routable(holder), f.v.Reason(holder))
+	}
+	f.v.Probe(holder, true)
+	f.v.Probe(holder, true)
+	if !f.v.Routable(holder) {
+		t.Fatalf("listed and probed: reason %q", f.v.Reason(holder))
+	}
+
+	prompt = promptOf(200, 11)
+	holder = f.serve(prompt, true).Target()
+	f.v.Scrape(holder, 0, 0, 0, time.Unix(1, 0))
+	if held() != 12 {
+		t.Fatalf("holder holds %d blocks, want 12", held())
+	}
+	f.v.Scrape(holder, 0, 0, 0, time.Unix(2, 0))
+	if held() != 0 {
+		t.Fatalf("after a new process start time the index holds %d blocks on it", held())
+	}
+
+	vr, err := f.v.Route(prompt, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tried := map[target.ID]bool{vr.Target(): true}
+	for n := range DefaultConfig().MaxRetries + 1 {
+		vr.Finish(false, 0)
+		next, err := vr.Retry(prompt, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == DefaultConfig().MaxRetries || len(tried) == len(f.ids) {
+			if next != nil {
+				t.Fatalf("retry %d went to %s after %d targets failed", n+1, next.Target(), len(tried))
+			}
+			break
+		}
+		if next == nil || tried[next.Target()] {
+			t.Fatalf("retry %d: %v, after %v", n+1, next, tried)
+		}
+		tried[next.Target()] = true
+		vr = next
 	}
 }
