@@ -90,6 +90,20 @@ func quickOptions(t *testing.T, kind string) Options {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
+// runQuickDES runs kind's quick preset on the des engine under policies.
+func runQuickDES(t *testing.T, kind string, policies ...string) (Options, *report.Results) {
+	t.Helper()
+	o := quickOptions(t, kind)
+	o.Engine, o.Policies = EngineDES, policies
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, res
+}
+
 func TestEnginesAgree(t *testing.T) {
 	for _, kind := range agreementWorkloads {
 		t.Run(kind, func(t *testing.T) {

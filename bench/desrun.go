@@ -9,6 +9,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
+	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 )
 
@@ -53,9 +54,6 @@ func rowName(policy string, n int, counts []int) string {
 // engine and fills res.
 func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming, prog *progress) (*report.Results, error) {
 	w := o.Workload
-	if w.Name == workload.KindFaults {
-		return nil, fmt.Errorf("the %s workload runs on the live engine only", w.Name)
-	}
 	res.Engine, res.TimeScale = EngineDES, 1
 	counts := o.Routers
 	if len(counts) == 0 {
@@ -84,15 +82,31 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming
 			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
 				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, Cost: o.Cost,
 				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
-			var pairs *desPairs
-			if w.Name == workload.KindPairedGap {
+			var (
+				pairs  *desPairs
+				faults *desFaults
+			)
+			switch w.Name {
+			case workload.KindPairedGap:
 				pairs = &desPairs{w: w, tm: tm, prof: o.Fleet.Profile}
-				cfg.Conduct = pairs.conduct
+				cfg.Conduct, cfg.ManualSends = pairs.conduct, true
+			case workload.KindFaults:
+				faults = newDESFaults(w)
+				cfg.Conduct = faults.conduct
+				// Dropped and severed batches come back through replay.
+				cfg.ReplayBuffer = o.Fleet.ReplayBuffer
+				if cfg.ReplayBuffer == 0 {
+					cfg.ReplayBuffer = sim.DefaultReplayBuffer
+				}
 			}
 			r, err := des.Run(ctx, cfg)
 			prog.end()
-			if err == nil && pairs != nil {
+			switch {
+			case err != nil:
+			case pairs != nil:
 				err = pairs.err
+			case faults != nil:
+				err = faults.err
 			}
 			if err != nil {
 				return res, fmt.Errorf("%s: %w", name, err)
@@ -100,6 +114,13 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming
 			p := report.Summarize(r.Records)
 			if pairs != nil {
 				p.Pairs = pairs.pairs
+			}
+			if faults != nil {
+				p.Faults = faultOutcomes(r.Records)
+				p.Faults.Injected = faults.out
+				if n := p.Faults.LostCount(); n > 0 {
+					res.Notes = append(res.Notes, fmt.Sprintf("%s: %d requests ended in neither a response nor an OpenAI error (lost silently)", name, n))
+				}
 			}
 			if w.Name == workload.KindBurst {
 				p.Holder = report.HolderOf(r.Records)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
@@ -416,4 +417,177 @@ func faultScheduleParams(w *workload.Workload) []map[string]any {
 		out = append(out, m)
 	}
 	return out
+}
+
+// desFaults runs the schedule on the des engine, as faultInjector does on
+// a live fleet: the same faults at the same fractions of the span, and
+// the same convergence measured on the first router, in model time.
+type desFaults struct {
+	w      *workload.Workload
+	c      *des.Control
+	span   time.Duration
+	probes [][]uint32
+	out    []report.Fault
+	err    error
+}
+
+func newDESFaults(w *workload.Workload) *desFaults {
+	df := &desFaults{w: w, out: make([]report.Fault, len(faultSchedule))}
+	for _, st := range w.Stages {
+		df.span += st.Duration
+	}
+	return df
+}
+
+func (df *desFaults) conduct(c *des.Control) {
+	df.c = c
+	seen := map[int]bool{}
+	for i := range df.w.Sessions {
+		s := &df.w.Sessions[i]
+		if seen[s.Group] {
+			continue
+		}
+		seen[s.Group] = true
+		ids, err := c.Encode(s.Prompt(0, nil))
+		if err != nil {
+			df.err = fmt.Errorf("faults: probe prompt: %w", err)
+			return
+		}
+		df.probes = append(df.probes, ids)
+	}
+	for i, plan := range faultSchedule {
+		c.At(df.at(plan.start), func() { df.inject(i, plan) })
+	}
+}
+
+func (df *desFaults) at(frac float64) time.Duration { return time.Duration(frac * float64(df.span)) }
+
+// inject applies fault i now, observes the router while it lasts, lifts
+// it at its end and measures the convergence after.
+func (df *desFaults) inject(i int, plan faultPlan) {
+	c := df.c
+	pod := plan.pod % c.Pods()
+	f := &df.out[i]
+	*f = report.Fault{Kind: plan.kind, Pod: des.PodName(pod), StartS: c.Now().Seconds()}
+	routers := c.Routers() > 0
+	lift := func() error { return nil }
+	switch plan.kind {
+	case FaultDead:
+		c.Kill(pod)
+		lift = func() error { c.Restart(pod); return nil }
+	case FaultDropEvents:
+		c.DropEvents(pod, true)
+		lift = func() error { c.DropEvents(pod, false); return nil }
+	case FaultDelayEvents:
+		base := c.EventDelay(pod)
+		c.SetEventDelay(pod, faultEventDelay)
+		lift = func() error { c.SetEventDelay(pod, base); return nil }
+	case FaultRestart:
+		c.Restart(pod)
+	case FaultUnlisted:
+		// Without a router (the oracle) there is no fleet to take it out of.
+		if routers {
+			c.Unlist(pod)
+			lift = func() error { return c.List(pod) }
+		}
+	case FaultSevered:
+		if routers {
+			c.Sever(pod, true)
+			lift = func() error { c.Sever(pod, false); return nil }
+		}
+	default:
+		df.err = fmt.Errorf("fault %s: unknown fault", plan.kind)
+		return
+	}
+	end := df.at(plan.end)
+	var watch func()
+	watch = func() {
+		if c.Now() < end {
+			df.observe(pod, f)
+			c.At(min(c.Now()+convergePoll, end), watch)
+			return
+		}
+		if err := lift(); err != nil {
+			df.err = fmt.Errorf("fault %s: %w", plan.kind, err)
+			return
+		}
+		f.EndS = c.Now().Seconds()
+		if routers {
+			f.Probes = len(df.probes)
+			df.converge(pod, c.Now(), f, nil, nil)
+		}
+	}
+	watch()
+}
+
+// converge polls the first router's view of pod from end until it is
+// routable with a fresh stream and its index holds exactly the pod's
+// cached run of every probe prompt, or convergeBound passes. routable and
+// fresh are when each became true for good.
+func (df *desFaults) converge(pod int, end time.Duration, f *report.Fault, routable, fresh *float64) {
+	c := df.c
+	isFresh, isRoutable := df.observe(pod, f)
+	since := (c.Now() - end).Seconds()
+	routable = sinceIf(isRoutable, routable, since)
+	fresh = sinceIf(isFresh, fresh, since)
+	f.RoutableAfterS, f.FreshAfterS = routable, fresh
+	switch {
+	case !isRoutable:
+		f.Mismatch = "a rank not routable"
+	case !isFresh:
+		f.Mismatch = "an event stream not fresh"
+	default:
+		ok, why := df.matches(pod)
+		if ok {
+			f.ConvergedAfterS, f.Mismatch = &since, ""
+			return
+		}
+		f.Mismatch = why
+	}
+	if c.Now()-end < convergeBound {
+		c.At(c.Now()+convergePoll, func() { df.converge(pod, end, f, routable, fresh) })
+	}
+}
+
+// observe adds what the first router makes of pod now to f.RouterSaw and
+// reports whether its stream is fresh and the pod routable.
+func (df *desFaults) observe(pod int, f *report.Fault) (fresh, routable bool) {
+	c := df.c
+	if c.Routers() == 0 {
+		return false, false
+	}
+	saw := func(what string) {
+		if !slices.Contains(f.RouterSaw, what) {
+			f.RouterSaw = append(f.RouterSaw, what)
+		}
+	}
+	v := c.Verdict(0, pod)
+	saw(v)
+	reason := c.Reason(0, pod)
+	if reason != "" {
+		saw(reason)
+	}
+	return v == string(eventplane.VerdictFresh), reason == ""
+}
+
+// matches compares, for every probe prompt, the first router's confirmed
+// run on pod with the pod's true cached run, in full blocks short of the
+// prompt's last token.
+func (df *desFaults) matches(pod int) (bool, string) {
+	c := df.c
+	bs := c.BlockSize()
+	for k, ids := range df.probes {
+		truth, err := c.CachedTokens(pod, ids)
+		if err != nil {
+			return false, err.Error()
+		}
+		held, err := c.ConfirmedBlocks(0, pod, ids)
+		if err != nil {
+			return false, err.Error()
+		}
+		if got, want := min(held, (len(ids)-1)/bs), truth/bs; got != want {
+			return false, fmt.Sprintf("probe %d rank 0: router %d blocks, pod %d", k, got, want)
+		}
+	}
+	return true, ""
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/bench/workload"
 )
 
 func TestFaultOutcomesSortEveryRequest(t *testing.T) {
@@ -205,4 +206,38 @@ func TestFaultsReportRendersInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkChartInChromium(t, path, "faults", "precise")
+}
+
+// TestFaultsOnDES runs the faults workload on the des engine: every
+// request ends in a response or an OpenAI error, the router sees each
+// fault for what it is, and its view of every faulted pod converges back
+// to the pod's true state after the fault ends.
+func TestFaultsOnDES(t *testing.T) {
+	o, res := runQuickDES(t, workload.KindFaults, "precise", "speculative")
+	saw := map[string]string{
+		FaultDead: "circuit_open", FaultDropEvents: "stale", FaultUnlisted: "removed", FaultSevered: "disconnected",
+	}
+	for _, pol := range o.Policies {
+		f := res.Policies[pol].Faults
+		if f == nil {
+			t.Fatalf("%s: no faults accounting", pol)
+		}
+		if got := f.Responses + f.APIErrorCount() + f.LostCount() + f.Unfinished; got != o.Workload.Requests() {
+			t.Errorf("%s: %d requests accounted for, want %d", pol, got, o.Workload.Requests())
+		}
+		if f.LostCount() > 0 || f.Responses < o.Workload.Requests()*9/10 {
+			t.Errorf("%s: %d responses, %d lost silently", pol, f.Responses, f.LostCount())
+		}
+		if len(f.Injected) != len(faultSchedule) {
+			t.Fatalf("%s: %d faults injected, want %d", pol, len(f.Injected), len(faultSchedule))
+		}
+		for _, in := range f.Injected {
+			if in.ConvergedAfterS == nil {
+				t.Errorf("%s: %s on %s did not converge (%s)", pol, in.Kind, in.Pod, in.Mismatch)
+			}
+			if want := saw[in.Kind]; want != "" && !slices.Contains(in.RouterSaw, want) {
+				t.Errorf("%s: during %s the router saw %v, not %s", pol, in.Kind, in.RouterSaw, want)
+			}
+		}
+	}
 }

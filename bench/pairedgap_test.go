@@ -1,9 +1,7 @@
 package bench
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
@@ -15,14 +13,7 @@ import (
 // are invalidated once the router sees the new process; delayed events
 // leave the follower to predictions until the TTL, then to nothing.
 func TestPairedGapOnDES(t *testing.T) {
-	o := quickOptions(t, workload.KindPairedGap)
-	o.Engine, o.Policies = EngineDES, []string{"precise", "speculative"}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, res := runQuickDES(t, workload.KindPairedGap, "precise", "speculative")
 	prefix := o.Workload.Params["prefix_tokens"].(int)
 	cells := map[string]map[[2]string]report.Pair{}
 	for _, pol := range o.Policies {

@@ -96,17 +96,92 @@ func (c *Control) SetFaults(pod int, f sim.Faults) { c.r.pods[pod].rank.SetFault
 func (c *Control) Restart(pod int) {
 	r, p := c.r, c.r.pods[pod]
 	r.betweenSteps(p, func() {
-		failed := p.rank.Restart()
+		r.failAll(p, p.rank.Restart())
 		p.ended = append(p.ended, r.now)
-		p.nextSeq, p.started = 0, r.now
+		p.nextSeq, p.started, p.dead = 0, r.now, false
 		p.gen++
-		for _, sq := range failed {
-			if q := sq.Tag.(*request); !q.canceled {
-				r.done(p, q, sq.Snapshot())
-			}
-		}
+		p.buffer = p.buffer[:0]
 	})
 }
+
+// Kill kills pod's engine between steps: its requests fail, later ones
+// are refused, it publishes nothing and its probes fail until Restart
+// brings it back as a new process.
+func (c *Control) Kill(pod int) {
+	r, p := c.r, c.r.pods[pod]
+	r.betweenSteps(p, func() {
+		p.dead = true
+		r.failAll(p, p.rank.Die())
+	})
+}
+
+// DropEvents has pod publish its batches without sending them (they take
+// their sequence numbers and stay in its replay buffer), or send them
+// again.
+func (c *Control) DropEvents(pod int, drop bool) { c.r.pods[pod].dropEvents = drop }
+
+// Sever cuts every router's event stream off pod (their streams read
+// disconnected, batches published meanwhile never reach them) or mends
+// it (they reconnect and catch up from the pod's replay buffer).
+func (c *Control) Sever(pod int, cut bool) {
+	p := c.r.pods[pod]
+	p.severed = cut
+	for _, rt := range c.r.rts {
+		rt.v.SetConnected(p.id, !cut)
+	}
+}
+
+// Unlist takes pod out of every router's fleet (as an endpoints file
+// without it); List puts it back as a new target.
+func (c *Control) Unlist(pod int) {
+	for _, rt := range c.r.rts {
+		rt.v.Unlist(c.r.pods[pod].id)
+	}
+}
+
+// List puts an unlisted pod back into every router's fleet.
+func (c *Control) List(pod int) error {
+	p := c.r.pods[pod]
+	for _, rt := range c.r.rts {
+		if err := rt.v.List(p.id); err != nil {
+			return err
+		}
+		// A target added to the fleet is probed at once, as health's
+		// Monitor probes a new endpoint.
+		rt.v.Probe(p.id, !p.dead)
+	}
+	return nil
+}
+
+// Routers is the number of router replicas (0 for the oracle).
+func (c *Control) Routers() int { return len(c.r.rts) }
+
+// Verdict is router ri's verdict on pod's event stream.
+func (c *Control) Verdict(ri, pod int) string {
+	return string(c.r.rts[ri].v.Verdict(c.r.pods[pod].id))
+}
+
+// Reason is why router ri would not route to pod now ("" when it would).
+func (c *Control) Reason(ri, pod int) string { return c.r.rts[ri].v.Reason(c.r.pods[pod].id) }
+
+// Encode is a prompt's token ids as the pods read it.
+func (c *Control) Encode(text string) ([]uint32, error) { return c.r.tok.Encode(text, true) }
+
+// ConfirmedBlocks is the run of ids' blocks router ri's index says pod
+// holds.
+func (c *Control) ConfirmedBlocks(ri, pod int, ids []uint32) (int, error) {
+	return c.r.rts[ri].v.ConfirmedBlocks(c.r.pods[pod].id, ids)
+}
+
+// CachedTokens is the prompt tokens of ids pod would serve from its cache
+// now (its true state).
+func (c *Control) CachedTokens(pod int, ids []uint32) (int, error) {
+	st, err := c.r.pods[pod].rank.State(ids)
+	return st.CachedTokens, err
+}
+
+// BlockSize is the pods' KV block size in tokens.
+func (c *Control) BlockSize() int { return c.r.cfg.Fleet.Profile.BlockSize }
 
 // Pods is the fleet's size.
 func (c *Control) Pods() int { return len(c.r.pods) }

@@ -15,6 +15,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/speculative"
@@ -92,11 +93,18 @@ type Config struct {
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
-	// Conduct, when set, sends the sessions instead of their start times
-	// (paired-gap's cells, one after another): the run calls it once at
-	// model time 0 and sends a session only when the conductor says
-	// (Control.Send). The drain bound does not apply.
-	Conduct func(*Control)
+	// Conduct, when set, is called once at model time 0 with the run's
+	// Control: it schedules faults (the faults workload) and, with
+	// ManualSends, sends the sessions itself instead of at their start
+	// times (paired-gap's cells, one after another; the drain bound does
+	// not apply then).
+	Conduct     func(*Control)
+	ManualSends bool
+	// ReplayBuffer is how many batches each pod keeps for replay (0:
+	// none, and a router's gap is unrecovered): the faults that lose
+	// batches need it (sim.Config.ReplayBuffer's 10,000); other runs save
+	// the memory.
+	ReplayBuffer int
 	// Sent and Done, when set, are told of every request sent and of
 	// every request that ends (failed or not).
 	Sent   func()
@@ -126,6 +134,10 @@ type Result struct {
 // ErrUnfinished is the error of a request still running at the drain
 // bound (the live engine's words).
 const ErrUnfinished = "unfinished at the drain bound"
+
+// ErrStream is the error of a request whose stream ended in an error
+// chunk, in the live client's words.
+const ErrStream = "error in stream"
 
 // ErrCanceled is the error of a request its client went away from
 // (Control.Cancel), in the live client's words.
@@ -189,6 +201,42 @@ type pod struct {
 	// between are changes that wait for the step in progress to end (a
 	// live engine takes them between steps).
 	between []func()
+	// Faults the run models around the engine: a dead engine (no events,
+	// failing probes), batches published but not sent (dropped) or not
+	// reaching the routers (severed).
+	dead, dropEvents, severed bool
+	// buffer is the replay buffer: the current process's last
+	// bufferSize batches (Config.ReplayBuffer).
+	buffer     []buffered
+	bufferSize int
+}
+
+// buffered is a batch in a pod's replay buffer.
+type buffered struct {
+	seq   uint64
+	batch *events.Batch
+}
+
+// replay reads the pod's replay buffer (its last bufferSize batches) for
+// a router's stream.
+func (p *pod) replay(start uint64, fn func(uint64, *events.Batch) bool) {
+	for _, b := range p.buffer[max(0, len(p.buffer)-p.bufferSize):] {
+		if b.seq >= start && !fn(b.seq, b.batch) {
+			return
+		}
+	}
+}
+
+// remember keeps a published batch in the replay buffer.
+func (p *pod) remember(seq uint64, b *events.Batch) {
+	if p.bufferSize <= 0 {
+		return
+	}
+	if len(p.buffer) >= 2*p.bufferSize {
+		// Amortized: drop the older half at once.
+		p.buffer = append(p.buffer[:0], p.buffer[len(p.buffer)-p.bufferSize:]...)
+	}
+	p.buffer = append(p.buffer, buffered{seq, b})
 }
 
 // routerState is one router replica and what it receives.
@@ -197,7 +245,7 @@ type routerState struct {
 	// applied is when each pod's last batch is applied at this router.
 	applied []time.Duration
 	// next* are the periodic work's next times.
-	nextEval, nextTick, nextScrape time.Duration
+	nextEval, nextTick, nextScrape, nextProbe time.Duration
 	// peerFlights are the other replicas' last reported in-flight work,
 	// by replica and pod (SharePredictions).
 	peerFlights [][]health.Flights
@@ -289,7 +337,7 @@ func newRun(cfg Config) (*run, error) {
 		if err != nil {
 			return nil, fmt.Errorf("des: %w", err)
 		}
-		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank, eventDelay: cfg.Fleet.Faults.EventDelay})
+		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank, eventDelay: cfg.Fleet.Faults.EventDelay, bufferSize: cfg.ReplayBuffer})
 	}
 	if cfg.Policy == Oracle {
 		r.oracle = &oracleRouter{cost: router.DefaultCostConfig(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x6f7261636c65))}
@@ -298,7 +346,9 @@ func newRun(cfg Config) (*run, error) {
 	}
 	if cfg.Conduct != nil {
 		r.q.push(item{kind: evCall, fn: func() { cfg.Conduct(&Control{r: r}) }})
-		return r, nil
+		if cfg.ManualSends {
+			return r, nil
+		}
 	}
 	if n := len(r.w.Sessions); n > 0 {
 		r.bound = r.w.Sessions[n-1].Start + cfg.Drain
@@ -340,6 +390,11 @@ func (r *run) startRouters() error {
 		// a run repeats.
 		vc.TieSeed = r.cfg.Seed + uint64(len(r.rts))
 		vc.MaxRetries = def.MaxRetries
+		// As the live bench's router: one good probe brings a pod back.
+		vc.Health.SuccessThreshold = 1
+		if r.cfg.ReplayBuffer > 0 {
+			vc.Replay = func(id target.ID) kvindex.ReplayBuffer { return r.pods[r.podOf(id)].replay }
+		}
 		v, err := router.NewVirtual(vc)
 		if err != nil {
 			return fmt.Errorf("des: %w", err)
@@ -428,12 +483,17 @@ func (r *run) advance(t time.Duration) {
 		hc, ec := health.DefaultConfig(), eventplane.DefaultConfig()
 		for _, rt := range r.rts {
 			for {
-				next := min(rt.nextEval, rt.nextTick, rt.nextScrape)
+				next := min(rt.nextEval, rt.nextTick, rt.nextScrape, rt.nextProbe)
 				if next > t {
 					break
 				}
 				r.now = max(r.now, next)
 				switch next {
+				case rt.nextProbe:
+					for _, p := range r.pods {
+						rt.v.Probe(p.id, !p.dead)
+					}
+					rt.nextProbe += hc.ProbeInterval
 				case rt.nextScrape:
 					for _, p := range r.pods {
 						run, wait, kv := p.rank.Gauges()
@@ -488,6 +548,8 @@ func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 		vr, err := rt.v.Route(ids, []byte(text), q.session())
 		r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
 		if err != nil {
+			// The router answers 503 when no target can take the request.
+			q.rec.Status, q.rec.APIError = 503, "service_unavailable"
 			r.fail(q, s, "no answer")
 			return q
 		}
@@ -570,7 +632,7 @@ func (r *run) arrive(q *request) {
 	if err != nil {
 		r.finish(q, false, 0)
 		if !r.retry(q) {
-			r.fail(q, q.s, err.Error())
+			r.upstreamFailed(q, err.Error())
 		}
 		return
 	}
@@ -624,13 +686,18 @@ func (r *run) stepEnd(p *pod) {
 	}
 }
 
-// publish sends the batches p published on their way to every router.
+// publish sends the batches p published on their way to every router
+// (unless the pod drops them or is cut off), keeping them for replay.
 func (r *run) publish(p *pod) {
 	for _, b := range p.rank.Events() {
 		seq := p.nextSeq
 		p.nextSeq++
 		r.res.Published++
 		b.TS = r.now.Seconds()
+		p.remember(seq, &b)
+		if p.dropEvents || p.severed {
+			continue
+		}
 		for ri, rt := range r.rts {
 			d := r.cfg.Delivery
 			at := r.now + p.eventDelay + d.Transport
@@ -640,6 +707,16 @@ func (r *run) publish(p *pod) {
 			at = max(at, rt.applied[p.i]) + d.ApplyPerBatch
 			rt.applied[p.i] = at
 			r.q.push(item{at: at, kind: evDeliver, a: ri, b: p.i, seq: seq, batch: &b, gen: p.gen, pub: r.now + p.eventDelay})
+		}
+	}
+}
+
+// failAll ends the requests a pod's engine failed at once (a restart, a
+// death): each is retried or recorded as its failure says.
+func (r *run) failAll(p *pod, failed []*sim.Request) {
+	for _, sq := range failed {
+		if q := sq.Tag.(*request); !q.canceled {
+			r.done(p, q, sq.Snapshot())
 		}
 	}
 }
@@ -670,7 +747,7 @@ func (r *run) done(p *pod, q *request, snap sim.Snapshot) {
 		if snap.Err != nil {
 			msg = snap.Err.Error()
 		}
-		r.fail(q, s, msg)
+		r.upstreamFailed(q, msg)
 		return
 	}
 	r.finish(q, true, snap.CachedTokens)
@@ -738,6 +815,19 @@ func (r *run) peerFlights(ri, origin int, m *peerMessage) {
 
 // routerName names router replica i as its peers know it.
 func routerName(i int) string { return "router-" + strconv.Itoa(i) }
+
+// upstreamFailed records q as failed at its pod for good, with the
+// OpenAI error the router answers: 502 before the first byte, an error
+// chunk in the stream after it (ErrStream).
+func (r *run) upstreamFailed(q *request, why string) {
+	q.rec.APIError = "server_error"
+	if q.first {
+		q.rec.Status, why = 200, ErrStream
+	} else {
+		q.rec.Status = 502
+	}
+	r.fail(q, q.s, why)
+}
 
 // fail records q as failed with why, and its session's later turns as
 // never sent.

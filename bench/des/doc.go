@@ -22,7 +22,17 @@
 // the step ends (as the live simulator and vLLM publish), held back
 // EventDelay, reaches each router after Transport plus up to Jitter, in
 // sequence order, and waits behind that router's earlier batches of the
-// same pod for ApplyPerBatch each (the subscriber's backlog).
+// same pod for ApplyPerBatch each (the subscriber's backlog). Each router
+// also probes every pod's health (every health.Config.ProbeInterval), and
+// a request failing at its pod before its first byte is retried on
+// another, as the API retries it.
+//
+// A conductor (Config.Conduct, Control) acts on a run as it goes: it sends
+// sessions itself (paired-gap's cells), cancels requests, and faults pods:
+// a failed prefill, a restart, a dead engine, dropped, delayed or cut-off
+// event batches (recovered from each pod's replay buffer,
+// Config.ReplayBuffer), a pod out of the fleet and back (the faults
+// workload's schedule).
 //
 // Prompts are the workload's text encoded by the pods' bytes tokenizer
 // (one token per byte after a BOS token), once per request, exactly as the

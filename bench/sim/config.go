@@ -14,6 +14,10 @@ import (
 )
 
 // Config describes a fleet of identical simulated pods.
+// DefaultReplayBuffer is how many batches a pod keeps for replay unless
+// told: vLLM's default buffer steps.
+const DefaultReplayBuffer = 10000
+
 type Config struct {
 	// Pods is the number of pods (default 1).
 	Pods int
@@ -87,7 +91,8 @@ type Config struct {
 	// LegacyReplay answers replay without the topic frame (before vLLM PR
 	// #45177).
 	LegacyReplay bool
-	// ReplayBuffer is the number of batches kept for replay (default 10,000).
+	// ReplayBuffer is the number of batches kept for replay (default
+	// DefaultReplayBuffer).
 	ReplayBuffer int
 
 	// TimeScale runs model time this many times faster than the wall clock
@@ -160,7 +165,7 @@ func (c *Config) withDefaults() (Config, error) {
 		out.Host = "127.0.0.1"
 	}
 	if out.ReplayBuffer == 0 {
-		out.ReplayBuffer = 10000
+		out.ReplayBuffer = DefaultReplayBuffer
 	}
 	if out.TimeScale == 0 {
 		out.TimeScale = 1
