@@ -166,8 +166,10 @@ type Candidate struct {
 	Load         LoadView
 	excluded     bool
 	// predicted refers to the predictions SpeculativeBlocks counted, for
-	// the follower accounting.
-	predicted speculative.Ref
+	// the follower accounting; queuedPredicted is how many of them wait
+	// for a prefill still queued on the target.
+	predicted       speculative.Ref
+	queuedPredicted int
 }
 
 // choice is the chooser's answer: a candidate and why.
@@ -277,8 +279,12 @@ func (c *chooser) preciseCost(cd *Candidate, promptTokens, blockSize int, spare 
 	// of it is taken off: the follower stays with the holder as long as it
 	// waits there no more than that share of the reused prefill beyond
 	// what the idle pod would take (docs/architecture.md, "Followers").
+	// Only the blocks whose prefill is still queued are reused from the
+	// queue: once their request has its first byte they are computed, and
+	// what is queued on the target is other requests' work.
 	reuse := c.cost.ReuseWait + (1-c.cost.ReuseWait)*(1-spare)
-	queued -= reuse * math.Min(float64(l.QueuedUncachedTokens), predicted)
+	queuedPredicted := float64(cd.queuedPredicted*blockSize) * cd.PredictionWeight
+	queued -= reuse * math.Min(float64(l.QueuedUncachedTokens), queuedPredicted)
 	cached := cd.Weighted*cd.Trust*float64(blockSize) + predicted
 	cached = math.Min(cached, float64(promptTokens))
 	// While no pod has capacity to spare, what the candidate must compute

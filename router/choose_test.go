@@ -38,8 +38,10 @@ func planeWithIndex(t testing.TB) (*eventplane.Plane, *kvindex.Index) {
 // TestPreciseCost pins the cost model of docs/architecture.md on small
 // fleets where the right answer is clear.
 // predictedCand gives c a predicted run of blocks weighted by trust.
+// predictedCand is c with blocks predicted (at trust) by requests still
+// waiting for their prefill there.
 func predictedCand(c Candidate, blocks int, trust float64) Candidate {
-	c.SpeculativeBlocks, c.PredictionWeight = blocks, trust
+	c.SpeculativeBlocks, c.PredictionWeight, c.queuedPredicted = blocks, trust, blocks
 	return c
 }
 
@@ -122,6 +124,10 @@ func TestReuseWait(t *testing.T) {
 	}
 	idle := cand("idle", 0, eventplane.VerdictFresh, LoadView{})
 	busy := cand("busy", 0, eventplane.VerdictFresh, LoadView{InFlight: 2, Prefilling: 2, QueuedUncachedTokens: 4100})
+	computed := func(c Candidate) Candidate {
+		c.queuedPredicted = 0
+		return c
+	}
 	cases := []struct {
 		name  string
 		wait  float64
@@ -134,6 +140,10 @@ func TestReuseWait(t *testing.T) {
 		{"a wait of 1,100 is not", 0.5, []Candidate{idle, holder(3100)}, "idle"},
 		{"always wait", 1, []Candidate{idle, holder(3100)}, "holder"},
 		{"no pod idle: stay whatever the setting", 0, []Candidate{busy, holder(3100)}, "holder"},
+		// The same predictions once their request had its first byte:
+		// the prefix is computed and the 2,100 queued tokens are other
+		// requests' prefill, which a follower waits for like any other.
+		{"computed predictions reuse no queue", 1, []Candidate{idle, computed(holder(2100))}, "idle"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -186,6 +186,7 @@ func (dc *decider) predict(d *decision, in decisionInput) {
 		ext := dc.spec.Lookup(c.Target.ID, d.chain.Keys, c.ConfirmedBlocks)
 		if ext.Blocks > 0 {
 			c.SpeculativeBlocks, c.PredictionWeight, c.predicted = ext.Blocks, dc.spec.Trust(c.Target.ID), ext.Ref
+			c.queuedPredicted = ext.Queued
 		}
 	}
 }

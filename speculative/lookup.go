@@ -12,6 +12,12 @@ import (
 // it. Ref refers to them for follower accounting (Follow).
 type Extension struct {
 	Blocks int
+	// Queued is how many of Blocks belong to requests still waiting at
+	// the pod for their first byte (a peer replica's count as waiting:
+	// their first byte is not known here): the prefill that computes them
+	// is still queued there. The others are computed, their events on
+	// the way.
+	Queued int
 	Ref    Ref
 }
 
@@ -47,7 +53,7 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 		return Extension{}
 	}
 	now := s.clock()
-	n := 0
+	n, queued := 0, 0
 	for _, k := range keys[confirmed:] {
 		p := t.pending[k]
 		if p == nil || p.deadline < now || p.queued && p.owner.settled == 0 {
@@ -62,6 +68,9 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 		if !p.referenced.Load() && p.referenced.CompareAndSwap(false, true) {
 			t.referenced.Add(1)
 		}
+		if p.owner.settled == 0 || p.owner.peer != nil {
+			queued++
+		}
 		n++
 	}
 	gen := t.gen
@@ -69,7 +78,7 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 	if n == 0 {
 		return Extension{}
 	}
-	return Extension{Blocks: n, Ref: Ref{t: t, keys: keys[confirmed : confirmed+n], gen: gen, at: now}}
+	return Extension{Blocks: n, Queued: queued, Ref: Ref{t: t, keys: keys[confirmed : confirmed+n], gen: gen, at: now}}
 }
 
 // Trust is the weight in [0, 1] of a target's predicted run: 0 while its
