@@ -55,14 +55,17 @@ func LookupPreset(kind string, quick bool) Preset {
 
 // The full presets model the hardware of DESIGN.md §5 at its own scale.
 var presets = map[string]Preset{
-	// llm-d's shape: 6,000-token system prompts shared by 5 users per
-	// group, 1,200-token questions, 1,000 output tokens, Poisson arrivals
-	// on a rising ladder; groups sized so that the system prompts fill 73%
-	// of four TP2 H100 pods' KV cache (150 groups).
+	// llm-d's shape and regime on half its fleet: 6,000-token system
+	// prompts shared by 5 users per group, 1,200-token questions, 1,000
+	// output tokens; groups sized so that their distinct prompts take 73%
+	// of four TP2 H100 pods' KV cache (75 groups, as llm-d's 150 on
+	// eight); Poisson arrivals on llm-d's ladder per pod (3 → 60 per
+	// second on eight pods: 1.5 → 30 on four), 4 minutes each (28 minutes
+	// of model time, about 25,600 requests). Sized for the des engine.
 	workload.KindSharedPrefix: {
 		Spec: workload.Spec{Users: 5, SystemTokens: 6000, QuestionTokens: 1200, OutputTokens: 1000, PrefixFill: 0.73,
-			Rates: []float64{2, 4, 6, 8, 10}, StageDuration: 60 * time.Second, Arrival: workload.Poisson},
-		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
+			Rates: []float64{1.5, 5, 10, 15, 20, 25, 30}, StageDuration: 4 * time.Minute, Arrival: workload.Poisson},
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 10 * time.Minute, Engine: EngineDES,
 	},
 	// llm-d's published shared-prefix ladder at its own size: 8 TP2 H100
 	// pods serving Qwen3-32B (307,328 KV tokens each), 150 groups × 5
@@ -77,9 +80,9 @@ var presets = map[string]Preset{
 	},
 	// 256 H100 pods serving an 8B model at 5,000 requests/s for 60 model
 	// seconds (300,000 requests): shared-prefix's shape with 2,000-token
-	// system prompts filling 73% of the fleet's KV cache when
-	// partitioned, 200-token questions, 100 output tokens. Sized for the
-	// des engine.
+	// system prompts and 200-token questions whose distinct prompts take
+	// 73% of the fleet's KV cache when partitioned, 100 output tokens.
+	// Sized for the des engine.
 	workload.KindSharedPrefix256: {
 		Spec: workload.Spec{Users: 5, SystemTokens: 2000, QuestionTokens: 200, OutputTokens: 100, PrefixFill: 0.73,
 			Rates: []float64{5000}, StageDuration: time.Minute, Arrival: workload.Poisson},
@@ -117,9 +120,10 @@ var presets = map[string]Preset{
 // The quick presets keep each shape on a fleet small enough for a 2-core
 // machine to simulate faster than real time.
 var quickPresets = map[string]Preset{
-	// llm-d's regime on a small cache: 4,000-token system prompts filling
-	// 73% of four pods of 1,027 blocks (16,432 tokens) when partitioned,
-	// i.e. 12 groups of 5 users, 200-token questions, 100 output tokens,
+	// llm-d's regime on a small cache: 4,000-token system prompts and
+	// 200-token questions whose distinct prompts take 73% of four pods of
+	// 1,027 blocks (16,432 tokens) when partitioned, i.e. 10 groups of 5
+	// users, 100 output tokens,
 	// Poisson arrivals stepping 8, 16, 24 per second: a miss costs a
 	// whole 4,200-token prefill, so a policy that spreads a group over the
 	// pods runs out of prefill throughput where one that keeps it together

@@ -308,7 +308,7 @@ func TestFaultsSendsTheSharedPrefixRequests(t *testing.T) {
 	if err != nil || kind != KindFaults {
 		t.Fatalf("ParseKind(faults) = %q, %v", kind, err)
 	}
-	spec := Spec{Seed: 3, Vocab: Bytes, Users: 2, SystemTokens: 200, QuestionTokens: 20, OutputTokens: 5, PrefixFill: 0.5,
+	spec := Spec{Seed: 3, Vocab: Bytes, Users: 2, SystemTokens: 200, QuestionTokens: 20, OutputTokens: 5, PrefixFill: 0.48,
 		Rates: []float64{50}, StageDuration: time.Second, Arrival: Poisson}
 	lim := Limits{KVTokens: 2000}
 	spec.Kind = KindSharedPrefix
@@ -321,7 +321,7 @@ func TestFaultsSendsTheSharedPrefixRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if faults.Name != KindFaults || shared.Name != KindSharedPrefix || faults.Params["prefix_fill"] != 0.5 {
+	if faults.Name != KindFaults || shared.Name != KindSharedPrefix || faults.Params["prefix_fill"] != 0.48 {
 		t.Fatalf("names %q, %q; params %v", faults.Name, shared.Name, faults.Params)
 	}
 	if len(faults.Sessions) == 0 || len(faults.Sessions) != len(shared.Sessions) {

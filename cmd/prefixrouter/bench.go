@@ -97,7 +97,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		run.checked("policies", "policies to compare, comma-separated, in order: "+strings.Join(bench.PolicyNames(), ", "), &s.Policies,
 			func(v string) error { _, err := bench.ParsePolicies(v); return err }),
 		defaultText(run.checked("engine", "live (simulated pods on loopback, real HTTP and ZeroMQ) or des (the same pods and routing code in virtual time, one goroutine: fleets and loads beyond this machine)", &s.Engine,
-			func(v string) error { _, err := bench.ParseEngine(v); return err }), "the preset's: des for llmd-ladder and shared-prefix-256, else live"),
+			func(v string) error { _, err := bench.ParseEngine(v); return err }), "the preset's: des for llmd-ladder, shared-prefix-256 and the full shared-prefix and faults, else live"),
 		defaultText(run.checked("routers", "des engine: router replicas, each with its own index, predictions and load ledger; clients spread over them per connection; a list (1,2,4) runs each policy with each count", &s.Routers,
 			func(v string) error {
 				if v == "" {
@@ -177,7 +177,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 			}), preset),
 		defaultText(wl.int("groups", "shared-prefix: groups sharing one system prompt", &s.Spec.Groups), "sized by --prefix-fill"),
 		defaultText(wl.int("users", "shared-prefix: users per group, each with a question of their own", &s.Spec.Users), preset),
-		defaultText(wl.float("prefix-fill", "shared-prefix: the groups' system prompts as a fraction of the fleet's KV tokens", &s.Spec.PrefixFill), preset),
+		defaultText(wl.float("prefix-fill", "shared-prefix: the groups' distinct prompts (each system prompt and every user's own question) as a fraction of the fleet's KV tokens", &s.Spec.PrefixFill), preset),
 		defaultText(wl.int("system-tokens", "shared-prefix: system prompt; multi-turn: each conversation's opening context", &s.Spec.SystemTokens), preset),
 		defaultText(wl.int("question-tokens", "shared-prefix: each user's question; multi-turn: each turn's message", &s.Spec.QuestionTokens), preset),
 		defaultText(wl.int("output-tokens", "output tokens per request", &s.Spec.OutputTokens), preset),
