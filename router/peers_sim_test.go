@@ -210,6 +210,7 @@ func waitShared(t *testing.T, rs []*Router) {
 // The received predictions are counted as the origin's, apart from the
 // local ones, and confirmed by the pods' events.
 func TestSimReplicasSharePredictions(t *testing.T) {
+	t.Parallel()
 	alone := runReplicas(t, 1, false)
 	shared := runReplicas(t, 2, true)
 	apart := runReplicas(t, 2, false)
@@ -232,6 +233,7 @@ func TestSimReplicasSharePredictions(t *testing.T) {
 // the other's in-flight work on a pod shows in this one's load, and goes
 // when answered; a withdrawal reaches the other replica.
 func TestSimPeerPredictionsAccounted(t *testing.T) {
+	t.Parallel()
 	f := startFleet(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond})
 	rs, addrs := startReplicas(t, f, 2, true, func(c *Config) { c.Speculative.MaxStale = time.Second })
 	g := &specRig{t: t, f: f, r: rs[0]}

@@ -314,6 +314,7 @@ func TestSimSpeculativeDisconnectedStreamPausesTrust(t *testing.T) {
 // later than the TTL, the gap between expiry and event is the blind spot
 // the predictions cannot cover, and the route says so.
 func TestSimSpeculativePairedGaps(t *testing.T) {
+	t.Parallel()
 	type cell struct {
 		gap  time.Duration
 		want string // prediction, confirmed or nothing
