@@ -33,13 +33,18 @@ func quietLogger() *slog.Logger {
 }
 
 // fastHealth returns a health configuration that notices changes within a
-// few tens of milliseconds, for tests.
+// few hundred milliseconds, for tests. The tests run side by side under
+// -race beside other packages' tests, on a machine that can be loaded
+// far past its cores: probes slowed past their timeout for a second must
+// not take a pod down (a 503 "no routable target" in the middle of a
+// test), so a pod is down after four failed probes 300 ms apart. A dead
+// pod refuses at once and is down in 1.2 s.
 func fastHealth(endpoints ...string) health.Config {
 	h := health.DefaultConfig()
 	h.Endpoints = endpoints
-	h.ProbeInterval = 150 * time.Millisecond
-	h.ProbeTimeout = 150 * time.Millisecond
-	h.FailureThreshold = 2
+	h.ProbeInterval = 300 * time.Millisecond
+	h.ProbeTimeout = 300 * time.Millisecond
+	h.FailureThreshold = 4
 	h.SuccessThreshold = 1
 	h.ModelsInterval = 300 * time.Millisecond
 	h.ScrapeInterval = 150 * time.Millisecond
