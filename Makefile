@@ -76,7 +76,7 @@ $(STATICCHECK):
 # core idle.
 # go test starts the packages in the order it is given them, UNIT_P at a
 # time: UNIT_FIRST are those whose tests take longest (under -race, each
-# alone on 2 cores: router 40 s, mostly waiting; bench 60 s; tokenize/bpe,
+# alone on 2 cores: router 45 s, mostly waiting; bench 40 s; tokenize/bpe,
 # cmd/prefixrouter, bench/des and tokenize 10-30 s of CPU each), named
 # first so that they start at once (in ./... order router, near the end,
 # waited two minutes for a slot and then ran on alone); $(PKGS) adds the
