@@ -62,6 +62,7 @@ func send(t *testing.T, method, url, id, body string) int {
 // TestAccessLog: every API request writes one line once it has ended, with
 // the fields its path knows, and never the prompt.
 func TestAccessLog(t *testing.T) {
+	t.Parallel()
 	const bs = 4
 	a := newFakePod(t, "A", bs, true)
 	b := newFakePod(t, "B", bs, true)
@@ -164,6 +165,7 @@ func TestAccessLog(t *testing.T) {
 // TestAccessLogStreamLineAtEnd: a stream's line is written when its relay
 // ends, not when the handler returns.
 func TestAccessLogStreamLineAtEnd(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	h, release := holdingStream("data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\ndata: [DONE]\n\n")

@@ -21,6 +21,7 @@ import (
 // go, and a publisher whose topic names no target is listed in GET
 // /debug/targets and counted, never routed to.
 func TestSimEventBus(t *testing.T) {
+	t.Parallel()
 	bus := publishtest.FreeAddr(t, 2)
 	onBus := startFleetWith(t, sim.Config{Pods: 2, DP: 2, EventsConnect: bus})
 	own := startFleetWith(t, sim.Config{Pods: 1})

@@ -355,6 +355,7 @@ func TestSettled(t *testing.T) {
 // time and stopping where readUntilDecided would stop chooses the target
 // that looking up the whole prompt chooses.
 func TestSettlingKeepsTheDecision(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(5, 6))
 	const blocks, count = 64, 64 * 16
 	keys := make([]kvindex.Key, blocks)

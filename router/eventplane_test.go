@@ -46,6 +46,7 @@ func TestCachesOf(t *testing.T) {
 // announces nothing after computing new blocks is judged stale, and its
 // confirmed run stops counting fully.
 func TestSilentPodTurnsStale(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, true)
 	cfg := DefaultConfig()
 	cfg.Health = fastHealth(p.endpoint())
@@ -74,6 +75,7 @@ func TestSilentPodTurnsStale(t *testing.T) {
 // target with its event stream from the event plane, in the shape it has
 // always had.
 func TestDebugTargetsShape(t *testing.T) {
+	t.Parallel()
 	live := newFakePod(t, "A", 16, true)
 	deaf := newFakePod(t, "B", 16, false)
 	cfg := DefaultConfig()

@@ -33,13 +33,18 @@ func quietLogger() *slog.Logger {
 }
 
 // fastHealth returns a health configuration that notices changes within a
-// few tens of milliseconds, for tests.
+// few hundred milliseconds, for tests. The tests run side by side under
+// -race beside other packages' tests, on a machine that can be loaded
+// far past its cores: probes slowed past their timeout for a second must
+// not take a pod down (a 503 "no routable target" in the middle of a
+// test), so a pod is down after four failed probes 300 ms apart. A dead
+// pod refuses at once and is down in 1.2 s.
 func fastHealth(endpoints ...string) health.Config {
 	h := health.DefaultConfig()
 	h.Endpoints = endpoints
-	h.ProbeInterval = 150 * time.Millisecond
-	h.ProbeTimeout = 150 * time.Millisecond
-	h.FailureThreshold = 2
+	h.ProbeInterval = 300 * time.Millisecond
+	h.ProbeTimeout = 300 * time.Millisecond
+	h.FailureThreshold = 4
 	h.SuccessThreshold = 1
 	h.ModelsInterval = 300 * time.Millisecond
 	h.ScrapeInterval = 150 * time.Millisecond
@@ -56,13 +61,23 @@ func startRouter(t testing.TB, cfg Config, tokenizers ...string) *Router {
 }
 
 // startRouterLogging is startRouter with the router's logs going to log.
+// The event plane judges the streams as often as fastHealth's monitor
+// evaluates (unless the test set its own pace): a test waiting for a
+// fresh pod then waits a tick of 50 ms, not the default 500 ms.
 func startRouterLogging(t testing.TB, cfg Config, log *slog.Logger, tokenizers ...string) *Router {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "127.0.0.1:0"
+	if cfg.Events.EvalInterval == DefaultConfig().Events.EvalInterval {
+		cfg.Events.EvalInterval = 50 * time.Millisecond
+	}
 	// No client timeout of its own: only the router's contexts (the
 	// request's life, --tokenize-timeout) end a remote tokenization.
-	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger(), HTTPClient: &http.Client{}})
+	// Caches of a few MiB hold every prompt a test sends; the defaults'
+	// (320 MiB of counters) take about 0.2 s to clear on Close under
+	// -race, once per router.
+	reg := tokenize.NewRegistry(tokenize.Options{Logger: quietLogger(), HTTPClient: &http.Client{},
+		CacheMaxBytes: 4 << 20, MessageCacheMaxBytes: 1 << 20})
 	for _, spec := range tokenizers {
 		if _, err := reg.AddSpec(spec); err != nil {
 			t.Fatalf("tokenizer %s: %v", spec, err)

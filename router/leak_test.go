@@ -45,6 +45,7 @@ func hangUp(w http.ResponseWriter, r *http.Request) {
 // id) in any byte a client sees: status, headers or body. The detail is in
 // the log and in GET /debug/targets, by the client's request id.
 func TestClientErrorsNameNoAddress(t *testing.T) {
+	t.Parallel()
 	a := newFakePod(t, "A", 16, true)
 	b := newFakePod(t, "B", 16, true)
 	pods := []*fakePod{a, b}

@@ -208,7 +208,9 @@ func waitShared(t *testing.T, rs []*Router) {
 // as often as one replica alone manages (at least 90% of it), and miss it
 // without sharing (the second replica sees no holder and picks on load).
 // The received predictions are counted as the origin's, apart from the
-// local ones, and confirmed by the pods' events.
+// local ones, and confirmed by the pods' events. Its followers must come
+// inside the 600 ms event gap, so it runs before the package's parallel
+// tests rather than beside them.
 func TestSimReplicasSharePredictions(t *testing.T) {
 	alone := runReplicas(t, 1, false)
 	shared := runReplicas(t, 2, true)
@@ -232,6 +234,7 @@ func TestSimReplicasSharePredictions(t *testing.T) {
 // the other's in-flight work on a pod shows in this one's load, and goes
 // when answered; a withdrawal reaches the other replica.
 func TestSimPeerPredictionsAccounted(t *testing.T) {
+	t.Parallel()
 	f := startFleet(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond})
 	rs, addrs := startReplicas(t, f, 2, true, func(c *Config) { c.Speculative.MaxStale = time.Second })
 	g := &specRig{t: t, f: f, r: rs[0]}

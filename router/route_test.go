@@ -19,6 +19,7 @@ import (
 // corrected to what the pod has to compute when the tail ends, or, if the
 // pod answers first, expects nothing.
 func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// report stores the request's own blocks as the pod's events do.

@@ -55,6 +55,7 @@ func tokenPrompt(n int) ([]uint32, string) {
 // the target, and their removal moves the choice — no request ever warmed
 // the pods, only events did.
 func TestRoutingFollowsConfirmedIndex(t *testing.T) {
+	t.Parallel()
 	const bs = 4
 	a := newFakePod(t, "A", bs, true)
 	b := newFakePod(t, "B", bs, true)
@@ -128,6 +129,7 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 // answers with an OpenAI-shaped error and the right status, and the pod sees
 // nothing.
 func TestBadInputNeverReachesPod(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	cfg := DefaultConfig()
 	cfg.MaxBodyBytes = 4096
@@ -243,6 +245,7 @@ func TestBadInputNeverReachesPod(t *testing.T) {
 // chunk while the pod is still holding the rest back. A buffering proxy
 // would deadlock here (and fail on the wait's deadline).
 func TestStreamingPassesThroughIncrementally(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	h, release := holdingStream("data: {\"choices\":[{\"text\":\"first\"}]}\n\n",
 		"data: {\"choices\":[{\"text\":\"second\"}]}\n\n"+
@@ -279,6 +282,7 @@ func TestStreamingPassesThroughIncrementally(t *testing.T) {
 // TestClientCancelCancelsUpstream: a client that gives up, before the first
 // byte or in the middle of a stream, closes the pod's request.
 func TestClientCancelCancelsUpstream(t *testing.T) {
+	t.Parallel()
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			p := newFakePod(t, "A", 16, false)
@@ -340,6 +344,7 @@ func TestClientCancelCancelsUpstream(t *testing.T) {
 // router is still asking a pod to tokenize its prompt ends that call at
 // once, long before the tokenization timeout, and nothing is proxied.
 func TestClientCancelCancelsTokenization(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	arrived := make(chan struct{}, 1)
 	canceled := make(chan struct{})
@@ -388,6 +393,7 @@ func TestClientCancelCancelsTokenization(t *testing.T) {
 // TestRetryBeforeFirstByte: a pod that drops the connection or answers 5xx
 // before any byte is retried on another one; the client only sees success.
 func TestRetryBeforeFirstByte(t *testing.T) {
+	t.Parallel()
 	for _, failure := range []string{"connection dropped", "status 503", "stream dies before first chunk"} {
 		t.Run(failure, func(t *testing.T) {
 			bad := newFakePod(t, "bad", 16, false)
@@ -437,6 +443,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 // TestGracefulShutdownDrains: a request in flight when shutdown starts
 // completes.
 func TestGracefulShutdownDrains(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	arrived := make(chan struct{})
 	release := make(chan struct{})
@@ -488,6 +495,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 // TestModelsUnionAndForwarding: /v1/models merges every pod's list and
 // /tokenize reaches a pod serving the body's model.
 func TestModelsUnionAndForwarding(t *testing.T) {
+	t.Parallel()
 	a := newFakePod(t, "A", 16, false, "alpha")
 	b := newFakePod(t, "B", 16, false, "beta")
 	cfg := DefaultConfig()
@@ -549,6 +557,7 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 // TestRequestIDAndHeaders: X-Request-Id propagates both ways, hop-by-hop
 // headers stop at the proxy, and the dp rank is only sent to dp pods.
 func TestRequestIDAndHeaders(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	seen := make(chan http.Header, 1)
 	p.setHandler(func(w http.ResponseWriter, r *http.Request) {

@@ -56,6 +56,7 @@ type completion struct {
 // on sockets of their own the router subscribes to, or (bus) connect to
 // one the router binds (--events-listen), telling pods apart by topic.
 func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []struct {
 		name   string
 		seed   bool
@@ -76,6 +77,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 		{"LoRA adapter, exact keys, events on a bus", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise, true},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			fcfg := sim.Config{Pods: 3, LoRAs: []string{"sql-adapter"}}
 			cfg := DefaultConfig()
 			if mode.bus {
@@ -167,6 +169,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 // whose requests fail in prefill is retried elsewhere before the client sees
 // a byte.
 func TestSimDeadAndFailingPods(t *testing.T) {
+	t.Parallel()
 	t.Run("dead pod avoided", func(t *testing.T) {
 		f := startFleet(t, 2, sim.Faults{})
 		cfg := DefaultConfig()
@@ -214,6 +217,7 @@ func TestSimDeadAndFailingPods(t *testing.T) {
 // computed on one rank is found there again (without the header the pod
 // would place requests itself and the hits would scatter).
 func TestSimDataParallelRanks(t *testing.T) {
+	t.Parallel()
 	f := startFleetWith(t, sim.Config{Pods: 1, DP: 2})
 	cfg := DefaultConfig()
 	cfg.DebugHeaders = true
@@ -248,6 +252,7 @@ func TestSimDataParallelRanks(t *testing.T) {
 // /metrics shows a new process start time: the router must drop what the old
 // process held rather than keep routing to a cold cache.
 func TestSimIdleRestartDropsPlacements(t *testing.T) {
+	t.Parallel()
 	f := startFleet(t, 1, sim.Faults{})
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise
@@ -277,6 +282,7 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 // stops once only the cheapest pod can hold the rest: the dry run and the
 // outcome's prediction then count that pod's whole run.
 func TestSimReadsUntilDecided(t *testing.T) {
+	t.Parallel()
 	f := startFleet(t, 2, sim.Faults{})
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyPrecise

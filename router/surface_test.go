@@ -32,6 +32,7 @@ func decodeEcho(t *testing.T, b []byte) forwardEcho {
 // body's model, on the path the client named, with the body byte for byte;
 // /version reaches a pod with GET.
 func TestForwardedEndpoints(t *testing.T) {
+	t.Parallel()
 	a := newFakePod(t, "A", 16, false, "alpha")
 	b := newFakePod(t, "B", 16, false, "beta")
 	c := newFakePod(t, "C", 16, false, "alpha")
@@ -79,6 +80,7 @@ func TestForwardedEndpoints(t *testing.T) {
 // the fewest requests in flight, and one whose pod fails before the first
 // byte is retried on another.
 func TestForwardedLeastLoadAndRetry(t *testing.T) {
+	t.Parallel()
 	a := newFakePod(t, "A", 16, false)
 	c := newFakePod(t, "C", 16, false)
 	cfg := DefaultConfig()
@@ -141,6 +143,7 @@ func TestForwardedLeastLoadAndRetry(t *testing.T) {
 // (ids with slashes too) or an OpenAI-shaped 404; a forwarded body without a
 // model takes the fleet's only model, and is refused when there are several.
 func TestModelDefaultAndRetrieve(t *testing.T) {
+	t.Parallel()
 	a := newFakePod(t, "A", 16, false, "org/model-x")
 	cfg := DefaultConfig()
 	cfg.Health = fastHealth(a.endpoint())
@@ -196,6 +199,7 @@ func TestModelDefaultAndRetrieve(t *testing.T) {
 // TestResponsesStreamAndUsage: a streamed Responses answer passes through
 // as it comes, and the cached tokens its final event reports are counted.
 func TestResponsesStreamAndUsage(t *testing.T) {
+	t.Parallel()
 	p := newFakePod(t, "A", 16, false)
 	h, release := holdingStream("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n",
 		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"status\":\"completed\","+
@@ -228,6 +232,7 @@ func TestResponsesStreamAndUsage(t *testing.T) {
 // holding the blocks of the chat vLLM renders from it; one whose prompt the
 // router cannot derive (tools) is routed on load.
 func TestResponsesRoutedByPrefix(t *testing.T) {
+	t.Parallel()
 	const bs = 4
 	a := newFakePod(t, "A", bs, true)
 	b := newFakePod(t, "B", bs, true)

@@ -69,6 +69,7 @@ func ready(t *testing.T, r *Router) (int, string) {
 // degrades a target, without the address. The alertable counters exist at
 // zero from the start.
 func TestWiringFaultBarePodURL(t *testing.T) {
+	t.Parallel()
 	// A loopback address of its own, so that no other test's publisher
 	// can be listening on its port 5557.
 	f := startFleetWith(t, sim.Config{Pods: 1, Host: "127.0.0.57"})
@@ -121,6 +122,7 @@ func TestWiringFaultBarePodURL(t *testing.T) {
 // /ready, sets the gauge, and voids the target's confirmed runs; requests
 // are still answered.
 func TestWiringFaultWrongHashSeed(t *testing.T) {
+	t.Parallel()
 	f := startFleet(t, 1, sim.Faults{})
 	cfg := DefaultConfig()
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "1", true
