@@ -23,8 +23,8 @@ import (
 )
 
 // live makes TestEnginesAgree run the live engine liveRuns times first and
-// record what it measured in testdata/agreement (make agreement: about
-// four minutes on 2 cores, on an otherwise idle machine: the live engine's
+// record what it measured in testdata/agreement (make agreement: about a
+// quarter of an hour on 2 cores, on an otherwise idle machine: the live engine's
 // latencies are the machine's too); without it the des engine is compared
 // with the last recording.
 var live = flag.Bool("live", false, "run the live engine too and rewrite testdata/agreement")
@@ -43,14 +43,10 @@ const liveRuns = 3
 // agreement's 12 also check the noisy figures.
 var desSeeds = flag.Int("seeds", 4, "des runs each comparison averages")
 
-// agreementWorkloads are the quick presets both engines run. shared-prefix
-// is left out because the live engine's own runs disagree there by far
-// more than 15% (its cache-aware policies are bistable at that load:
-// docs/performance.md), burst because the engines disagree on its TTFT
-// p50 for every policy (des 0.21 s, live 0.34 s for round-robin; open:
-// eight siblings within 10 ms of model time are 2 ms of wall time for the
-// live engine, which the machine may not take at once).
-var agreementWorkloads = []string{workload.KindMultiTurn, workload.KindRandom}
+// agreementWorkloads are the quick presets both engines run (paired-gap
+// and faults, whose figures are their matrices, are checked on the des
+// engine by their own tests).
+var agreementWorkloads = []string{workload.KindMultiTurn, workload.KindRandom, workload.KindBurst, workload.KindSharedPrefix}
 
 // noisy are the figures whose des mean over 4 seeds still moves by more
 // than a tenth from one test run to the next; make test leaves them out
@@ -109,7 +105,7 @@ func TestEnginesAgree(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			path := filepath.Join("testdata", "agreement", kind+"-live.json")
 			o := quickOptions(t, kind)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 			defer cancel()
 			if *live {
 				var runs []*report.Results
@@ -119,9 +115,10 @@ func TestEnginesAgree(t *testing.T) {
 						t.Fatal(err)
 					}
 					// The curves are the report's; the figures compared
-					// are enough here.
+					// and the TTFT distribution (medianAgrees) are
+					// enough here.
 					for _, p := range res.Policies {
-						p.TTFTCDF, p.TTFTOverTime = nil, nil
+						p.TTFTOverTime, p.TTFTByStage = nil, nil
 					}
 					runs = append(runs, res)
 				}
@@ -184,12 +181,14 @@ func TestEnginesAgree(t *testing.T) {
 					name       string
 					live, des  float64
 					floorDelta float64
+					of         func(*report.Policy) float64
 				}{
-					{"ttft_p50", l.TTFT.P50, d.TTFT.P50, 0},
-					{"ttft_p90", l.TTFT.P90, d.TTFT.P90, 0},
+					{"ttft_p50", l.TTFT.P50, d.TTFT.P50, 0, func(p *report.Policy) float64 { return p.TTFT.P50 }},
+					{"ttft_p90", l.TTFT.P90, d.TTFT.P90, 0, func(p *report.Policy) float64 { return p.TTFT.P90 }},
+					{"ttft_mean", l.TTFT.Mean, d.TTFT.Mean, 0, func(p *report.Policy) float64 { return p.TTFT.Mean }},
 					// A rate of zero (random prompts share nothing) must stay
 					// within a point.
-					{"cache_hit", l.CacheHitRate, d.CacheHitRate, 0.01},
+					{"cache_hit", l.CacheHitRate, d.CacheHitRate, 0.01, func(p *report.Policy) float64 { return p.CacheHitRate }},
 				} {
 					off := math.Abs(m.des - m.live)
 					fmt.Fprintf(&table, "%s %s: live %.4g des %.4g (%.0f%%)\n", pol, m.name, m.live, m.des, 100*off/math.Max(m.live, 1e-9))
@@ -197,14 +196,83 @@ func TestEnginesAgree(t *testing.T) {
 					if noisy[key] && *desSeeds < 12 {
 						continue
 					}
-					if off > math.Max(agreementTolerance*m.live, m.floorDelta) {
-						t.Errorf("%s: des %.4g, live %.4g: more than %.0f%% apart", key, m.des, m.live, 100*agreementTolerance)
+					if off <= math.Max(agreementTolerance*m.live, m.floorDelta) {
+						continue
 					}
+					if m.name == "ttft_p50" {
+						if lo, hi, ok := medianStep(runs, pol); ok && m.des >= lo && m.des <= hi {
+							fmt.Fprintf(&table, "%s ttft_p50: the live distribution steps from %.4g to %.4g across its median; des inside\n", pol, lo, hi)
+							continue
+						}
+					}
+					if lo, hi, ok := liveSpread(runs, pol, m.of); ok && m.des >= lo*(1-agreementTolerance) && m.des <= hi*(1+agreementTolerance) {
+						fmt.Fprintf(&table, "%s %s: the live runs themselves span %.4g to %.4g; des inside\n", pol, m.name, lo, hi)
+						continue
+					}
+					t.Errorf("%s: des %.4g, live %.4g: more than %.0f%% apart", key, m.des, m.live, 100*agreementTolerance)
 				}
 			}
 			t.Logf("%s (mean of %d live runs recorded %s, of %d des runs):\n%s", kind, len(runs), runs[0].Date, *desSeeds, table.String())
 		})
 	}
+}
+
+// liveSpread reports whether the live runs' own figures for policy
+// disagree by more than twice the tolerance (the largest over the
+// smallest), and their range. Near its limits a workload's run can tip:
+// one group spread over two pods early makes more misses, longer queues
+// and more spreading (shared-prefix's quick preset on the live engine:
+// the oracle's p90 was 3.08 s, 45 ms and 3.55 s in three runs of one
+// recording, approximate's 4.69 s, 49 ms and 49 ms). A mean of such runs
+// stands for no run; the des figure is then checked to lie within the
+// range the live engine itself spans.
+func liveSpread(runs []report.Results, policy string, of func(*report.Policy) float64) (lo, hi float64, ok bool) {
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for _, r := range runs {
+		p := r.Policies[policy]
+		if p == nil {
+			return 0, 0, false
+		}
+		lo, hi = math.Min(lo, of(p)), math.Max(hi, of(p))
+	}
+	return lo, hi, len(runs) > 1 && hi > lo*(1+2*agreementTolerance)
+}
+
+// medianStep reports whether policy's live TTFT distribution steps across
+// its median: its 45th and 55th percentiles (means over the runs) more
+// than a third apart. Burst's round-robin is such a distribution: the
+// first sibling on each pod is served in one prefill step, the second
+// waits for it, and each is exactly half of the requests, so a share of
+// one or two percent more or less below the step moves the median from
+// one side of it to the other (docs/performance.md, "Agreement with the
+// live engine"). The des median is then checked to lie on the step, the
+// mean TTFT (compared as any figure) to agree.
+func medianStep(runs []report.Results, policy string) (lo, hi float64, ok bool) {
+	n := 0
+	for _, r := range runs {
+		p := r.Policies[policy]
+		if p == nil || len(p.TTFTCDF) == 0 {
+			return 0, 0, false
+		}
+		lo += quantileOf(p.TTFTCDF, 0.45)
+		hi += quantileOf(p.TTFTCDF, 0.55)
+		n++
+	}
+	if n == 0 {
+		return 0, 0, false
+	}
+	lo, hi = lo/float64(n), hi/float64(n)
+	return lo, hi, hi > lo*4/3
+}
+
+// quantileOf reads quantile q off a (seconds, fraction) CDF.
+func quantileOf(cdf [][2]float64, q float64) float64 {
+	for _, pt := range cdf {
+		if pt[1] >= q {
+			return pt[0]
+		}
+	}
+	return cdf[len(cdf)-1][0]
 }
 
 // meanOf is each policy's TTFT p50 and p90 and cache-hit rate averaged
@@ -221,6 +289,7 @@ func meanOf(runs []report.Results) map[string]*report.Policy {
 			}
 			m.TTFT.P50 += p.TTFT.P50 / n
 			m.TTFT.P90 += p.TTFT.P90 / n
+			m.TTFT.Mean += p.TTFT.Mean / n
 			m.CacheHitRate += p.CacheHitRate / n
 		}
 	}
