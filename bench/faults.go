@@ -318,6 +318,14 @@ func (fi *faultInjector) converge(ctx context.Context, i int, end time.Time, f *
 	}
 }
 
+// noteSaw adds what the router made of a faulted pod to f.RouterSaw,
+// once, in the order first seen.
+func noteSaw(f *report.Fault, what string) {
+	if !slices.Contains(f.RouterSaw, what) {
+		f.RouterSaw = append(f.RouterSaw, what)
+	}
+}
+
 // sinceIf keeps since while ok holds, starts it at now when ok begins,
 // and clears it when ok ends.
 func sinceIf(ok bool, since *float64, now float64) *float64 {
@@ -339,11 +347,7 @@ func (fi *faultInjector) observe(i int, f *report.Fault) (fresh, routable bool) 
 	if rt == nil {
 		return false, false
 	}
-	saw := func(what string) {
-		if !slices.Contains(f.RouterSaw, what) {
-			f.RouterSaw = append(f.RouterSaw, what)
-		}
-	}
+	saw := func(what string) { noteSaw(f, what) }
 	snap := rt.Monitor().Snapshot()
 	fresh, routable = true, true
 	for r := range fi.fr.fleet.Config().DP {
@@ -556,11 +560,7 @@ func (df *desFaults) observe(pod int, f *report.Fault) (fresh, routable bool) {
 	if c.Routers() == 0 {
 		return false, false
 	}
-	saw := func(what string) {
-		if !slices.Contains(f.RouterSaw, what) {
-			f.RouterSaw = append(f.RouterSaw, what)
-		}
-	}
+	saw := func(what string) { noteSaw(f, what) }
 	v := c.Verdict(0, pod)
 	saw(v)
 	reason := c.Reason(0, pod)

@@ -37,6 +37,18 @@ func newPairTiming(fleet sim.Config, promptTokens int, ttl time.Duration) pairTi
 		}}
 }
 
+// settleAfter is how long after its start a cell waits before the next:
+// until its events are in (and a fault undone) and every prediction of
+// the cell has ended (confirmed, or expired at its TTL), so that the
+// speculative view's changes over the cell are the cell's.
+func (tm pairTiming) settleAfter(cell workload.Cell) time.Duration {
+	eventDelay := tm.eventDelay
+	if cell.Condition == workload.CondDelayedEvents {
+		eventDelay = tm.delayed
+	}
+	return max(eventDelay+tm.latency*3/2, tm.gaps[cell.Gap]+tm.latency, tm.ttl+tm.latency)
+}
+
 // pairTTL is the TTL paired-gap gives the speculative policy when none is
 // fixed: the cells sit at known offsets from it only if it stays put.
 func pairTTL(fleet sim.Config, promptTokens int) time.Duration {
@@ -141,11 +153,9 @@ func (pr *pairRunner) cell(ctx context.Context, i int, cell workload.Cell, prog 
 	first, second := &w.Sessions[2*i], &w.Sessions[2*i+1]
 	out := report.Pair{Condition: cell.Condition, Gap: cell.Gap}
 	before, _ := pr.specView()
-	eventDelay := pr.tm.eventDelay
 	switch cell.Condition {
 	case workload.CondDelayedEvents:
-		eventDelay = pr.tm.delayed
-		if err := pr.setFaults(ctx, func(f *sim.Faults) { f.EventDelay = eventDelay }); err != nil {
+		if err := pr.setFaults(ctx, func(f *sim.Faults) { f.EventDelay = pr.tm.delayed }); err != nil {
 			return out, err
 		}
 	case workload.CondFailPrefill:
@@ -210,8 +220,7 @@ func (pr *pairRunner) cell(ctx context.Context, i int, cell workload.Cell, prog 
 	// The cell's events are in (and a fault undone) before the next cell.
 	// Every prediction of the cell has ended too (confirmed, or expired at
 	// its TTL), so that the view's changes over the cell are the cell's.
-	settle := max(eventDelay+pr.tm.latency*3/2, pr.tm.gaps[cell.Gap]+pr.tm.latency, pr.tm.ttl+pr.tm.latency)
-	if !sleepCtx(ctx, time.Until(t0.Add(pr.wall(settle)))) {
+	if !sleepCtx(ctx, time.Until(t0.Add(pr.wall(pr.tm.settleAfter(cell))))) {
 		return out, ctx.Err()
 	}
 	if cell.Condition == workload.CondDelayedEvents {
@@ -336,7 +345,6 @@ func (dp *desPairs) cell(i int) {
 	out := report.Pair{Condition: cell.Condition, Gap: cell.Gap}
 	before, _ := c.Speculative()
 	t0 := c.Now()
-	eventDelay := c.EventDelay(0)
 	allPods := func(change func(pod int)) {
 		for p := range c.Pods() {
 			change(p)
@@ -365,13 +373,8 @@ func (dp *desPairs) cell(i int) {
 		out.ConfirmedBlocks, out.PredictedTokens, out.CachedTokens = second.ConfirmedBlocks, second.PredictedTokens, r.CachedTokens
 		out.TTFTS = r.TTFT
 		out.Basis = basisOf(routedOn{known: second.Routed, confirmedBlocks: second.ConfirmedBlocks, predictedTokens: second.PredictedTokens}, dp.prof.BlockSize)
-		delayed := eventDelay
-		if cell.Condition == workload.CondDelayedEvents {
-			delayed = tm.delayed
-		}
-		until := max(delayed+tm.latency*3/2, tm.gaps[cell.Gap]+tm.latency, tm.ttl+tm.latency)
-		c.At(t0+until, func() {
-			allPods(func(p int) { c.SetEventDelay(p, eventDelay) })
+		c.At(t0+tm.settleAfter(cell), func() {
+			allPods(func(p int) { c.SetEventDelay(p, tm.eventDelay) })
 			dp.whenRoutable(c.Now()+routableBound, func() {
 				if after, ok := c.Speculative(); ok {
 					out.Spec = pairSpec(&before, &after)

@@ -101,7 +101,8 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries,
-		health: cfg.Health, probes: make([]probeRun, len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets))}
+		health: cfg.Health, probes: make([]probeRun, len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets)),
+		started: make([]time.Time, len(cfg.Targets))}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
 		stream := func(id target.ID) speculative.Stream {
@@ -375,9 +376,6 @@ func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64, pr
 	if !ok {
 		return
 	}
-	if v.started == nil {
-		v.started = make([]time.Time, len(v.targets))
-	}
 	if old := v.started[i]; !old.IsZero() && !old.Equal(processStart) {
 		v.restarted(id)
 	}
@@ -407,10 +405,10 @@ func (v *Virtual) Speculative() (speculative.View, bool) {
 }
 
 // Routable reports whether the router would send new work to target id
-// now (its circuit breaker allows it).
+// now: it is in the fleet and its state and circuit breaker allow it.
 func (v *Virtual) Routable(id target.ID) bool {
 	i, ok := v.slot[id]
-	return ok && v.targets[i].CanRoute()
+	return ok && !v.unlisted[i] && v.targets[i].CanRoute()
 }
 
 // Verdict is the verdict on target id's event stream.
@@ -500,12 +498,6 @@ func (v *Virtual) List(id target.ID) error {
 // reconnect and catch up from the replay buffer (true), as a network cut
 // between the router and the pod's publisher does.
 func (v *Virtual) SetConnected(id target.ID, connected bool) { v.plane.SetConnected(id, connected) }
-
-// Listed reports whether target id is in the fleet (not Unlist-ed).
-func (v *Virtual) Listed(id target.ID) bool {
-	i, ok := v.slot[id]
-	return ok && !v.unlisted[i]
-}
 
 // Reason is why the router would not route to target id now ("" when it
 // would): health's reason, or the open breaker.

@@ -233,8 +233,8 @@ func TestVirtualFleetChanges(t *testing.T) {
 			t.Fatal("a request went to an unlisted target")
 		}
 	}
-	if f.v.Listed(holder) || f.v.Reason(holder) != "removed" || held() != 0 {
-		t.Fatalf("unlisted: listed %v, reason %q, %d blocks held", f.v.Listed(holder), f.v.Reason(holder), held())
+	if f.v.Routable(holder) || f.v.Reason(holder) != "removed" || held() != 0 {
+		t.Fatalf("unlisted: routable %v, reason %q, %d blocks held", f.v.Routable(holder), f.v.Reason(holder), held())
 	}
 	if err := f.v.List(holder); err != nil {
 		t.Fatal(err)
