@@ -51,11 +51,15 @@ type DryRun struct {
 	Candidates     []DryCandidate `json:"candidates"`
 }
 
-// DryRunDecision names the chosen target and why.
+// DryRunDecision names the chosen target and why. For a model with
+// prefill pods, Target computes the prefill (the candidates are the
+// prefill pods) and Decode names the decode pod; without Decode, Target
+// serves the whole request.
 type DryRunDecision struct {
-	Target string `json:"target"`
-	Rank   int    `json:"rank"`
-	Reason string `json:"reason"`
+	Target string          `json:"target"`
+	Rank   int             `json:"rank"`
+	Reason string          `json:"reason"`
+	Decode *DryRunDecision `json:"decode,omitempty"`
 }
 
 // DryCandidate is one candidate's score.
@@ -129,6 +133,10 @@ func dryRunOf(d *decision, tail *promptTail) DryRun {
 		LookedUpBlocks: len(d.chain.Keys),
 		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: d.reason},
 		Candidates:     make([]DryCandidate, 0, len(d.cands)),
+	}
+	if dec := d.decode; dec != nil {
+		id := dec.target().Target.ID
+		out.Decision.Decode = &DryRunDecision{Target: id.Endpoint, Rank: id.Rank, Reason: dec.reason}
 	}
 	for i, c := range d.cands {
 		out.Candidates = append(out.Candidates, DryCandidate{

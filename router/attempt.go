@@ -38,6 +38,21 @@ type exchange struct {
 	tail   *promptTail
 	// routeTime is the time from arrival to the first dispatch.
 	routeTime time.Duration
+	// A split request's decode stage (disagg.go): sendBody is the body
+	// sent to the decode pod, the client's with the prefill pod's
+	// kv_transfer_params (nil: the client's as it came), and prefilled
+	// the attempt that computed the prompt, whose answer says what the
+	// request found in the prefix cache.
+	sendBody  []byte
+	prefilled *attempt
+}
+
+// body is the request body the attempts send.
+func (x *exchange) body() []byte {
+	if x.sendBody != nil {
+		return x.sendBody
+	}
+	return x.in.PostBody()
 }
 
 // attemptResult is how one attempt on one target ended.
@@ -51,13 +66,18 @@ const (
 // dispatch proxies a decided request, retrying on other targets while no
 // byte has reached the client.
 func (r *Router) dispatch(x *exchange, d *decision) {
+	if d.decode != nil {
+		if d = r.prefill(x, d); d == nil {
+			return
+		}
+	}
 	for n := 0; ; n++ {
 		a := r.newAttempt(x, d, n)
 		if a.run() == attemptDone {
 			return
 		}
 		failed := a.name
-		next, ok := x.dec.without(d)
+		next, ok := d.by.without(d)
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no target could answer the request", "request_id", x.id, "path", x.path, "last", failed, "attempts", n+1)
 			a.fail(errUpstream(fasthttp.StatusBadGateway, "no target could answer the request"))
@@ -82,6 +102,10 @@ type attempt struct {
 	d    *decision
 	n    int // 0 for the first attempt, then retries
 	name string
+	// prefillStage: the attempt computes a split request's prompt; its
+	// answer is read by the router, not relayed, and its outcome is
+	// recorded with the decode stage's (disagg.go).
+	prefillStage bool
 
 	flight health.Flight
 	expect eventplane.Expectation
@@ -117,30 +141,49 @@ type attempt struct {
 func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	c := d.target()
 	a := &attempt{r: r, x: x, d: d, n: n, name: c.Target.ID.String()}
-	v := d.view(x.tail, d.chosen)
+	v := d.view(a.tail(), d.chosen)
 	a.predicted = v.predicted
-	a.flight = c.Target.Dispatch(v.prompt.count, v.prompt.count-v.predicted)
+	uncached := v.prompt.count - v.predicted
+	if x.sendBody != nil {
+		// A split request's decode pod loads the prompt's blocks from the
+		// prefill pod instead of computing them.
+		uncached = 0
+	}
+	a.flight = c.Target.Dispatch(v.prompt.count, uncached)
 	r.mesh.Changed(c.Target.ID) // the peer replicas' view of the pod's queue
-	if x.ep.routed() {
+	if x.ep.routed() && x.sendBody == nil {
 		// Only a prompt the pod prefills into its cache is expected to be
 		// announced by KV events.
 		a.expect = r.ev.Dispatch(c.Target.ID)
 	}
-	x.tail.hold(&a.flight, d.chosen)
+	a.tail().hold(&a.flight, d.chosen)
 	if d.predicting && x.ep.routed() {
 		a.predict(c)
 	}
-	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
+	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 && !d.decodeStage {
 		ap.record(c.Target.ID, d.approxChunks)
 	}
 	r.met.routed.WithLabelValues(a.name, x.model, x.dec.policyName).Inc()
 	a.decided = time.Since(x.start)
-	if n == 0 {
-		x.routeTime = a.decided
+	if !d.decodeStage {
+		// A split request's decode stage starts after its prefill: that
+		// is the pods' time, not the router's.
+		if n == 0 {
+			x.routeTime = a.decided
+		}
+		r.met.overhead.WithLabelValues(x.dec.policyName).Observe(a.decided.Seconds())
 	}
-	r.met.overhead.WithLabelValues(x.dec.policyName).Observe(a.decided.Seconds())
 	a.call = newCall(x.life.ctx)
 	return a
+}
+
+// tail is the prompt tail of the attempt's decision: nil for a split
+// request's decode stage, whose candidates are not those the tail looks up.
+func (a *attempt) tail() *promptTail {
+	if a.d.decodeStage {
+		return nil
+	}
+	return a.x.tail
 }
 
 // predict records the blocks the chosen candidate does not hold yet as
@@ -171,7 +214,7 @@ func (a *attempt) run() attemptResult {
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
-	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.in.PostBody(), x.in, x.id))
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.body(), x.in, x.id))
 	if err != nil {
 		return a.failedBeforeByte(err)
 	}
@@ -264,7 +307,15 @@ func (a *attempt) fail(e *apiError) {
 // answer records the first byte and relays the pod's status and headers.
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
-	v := x.dec.atFirstByte(a.d, x.tail, &a.flight)
+	var v promptView
+	if a.d.decodeStage {
+		// A split request's decode pod: the prefill stage settled what
+		// the prompt found in the cache.
+		a.flight.FirstByte()
+		v = a.d.view(nil, a.d.chosen)
+	} else {
+		v = x.dec.atFirstByte(a.d, x.tail, &a.flight)
+	}
 	a.placement.Settle()
 	r.mesh.Changed(a.d.target().Target.ID)
 	a.expect.FirstByte(a.flight.Tokens())
@@ -445,7 +496,7 @@ func (a *attempt) end() {
 		return
 	}
 	a.ended = true
-	a.x.tail.release()
+	a.tail().release()
 	if a.resp != nil {
 		// The body first: a connection read to its end goes back to the
 		// pool, and ending the call's context would close it.
@@ -465,6 +516,11 @@ func (a *attempt) end() {
 	}
 	a.flight.Finish(healthOutcome(a.label))
 	a.r.mesh.Changed(a.d.target().Target.ID)
+	if a.prefillStage {
+		// The router reads the answer; the request's outcome is the
+		// decode stage's, or prefill's when it ends the request there.
+		return
+	}
 	if a.label == "upstream_error" && !a.answered {
 		// Failed before any byte: dispatch retries, or counts the request
 		// once it gives up.

@@ -35,6 +35,11 @@ type Config struct {
 	// terms (--decode-weight, --kv-threshold, --kv-pressure).
 	Policy Policy
 	Cost   CostConfig
+	// PDThreshold is, for a model served by prefill and decode pods, the
+	// prompt length in tokens below which the decode pod computes the
+	// whole request: a short prompt costs less to compute than to hand
+	// over (--pd-threshold; 0: split every prompt).
+	PDThreshold int
 
 	// Tokenization is the mode for models that have no --tokenizer entry
 	// (and for entries that name no mode) (--tokenization): local models
@@ -164,6 +169,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxResponseBytes <= 0 {
 		bad("--max-response-bytes must be positive")
+	}
+	if c.PDThreshold < 0 {
+		bad("--pd-threshold must not be negative")
 	}
 	if c.MaxRetries < 0 {
 		bad("--max-retries must not be negative")

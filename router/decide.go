@@ -97,6 +97,15 @@ type decision struct {
 	// records predicted placements (both arms).
 	arm        speculative.Arm
 	predicting bool
+	// by is the decider that made the decision, and makes its retries.
+	by *decider
+	// decode is a split request's decode stage (see disagg.go): this
+	// decision's target computes the prefill, decode's the rest. nil
+	// when the chosen target serves the whole request.
+	decode *decision
+	// decodeStage marks the decode stage's decision: its candidates are
+	// the decode pods, not those the prompt tail looks up.
+	decodeStage bool
 }
 
 // target is the chosen candidate.
@@ -104,14 +113,9 @@ func (d *decision) target() *Candidate { return &d.cands[d.chosen] }
 
 // decide makes a decision. It fails with errNoRoutable or a *keyError.
 func (dc *decider) decide(in decisionInput) (*decision, error) {
-	d := &decision{model: in.model, cands: make([]Candidate, 0, len(in.targets)), prompt: in.prompt}
+	d := &decision{model: in.model, cands: make([]Candidate, 0, len(in.targets)), prompt: in.prompt, by: dc}
 	routable := 0
 	for _, t := range in.targets {
-		if t.Spec.Role == health.RolePrefill {
-			// A prefill-only pod of a disaggregated fleet takes work from
-			// its decode peer, not from clients.
-			continue
-		}
 		c := dc.candidate(t)
 		if c.Routable {
 			routable++

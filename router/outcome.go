@@ -26,6 +26,7 @@ type metrics struct {
 	reported       *prometheus.CounterVec   // target, model, policy
 	prediction     *prometheus.CounterVec   // target, model, policy, outcome
 	predictionErr  *prometheus.HistogramVec // policy
+	disagg         *prometheus.CounterVec   // model, outcome
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -86,10 +87,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Absolute difference between reported and predicted cached tokens per request.",
 			Buckets: []float64{0, 16, 64, 256, 1024, 4096, 16384, 65536},
 		}, []string{"policy"}),
+		disagg: newDisaggMetric(),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.rejected, m.routed, m.retries, m.upstreamErrors, m.overhead,
-			m.ttft, m.duration, m.promptTokens, m.predicted, m.reported, m.prediction, m.predictionErr)
+			m.ttft, m.duration, m.promptTokens, m.predicted, m.reported, m.prediction, m.predictionErr, m.disagg)
 	}
 	return m
 }
@@ -103,7 +105,7 @@ const (
 	upstreamStreamBroken     = "stream_broken"
 )
 
-var upstreamErrorReasons = []string{upstreamStatus5xx, upstreamStreamErrorEvent, upstreamFirstByteTimeout, upstreamBeforeFirstByte, upstreamStreamBroken}
+var upstreamErrorReasons = []string{upstreamStatus5xx, upstreamStreamErrorEvent, upstreamFirstByteTimeout, upstreamBeforeFirstByte, upstreamStreamBroken, upstreamNoTransferParams}
 
 // addTarget creates a new target's failure counters at zero, so that an
 // alert on their rate sees the series before the first failure.
@@ -258,10 +260,17 @@ func (r *Router) recordOutcome(a *attempt) {
 		m.ttft.WithLabelValues(model, pol).Observe(a.ttft.Seconds())
 		m.duration.WithLabelValues(model, pol).Observe(took.Seconds())
 	}
-	rec := promptOutcome{m: m, policy: pol, model: model, target: a.name, d: a.d, tail: x.tail, usage: a.usage,
-		measure: a.answered && a.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
-	if a.answered && a.d.predicting && x.ep.routed() {
-		rec.spec, rec.follower, rec.ttft = x.dec.spec, a.follower, a.ttft
+	// What the prompt found in the prefix cache is the answer of the
+	// attempt that computed it: a split request's prefill stage.
+	pa := a
+	if x.prefilled != nil {
+		pa = x.prefilled
+	}
+	rec := promptOutcome{m: m, policy: pol, model: model, target: pa.name, d: pa.d, tail: pa.tail(), usage: pa.usage,
+		measure: a.answered && a.status < 300 && pa.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
+	if a.answered && pa.d.predicting && x.ep.routed() {
+		// The TTFT is the client's: the decode pod's first token.
+		rec.spec, rec.follower, rec.ttft = x.dec.spec, pa.follower, a.ttft
 	}
 	if r.alog != nil {
 		rec.alog, rec.line = r.alog, a.attemptLine(took)
@@ -269,7 +278,7 @@ func (r *Router) recordOutcome(a *attempt) {
 	if !rec.measure && rec.line == nil && rec.spec == nil {
 		return
 	}
-	if x.tail.finished() {
+	if rec.tail.finished() {
 		rec.record()
 		return
 	}

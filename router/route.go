@@ -68,6 +68,9 @@ func (r *Router) handleForwarded(x *exchange) {
 		r.refuse(x, aerr, rejectReason(aerr))
 		return
 	}
+	// A prefill pod of a disaggregated fleet takes prefills from the
+	// router, never a client's whole request.
+	_, targets = splitRoles(targets)
 	d, err := r.fwd.decide(decisionInput{model: req.Model, targets: targets,
 		prompt: promptTokens{count: estimateTokens(req), source: "estimate"}})
 	if err != nil {
@@ -121,7 +124,13 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, req
 	if r.ch.approx != nil {
 		in.approxText = approxText(req)
 	}
-	d, err := r.dec.decide(in)
+	var d *decision
+	var err error
+	if prefill, serving := splitRoles(targets); len(prefill) > 0 {
+		d, err = r.decideSplit(in, req, prefill, serving)
+	} else {
+		d, err = r.dec.decide(in)
+	}
 	var kerr *keyError
 	switch {
 	case errors.As(err, &kerr):

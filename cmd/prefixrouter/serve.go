@@ -84,6 +84,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		routing.float("kv-threshold", "KV-cache usage above which the precise cost adds memory pressure", &s.Cost.KVThreshold),
 		routing.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
 		routing.float("recompute-weight", "extra price of a prompt token a pod must compute (not cached there) once no pod has capacity to spare, in prefill tokens: work the requests queued behind it wait for (scaled down while some pod has spare capacity; 0: a token costs one)", &s.Cost.RecomputeWeight),
+		routing.int("pd-threshold", "disaggregated fleets: prompts shorter than this many tokens run on the decode pod alone, without a prefill pod (0: every prompt is split)", &s.PDThreshold),
 		routing.float("reuse-wait", "speculative: share of a prefix's prefill a request may wait for on the pod computing it, rather than have an idle pod compute it again (0: never; 1: always wait; under load it always waits)", &s.Cost.ReuseWait),
 
 		defaultText(keys.checked("hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &ev.HashAlgo,

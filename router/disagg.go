@@ -1,0 +1,293 @@
+package router
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fastjson"
+
+	"github.com/prefixrouter/prefixrouter/health"
+)
+
+// A model whose targets include prefill pods (role=prefill) is served in
+// two stages, as vLLM's NixlConnector expects of the proxy in front of a
+// disaggregated fleet: a prefill pod computes the prompt (the client's
+// request with max_tokens 1, no stream, and kv_transfer_params asking for
+// a remote decode) and answers where its KV blocks are; a decode pod gets
+// the client's request with those kv_transfer_params, loads the blocks
+// instead of computing them, and generates. The policy chooses the prefill
+// pod: that is where the prompt's blocks are computed and cached, so the
+// prefix cache, the KV events it publishes and the predicted placements
+// all concern it. The decode pod is the least loaded one.
+
+// Outcomes of prefixrouter_disaggregation_total: how a request of a model
+// with prefill pods was served.
+const (
+	pdSplit = "split" // prefill on a prefill pod, decode on a decode pod
+	// The decode pod computed the whole request:
+	pdShortPrompt      = "short_prompt"          // the prompt is below --pd-threshold
+	pdNotSplittable    = "not_splittable"        // a batch prompt or an endpoint the connector does not carry
+	pdNoPrefillTarget  = "no_prefill_target"     // no prefill pod could take it
+	pdPrefillFailed    = "prefill_failed"        // every prefill pod tried failed before answering
+	pdNoTransferParams = "no_kv_transfer_params" // the prefill pod answered without them: no connector
+)
+
+// upstreamNoTransferParams is the upstream error of a prefill pod that
+// answered without kv_transfer_params: it runs without a KV connector
+// (--kv-transfer-config), a wiring fault the operator must see.
+const upstreamNoTransferParams = "no_kv_transfer_params"
+
+func newDisaggMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prefixrouter_disaggregation_total",
+		Help: "Requests of models with prefill pods, by how they were served: split (prefill pod, then decode pod) or why the decode pod computed the whole request.",
+	}, []string{"model", "outcome"})
+}
+
+// splitRoles separates a model's prefill pods from the pods that serve
+// clients (decode and both).
+func splitRoles(ts []*health.Target) (prefill, serving []*health.Target) {
+	for _, t := range ts {
+		if t.Spec.Role == health.RolePrefill {
+			prefill = append(prefill, t)
+		} else {
+			serving = append(serving, t)
+		}
+	}
+	return prefill, serving
+}
+
+// decideSplit decides a request of a model with prefill pods: the policy
+// picks the prefill pod, least load the decode pod (the returned
+// decision's decode). The decode pod computes the whole request instead
+// (a decision without decode, on the serving pods) for a batch prompt or
+// an endpoint the connector does not carry, a prompt below --pd-threshold,
+// or when no prefill pod can take it; each is counted.
+func (r *Router) decideSplit(in decisionInput, req *Request, prefill, serving []*health.Target) (*decision, error) {
+	whole := func(outcome string) (*decision, error) {
+		if !in.peek {
+			r.met.disagg.WithLabelValues(in.model, outcome).Inc()
+		}
+		in.targets = serving
+		return r.dec.decide(in)
+	}
+	switch {
+	case req.BatchSize > 1 || (req.Endpoint != EndpointCompletions && req.Endpoint != EndpointChat):
+		return whole(pdNotSplittable)
+	case r.cfg.PDThreshold > 0 && in.prompt.estimate() < r.cfg.PDThreshold:
+		return whole(pdShortPrompt)
+	}
+	pin := in
+	pin.targets = prefill
+	d, err := r.dec.decide(pin)
+	if errors.Is(err, errNoRoutable) {
+		if !in.peek {
+			r.log.Warn("no prefill target can take the request; the decode target computes it", "model", in.model, "prefill_targets", len(prefill))
+		}
+		return whole(pdNoPrefillTarget)
+	}
+	if err != nil {
+		return nil, err
+	}
+	dec, err := r.fwd.decide(decisionInput{model: in.model, targets: serving, peek: in.peek,
+		prompt: promptTokens{count: d.prompt.count, source: "estimate"}})
+	if err != nil {
+		return nil, err
+	}
+	dec.decodeStage = true
+	d.decode = dec
+	return d, nil
+}
+
+// estimate is the prompt's token count as known before reading it.
+func (pt promptTokens) estimate() int {
+	if pt.ids == nil && pt.stream != nil {
+		return pt.stream.EstimateCount()
+	}
+	return pt.count
+}
+
+// prefill runs the prefill stage of split decision d, retrying on other
+// prefill pods while nothing reached the client, and returns the decode
+// stage's decision with the exchange's body for it: the client's request
+// with the prefill pod's kv_transfer_params, or, when no prefill pod
+// answered with them, as the client sent it (the decode pod then computes
+// the prompt itself). It returns nil when the request ended in the
+// prefill stage (the client left, a timeout, the pod refused the request
+// itself); the client has its answer then.
+func (r *Router) prefill(x *exchange, d *decision) *decision {
+	dec := d.decode
+	body, err := prefillBody(x.in.PostBody())
+	if err != nil {
+		// ParseRequest read the same body: it is a JSON object.
+		r.log.Error("cannot build the prefill request", "request_id", x.id, "err", err)
+		r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
+		return dec
+	}
+	for n := 0; ; n++ {
+		a := r.newAttempt(x, d, n)
+		a.prefillStage = true
+		params, res := a.runPrefill(body)
+		switch {
+		case params != nil:
+			x.prefilled = a
+			x.sendBody, err = withTransferParams(x.in.PostBody(), params)
+			if err != nil {
+				r.log.Error("cannot build the decode request", "request_id", x.id, "err", err)
+				x.sendBody = nil
+				r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
+				return dec
+			}
+			r.met.disagg.WithLabelValues(x.model, pdSplit).Inc()
+			return dec
+		case res == attemptDone && a.label != "ok":
+			r.recordOutcome(a)
+			return nil
+		case res == attemptDone:
+			// Answered without kv_transfer_params (upstreamNoTransferParams):
+			// another pod is likely wired the same way.
+			r.met.disagg.WithLabelValues(x.model, pdNoTransferParams).Inc()
+			return dec
+		}
+		failed := a.name
+		next, ok := d.by.without(d)
+		if n >= r.cfg.MaxRetries || !ok {
+			r.log.Warn("no prefill target could answer; the decode target computes the request", "request_id", x.id, "last", failed, "attempts", n+1)
+			r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
+			return dec
+		}
+		next.decode = dec
+		d = next
+		r.met.retries.WithLabelValues(failed).Inc()
+		r.log.Info("retrying the prefill on another target", "request_id", x.id, "failed", failed, "next", d.target().Target.ID.String())
+	}
+}
+
+// runPrefill sends the prefill request and reads the pod's whole answer.
+// It returns the answer's kv_transfer_params (raw JSON) when the pod
+// computed the prompt; otherwise attemptRetryable as run does, or
+// attemptDone with the client answered (a 4xx the pod gave the request
+// itself, a timeout, the client gone), or attemptDone labelled ok for a
+// pod that answered without kv_transfer_params.
+func (a *attempt) runPrefill(body []byte) ([]byte, attemptResult) {
+	defer a.end()
+	r, x := a.r, a.x
+	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
+	x.life.watchClient()
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, body, x.in, x.id))
+	if err != nil {
+		return nil, a.failedBeforeByte(err)
+	}
+	a.resp = resp
+	out, err := readAllLimit(resp.Body, nil, r.cfg.MaxResponseBytes)
+	if err != nil {
+		return nil, a.failedBeforeByte(err)
+	}
+	a.first = out
+	if reason := a.retryableAnswer(); reason != "" || resp.StatusCode >= 500 {
+		a.withdraw()
+		a.label = "upstream_error"
+		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+" to the prefill request: "+string(out[:min(len(out), 256)]))
+		return nil, attemptRetryable
+	}
+	v := x.dec.atFirstByte(a.d, a.tail(), &a.flight)
+	a.placement.Settle()
+	r.mesh.Changed(a.d.target().Target.ID)
+	a.expect.FirstByte(a.flight.Tokens())
+	if v.final {
+		a.predicted = v.predicted
+	}
+	a.status = resp.StatusCode
+	a.label = statusLabel(resp.StatusCode)
+	if resp.StatusCode >= 400 {
+		// The pod refused the request itself: the decode pod would too.
+		a.withdraw()
+		a.answered, a.sent = true, resp.StatusCode
+		in := x.in
+		in.SetStatusCode(resp.StatusCode)
+		copyResponseHeaders(&in.Response.Header, resp.Header)
+		in.Response.Header.Set("X-Request-Id", x.id)
+		in.SetBody(out)
+		return nil, attemptDone
+	}
+	a.usage = usageFromBody(out)
+	params := transferParams(out)
+	if params == nil {
+		a.upstreamFailed(upstreamNoTransferParams, "the prefill pod answered without kv_transfer_params: is it started with --kv-transfer-config?")
+		r.log.Warn("prefill target answered without kv_transfer_params; the decode target computes the request", "request_id", x.id, "target", a.name)
+		return nil, attemptDone
+	}
+	return params, attemptDone
+}
+
+var jsonParsers fastjson.ParserPool
+
+// prefillBody is the client's body as the prefill pod is sent it: one
+// token, no stream, and kv_transfer_params asking for a remote decode
+// (the members vLLM's NixlConnector reads). min_tokens would make the pod
+// generate more than one token.
+func prefillBody(client []byte) ([]byte, error) {
+	p := jsonParsers.Get()
+	defer jsonParsers.Put(p)
+	v, err := p.ParseBytes(client)
+	if err != nil {
+		return nil, err
+	}
+	o, err := v.Object()
+	if err != nil {
+		return nil, err
+	}
+	var a fastjson.Arena
+	o.Set("stream", a.NewFalse())
+	o.Set("max_tokens", a.NewNumberInt(1))
+	if o.Get("max_completion_tokens") != nil {
+		o.Set("max_completion_tokens", a.NewNumberInt(1))
+	}
+	o.Del("stream_options")
+	o.Del("min_tokens")
+	o.Del("min_completion_tokens")
+	o.Set("kv_transfer_params", remoteDecodeParams)
+	return v.MarshalTo(nil), nil
+}
+
+// remoteDecodeParams asks the prefill pod to keep the blocks for a remote
+// decode.
+var remoteDecodeParams = fastjson.MustParse(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// transferParams is the kv_transfer_params object of a prefill answer, raw,
+// or nil when it has none.
+func transferParams(answer []byte) []byte {
+	p := jsonParsers.Get()
+	defer jsonParsers.Put(p)
+	v, err := p.ParseBytes(answer)
+	if err != nil {
+		return nil
+	}
+	kv := v.Get("kv_transfer_params")
+	if kv == nil || kv.Type() != fastjson.TypeObject {
+		return nil
+	}
+	return kv.MarshalTo(nil)
+}
+
+// withTransferParams is the client's body with the prefill pod's
+// kv_transfer_params, as the decode pod is sent it.
+func withTransferParams(client, params []byte) ([]byte, error) {
+	p := jsonParsers.Get()
+	defer jsonParsers.Put(p)
+	v, err := p.ParseBytes(client)
+	if err != nil {
+		return nil, err
+	}
+	o, err := v.Object()
+	if err != nil {
+		return nil, err
+	}
+	var pp fastjson.Parser
+	kv, err := pp.ParseBytes(params)
+	if err != nil {
+		return nil, err
+	}
+	o.Set("kv_transfer_params", kv)
+	return v.MarshalTo(nil), nil
+}
