@@ -30,8 +30,11 @@ type accessLine struct {
 	// Policy decided the target: --policy for the routed endpoints,
 	// least-load for the forwarded ones; empty when none was decided.
 	Policy string `json:"policy"`
-	// Target is the last target tried (endpoint#rank).
-	Target string `json:"target"`
+	// Target is the last target tried (endpoint#rank); PrefillTarget,
+	// for a request split between a prefill pod and a decode pod, the
+	// prefill pod that computed its prompt.
+	Target        string `json:"target"`
+	PrefillTarget string `json:"prefill_target,omitempty"`
 	// Status is what the client got; 499 when it left before any.
 	Status int `json:"status"`
 	// Outcome is prefixrouter_requests_total's outcome, or, for a request
@@ -241,6 +244,9 @@ func (x *exchange) accessLine(took time.Duration) *accessLine {
 func (a *attempt) attemptLine(took time.Duration) *accessLine {
 	line := a.x.accessLine(took)
 	line.Target, line.Outcome, line.Retries = a.name, a.label, a.n
+	if p := a.x.prefilled; p != nil {
+		line.PrefillTarget = p.name
+	}
 	line.RouteMS = millisOf(a.x.routeTime)
 	if line.Status = a.sent; line.Status == 0 {
 		line.Status = statusClientGone

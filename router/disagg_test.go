@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -189,7 +191,8 @@ func disaggCount(t *testing.T, r *Router, outcome string) float64 {
 func TestDisaggregatedRequest(t *testing.T) {
 	t.Parallel()
 	f := newPDPods(t, 2, 2)
-	r := startPDRouter(t, f, nil)
+	alog := filepath.Join(t.TempDir(), "access.log")
+	r := startPDRouter(t, f, func(c *Config) { c.AccessLog = alog })
 	for i := range 4 {
 		code, hdr, b := post(t, "http://"+r.Addr()+"/v1/completions", pdStreamBody)
 		if code != 200 || !strings.Contains(string(b), "decode") || !strings.Contains(string(b), "[DONE]") {
@@ -232,6 +235,20 @@ func TestDisaggregatedRequest(t *testing.T) {
 		if p.forwardHits.Load() != 0 {
 			t.Errorf("%s got %d forwarded requests", p.name, p.forwardHits.Load())
 		}
+	}
+	// The access line names both pods and the prefill pod's cached tokens.
+	waitFor(t, "the access lines", func() bool {
+		b, _ := os.ReadFile(alog)
+		return strings.Count(string(b), "\n") >= 8
+	})
+	b, _ := os.ReadFile(alog)
+	first := strings.SplitN(string(b), "\n", 2)[0]
+	var line accessLine
+	if err := json.Unmarshal([]byte(first), &line); err != nil {
+		t.Fatal(err)
+	}
+	if line.PrefillTarget == "" || line.PrefillTarget == line.Target || line.ReportedCachedTokens == nil || *line.ReportedCachedTokens != 32 {
+		t.Errorf("access line %s: want the prefill pod and its 32 cached tokens beside the decode pod", first)
 	}
 	d := dryRun(t, r, "/v1/completions", pdStreamBody)
 	if d.Decision.Decode == nil || !strings.Contains(d.Decision.Target, "127.0.0.1") {
