@@ -339,12 +339,19 @@ func (a *attempt) answer() {
 	if r.cfg.DebugHeaders {
 		h := &in.Response.Header
 		h.Set("X-Prefixrouter-Target", a.name)
+		// The prompt's numbers are those of the attempt that computed it:
+		// a split request's prefill stage.
+		pa := a
+		if p := x.prefilled; p != nil {
+			h.Set("X-Prefixrouter-Prefill-Target", p.name)
+			pa, v = p, p.d.view(p.tail(), p.d.chosen)
+		}
 		// An estimate while the rest of the prompt is still being encoded.
-		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(a.d.promptBlocks(v.prompt)))
-		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(a.d.chain.Keys)))
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pa.d.promptBlocks(v.prompt)))
+		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pa.d.chain.Keys)))
 		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(v.confirmed))
-		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(a.predicted))
-		h.Set("X-Prefixrouter-Reason", a.d.reason)
+		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(pa.predicted))
+		h.Set("X-Prefixrouter-Reason", pa.d.reason)
 		// Arrival to dispatch, the router's own time before the pod starts.
 		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(a.decided.Microseconds())/1e3, 'f', 3, 64))
 	}

@@ -201,6 +201,9 @@ func TestDisaggregatedRequest(t *testing.T) {
 		if tgt := hdr.Get("X-Prefixrouter-Target"); tgt != targetName(f.decode[0].srv.URL) && tgt != targetName(f.decode[1].srv.URL) {
 			t.Fatalf("request %d: X-Prefixrouter-Target %s, want a decode pod", i, tgt)
 		}
+		if tgt := hdr.Get("X-Prefixrouter-Prefill-Target"); tgt != targetName(f.prefill[0].srv.URL) && tgt != targetName(f.prefill[1].srv.URL) {
+			t.Fatalf("request %d: X-Prefixrouter-Prefill-Target %s, want a prefill pod", i, tgt)
+		}
 		kv := f.lastDecodeParams()
 		if kv == nil || kv["do_remote_prefill"] != true || !strings.HasPrefix(fmt.Sprint(kv["remote_engine_id"]), "prefill") {
 			t.Fatalf("request %d: decode pod got kv_transfer_params %v, want the prefill pod's", i, kv)
