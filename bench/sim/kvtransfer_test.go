@@ -296,6 +296,24 @@ func TestKVTransferAcrossDataParallelRanks(t *testing.T) {
 	if got := cachedTokens(t, body); got != 96 {
 		t.Fatalf("decode on rank 0 cached %d tokens, want 96 (6 pulled blocks)", got)
 	}
+	// A streamed decode, as the client asked, on the other rank, from the
+	// prefill pod's other engine.
+	ids2 := tokenRange(7000, 50)
+	answer2, _ := prefill(t, pre, "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "stream me"}}}, "X-data-parallel-rank", "0")
+	if !strings.Contains(string(answer2), pre.EngineID(0)) {
+		t.Fatalf("prefill on rank 0 answered %s, want engine %s", answer2, pre.EngineID(0))
+	}
+	answer3, _ := prefill(t, pre, "/v1/completions", map[string]any{"prompt": ids2}, "X-data-parallel-rank", "0")
+	resp := streamPost(t, context.Background(), dec.URL()+"/v1/completions", map[string]any{
+		"prompt": ids2, "max_tokens": 3, "stream": true, "stream_options": map[string]any{"include_usage": true}, "kv_transfer_params": answer3})
+	defer resp.Body.Close()
+	chunks := sse(t, resp)
+	if len(chunks) < 2 || chunks[len(chunks)-1] != "[DONE]" {
+		t.Fatalf("streamed decode: %q", chunks)
+	}
+	if got := cachedTokens(t, []byte(chunks[len(chunks)-2])); got != 48 {
+		t.Fatalf("streamed decode cached %d tokens, want 48 (3 pulled blocks)", got)
+	}
 	// Closed pods leave the process-wide registry.
 	ids0 := []string{pre.EngineID(0), pre.EngineID(1), dec.EngineID(0), dec.EngineID(1)}
 	if err := f.Close(); err != nil {
