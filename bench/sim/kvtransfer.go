@@ -20,9 +20,10 @@ import (
 // computing them, or recomputes them when that engine is gone.
 
 // kvTransferPerToken is the time to move one token's KV cache between pods:
-// an 8B model's ~128 KiB per token (36 layers × 8 KV heads × 128 dims × 2
-// (K and V) × 2 bytes ≈ 144 KiB; 128 KiB for Llama-3-8B's 32 layers) over an
-// RDMA link that sustains ~25 GB/s is 131072 B / 25e9 B/s ≈ 5.2 µs.
+// an 8B model's ~128 KiB per token (Llama-3-8B: 32 layers × 8 KV heads ×
+// 128 dims × 2 (K and V) × 2 bytes) over an RDMA link that sustains
+// ~25 GB/s is 131072 B / 25e9 B/s ≈ 5.2 µs. The 32B TP2 profile's 256 KiB
+// per token is split over two GPUs' links: the same time.
 const kvTransferPerToken = 5243 * time.Nanosecond
 
 // DefaultKVTransferPerBlock is the model time to pull one block of
