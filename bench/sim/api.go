@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -147,6 +148,10 @@ func (p *Pod) prepare(body []byte, chat bool) (*prepared, *apiError) {
 			pr.prompts = append(pr.prompts, ids)
 		}
 	}
+	if req.kv != nil && len(pr.prompts) > 1 {
+		// One set of kv_transfer_params names one request's blocks.
+		return nil, &apiError{status: 400, typ: "BadRequestError", msg: "kv_transfer_params: a batch of prompts cannot share one KV transfer", param: "kv_transfer_params"}
+	}
 	limit := min(p.prof.MaxModelLen, p.prof.KVTokens())
 	for _, ids := range pr.prompts {
 		if len(ids) == 0 {
@@ -188,7 +193,38 @@ func asAPIError(err error) *apiError {
 // newSeq builds an engine request; its prompt's block hashes are computed
 // here, on the caller's goroutine, so the engine loop does not.
 func (p *Pod) newSeq(e *engine, id string, ids []uint32, pr *prepared, notify chan struct{}) (*seq, error) {
-	return e.newSeq(id, ids, pr.maxTok, kvindex.RequestExtras{LoRAName: pr.lora, CacheSalt: pr.salt}, pr.loraID, notify)
+	s, err := e.newSeq(id, ids, pr.maxTok, kvindex.RequestExtras{LoRAName: pr.lora, CacheSalt: pr.salt}, pr.loraID, notify)
+	if err != nil {
+		return nil, err
+	}
+	if kv := pr.req.kv; kv != nil {
+		s.kvAnswer = kv.DoRemoteDecode
+		n, failure := remoteBlocks(kv)
+		if failure != "" {
+			// vLLM's kv_load_failure_policy "recompute": the prompt is
+			// computed here as if no transfer had been asked for.
+			e.stats.kvFailures.Add(1)
+			p.log.Warn("KV transfer failed, recomputing the prompt locally", "rank", e.rank, "reason", failure)
+		}
+		s.remoteBlocks = n
+	}
+	return s, nil
+}
+
+// kvTransferAnswer is the kv_transfer_params of a finished prefill that
+// asked for them (do_remote_decode), nil otherwise.
+func (p *Pod) kvTransferAnswer(s *seq) *kvTransferAnswer {
+	if !s.kvAnswer {
+		return nil
+	}
+	blocks, engineID := s.out.kvTransfer()
+	if blocks == nil {
+		blocks = []int32{}
+	}
+	return &kvTransferAnswer{
+		DoRemotePrefill: true, RemoteBlockIDs: blocks, RemoteEngineID: engineID,
+		RemoteHost: p.cfg.Host, RemotePort: p.ln.Addr().(*net.TCPAddr).Port, TPSize: 1,
+	}
 }
 
 // run submits prepared prompts to one rank and returns their sequences.

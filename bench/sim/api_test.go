@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"math"
 	"net/http"
 	"strings"
@@ -510,21 +509,7 @@ func TestTTFTOverHTTP(t *testing.T) {
 		t.Fatalf("wall TTFT of a miss %v, want ≥ %v", miss, want)
 	}
 	ttft() // 192 of 200 tokens cached
-	_, raw := get(t, pod.URL()+"/metrics")
-	var sum float64
-	var n int
-	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, `vllm:time_to_first_token_seconds_sum{engine="0",model_name="sim-test"} `); ok {
-			if _, err := fmt.Sscan(v, &sum); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if v, ok := strings.CutPrefix(l, `vllm:time_to_first_token_seconds_count{engine="0",model_name="sim-test"} `); ok {
-			if _, err := fmt.Sscan(v, &n); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	sum, n := ttftSum(t, pod)
 	want := (prof.StepTime(200, 0) + prof.StepTime(8, 0)).Seconds()
 	if n != 2 || math.Abs(sum-want) > 1e-9 {
 		t.Fatalf("TTFT histogram: %d observations summing to %vs, want 2 summing to %vs", n, sum, want)

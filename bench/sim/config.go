@@ -68,6 +68,19 @@ type Config struct {
 	// DP is the number of data-parallel ranks per pod (default 1).
 	DP int
 
+	// PrefillPods, when positive, makes the fleet prefill/decode
+	// disaggregated: the first PrefillPods pods are announced with
+	// role=prefill in their endpoints, the others with role=decode. Every
+	// pod behaves the same whatever its role, as a vLLM server with a
+	// kv_both NixlConnector: it answers a do_remote_decode request with the
+	// kv_transfer_params a decode needs and loads a do_remote_prefill
+	// request's prompt blocks from the engine they name. Must be below Pods.
+	PrefillPods int
+	// KVTransferPerBlock is the model time a decode pod takes to pull one
+	// block from a remote prefill engine instead of computing it (default
+	// DefaultKVTransferPerBlock of the profile's block size).
+	KVTransferPerBlock time.Duration
+
 	// Host is the address everything binds to (default 127.0.0.1).
 	Host string
 	// HTTPPort is the first pod's HTTP port; pod i listens on HTTPPort+i.
@@ -161,6 +174,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.DP == 0 {
 		out.DP = 1
 	}
+	if out.KVTransferPerBlock == 0 {
+		out.KVTransferPerBlock = DefaultKVTransferPerBlock(out.Profile.BlockSize)
+	}
 	if out.Host == "" {
 		out.Host = "127.0.0.1"
 	}
@@ -182,6 +198,10 @@ func (c *Config) withDefaults() (Config, error) {
 	switch {
 	case out.Pods < 0 || out.Pods > 1024:
 		return out, fmt.Errorf("pods %d out of range 1..1024", out.Pods)
+	case out.PrefillPods < 0 || out.PrefillPods >= out.Pods:
+		return out, fmt.Errorf("prefill pods %d: want 0 (no disaggregation) up to pods - 1 = %d, leaving a decode pod", out.PrefillPods, out.Pods-1)
+	case out.KVTransferPerBlock < 0:
+		return out, fmt.Errorf("KV transfer time per block %v must not be negative", out.KVTransferPerBlock)
 	case out.DP < 1 || out.DP > 64:
 		return out, fmt.Errorf("data-parallel size %d out of range 1..64", out.DP)
 	case out.TimeScale < 0 || out.TimeScale > 1e6:

@@ -32,6 +32,13 @@
 // random root per process, as vLLM does without PYTHONHASHSEED. Events leave
 // through kvindex/publish, the repository's one ZMQ publisher.
 //
+// Every pod can serve either half of a prefill/decode disaggregated request,
+// as vLLM with a kv_both NixlConnector: a do_remote_decode prefill answers
+// kv_transfer_params naming its engine and its prompt's blocks, and a
+// do_remote_prefill decode loads those blocks (at KVTransferPerBlock each)
+// from the engine they name while it is live, recomputing the prompt when
+// it is not. Config.PrefillPods announces roles in the endpoints.
+//
 // Faults are injected on demand (Config.Faults, Pod.SetFaults, or
 // POST /sim/faults): event delay and jitter, dropped event batches, failing
 // prefills, restarts, slow and dead pods. Client disconnects abort requests

@@ -49,6 +49,17 @@ type engine struct {
 	// it costs cpuLoad instead of the block's prefill.
 	cpu     *cpuTier
 	cpuLoad time.Duration
+	// kvTransfer is the time to pull one block from a remote prefill
+	// engine (Config.KVTransferPerBlock).
+	kvTransfer time.Duration
+	// dp is the pod's data-parallel size: with several ranks vLLM suffixes
+	// each rank's engine id with _dp<rank>.
+	dp int
+	// engineID is the current process generation's KV-connector engine id
+	// (nil for a Rank, which has no process): drawn when the pod starts the
+	// engine and by the engine's goroutine at a restart, read by
+	// Pod.EngineID.
+	engineID atomic.Pointer[string]
 
 	// streamEvery is the least model time between two wake-ups of a
 	// stream's writer after its first token (Config.StreamInterval): the
@@ -113,7 +124,10 @@ type engineSetup struct {
 	window    int    // sliding window (tokens) of the hybrid group
 	cpuBlocks int
 	cpuLoad   time.Duration
-	newHasher func() (*kvindex.Hasher, error)
+	// kvTransfer is the time to pull one block from a remote prefill engine.
+	kvTransfer time.Duration
+	dp         int
+	newHasher  func() (*kvindex.Hasher, error)
 	// streamEvery is Config.StreamInterval.
 	streamEvery time.Duration
 }
@@ -123,6 +137,8 @@ func (e *engine) configure(c engineSetup) {
 	e.enc = c.enc
 	e.newHasher = c.newHasher
 	e.streamEvery = c.streamEvery
+	e.kvTransfer = c.kvTransfer
+	e.dp = c.dp
 	e.specKind = c.kvSpec
 	if c.kvSpec == KVSpecHybrid {
 		e.specKind = events.SpecFullAttention
@@ -150,6 +166,8 @@ type engineStats struct {
 	queries, hits    atomic.Int64 // prefix-cache tokens
 	preemptions      atomic.Int64
 	cpuHits          atomic.Int64 // prompt tokens loaded from the CPU tier
+	kvLoaded         atomic.Int64 // prompt tokens pulled from a remote prefill engine
+	kvFailures       atomic.Int64 // decodes whose prefill engine was gone: recomputed
 	promptTokens     atomic.Int64
 	genTokens        atomic.Int64
 	success          atomic.Int64
@@ -166,6 +184,8 @@ func (s *engineStats) reset() {
 	s.hits.Store(0)
 	s.preemptions.Store(0)
 	s.cpuHits.Store(0)
+	s.kvLoaded.Store(0)
+	s.kvFailures.Store(0)
 	s.promptTokens.Store(0)
 	s.genTokens.Store(0)
 	s.success.Store(0)
@@ -232,6 +252,8 @@ func (e *engine) control(ctx context.Context, kind msgKind) (bool, error) {
 
 func (e *engine) run(ctx context.Context) {
 	defer close(e.done)
+	// The caller registered the engine (rejoin) before starting it.
+	defer e.leave()
 	defer e.failAll(errClosed)
 	e.start = time.Now()
 	timer := time.NewTimer(time.Hour)
@@ -340,6 +362,9 @@ func (e *engine) restart() {
 	}
 	e.stats.reset()
 	e.dead = false
+	if e.engineID.Load() != nil {
+		e.rejoin()
+	}
 	if e.pub != nil {
 		e.pub.Restart()
 	}
@@ -349,6 +374,25 @@ func (e *engine) restart() {
 func (e *engine) die() {
 	e.failAll(errEngineDead)
 	e.dead = true
+	e.leave()
+}
+
+// rejoin gives the engine a new process identity: a fresh engine id in the
+// registry of live engines, the old one (if any) leaving it. A decode that
+// names the old id then finds nothing to pull, as a vLLM decode pod's NIXL
+// handshake with a restarted prefill engine fails.
+func (e *engine) rejoin() {
+	e.leave()
+	id := newEngineID(e.rank, e.dp)
+	e.engineID.Store(&id)
+	liveEngines.add(id)
+}
+
+// leave takes the engine's id out of the registry of live engines.
+func (e *engine) leave() {
+	if id := e.engineID.Load(); id != nil {
+		liveEngines.remove(*id)
+	}
 }
 
 // newSeq builds a request for e of prompt ids and maxTokens output
@@ -406,7 +450,7 @@ func (e *engine) step() time.Duration {
 	p := &e.prof
 	e.sched = e.sched[:0]
 	budget := p.MaxNumBatchedTokens
-	prefillTokens, decodes, loadBlocks := 0, 0, 0
+	prefillTokens, decodes, loadBlocks, pullBlocks := 0, 0, 0, 0
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
@@ -441,7 +485,12 @@ func (e *engine) step() time.Duration {
 		for len(e.waiting) > 0 && budget > 0 && len(e.running) < p.MaxNumSeqs {
 			s := e.waiting[0]
 			hits := e.scratch[:0]
-			loaded := 0 // blocks after the GPU hit that the CPU tier holds
+			// loaded are blocks after the GPU hit that the KV connector
+			// loads instead of computing: pulled from a remote prefill
+			// engine when the request is the decode of a disaggregated
+			// one (remote), else read from the CPU tier.
+			loaded := 0
+			remote := s.remoteBlocks > 0
 			if s.numComputed == 0 {
 				// vLLM never serves the whole prompt from cache: the last
 				// token is always recomputed to produce logits.
@@ -451,26 +500,35 @@ func (e *engine) step() time.Duration {
 				if e.sw != nil {
 					hits = hits[:e.swHit(s.hashes, len(hits))]
 				}
-				if e.cpu != nil {
+				switch {
+				case remote:
+					// The prefill engine holds the prompt's full blocks;
+					// the last token is computed here all the same.
+					loaded = max(0, min(s.remoteBlocks, limit)-len(hits))
+				case e.cpu != nil:
 					loaded = e.cpu.run(s.hashes, len(hits), limit)
 				}
 				if !s.looked {
 					s.looked = true
-					// cached_tokens counts connector (CPU) hits as vLLM's
-					// num_cached_tokens does; the prefix-cache hit counter
-					// counts the GPU's only.
+					// cached_tokens counts connector (CPU or remote) hits
+					// as vLLM's num_cached_tokens does; the prefix-cache
+					// hit counter counts the GPU's only.
 					cached := (len(hits) + loaded) * p.BlockSize
 					e.stats.queries.Add(int64(s.promptLen))
 					e.stats.promptTokens.Add(int64(s.promptLen))
 					e.stats.hits.Add(int64(len(hits) * p.BlockSize))
-					e.stats.cpuHits.Add(int64(loaded * p.BlockSize))
+					if remote {
+						e.stats.kvLoaded.Add(int64(loaded * p.BlockSize))
+					} else {
+						e.stats.cpuHits.Add(int64(loaded * p.BlockSize))
+					}
 					s.out.mu.Lock()
 					s.out.cached = cached
 					s.out.mu.Unlock()
 				}
 			}
 			n := min(s.numTokens()-(len(hits)+loaded)*p.BlockSize, budget)
-			if loaded > 0 {
+			if loaded > 0 && !remote {
 				// Most recently used before the allocation, whose GPU
 				// evictions may push older blocks out of the tier.
 				e.cpu.touch(s.hashes[len(hits) : len(hits)+loaded])
@@ -479,7 +537,14 @@ func (e *engine) step() time.Duration {
 				e.scratch = hits
 				break
 			}
-			loadBlocks += loaded
+			if remote {
+				// Pulled once: recomputed after a preemption, from
+				// whatever of it this engine has cached by then.
+				s.remoteBlocks = 0
+				pullBlocks += loaded
+			} else {
+				loadBlocks += loaded
+			}
 			e.scratch = hits
 			e.waiting = e.waiting[1:]
 			s.state = stateRunning
@@ -493,8 +558,9 @@ func (e *engine) step() time.Duration {
 		}
 	}
 	e.stats.steps.Add(1)
-	// Loading from the CPU tier replaces the prefill of those blocks.
-	d := p.StepTime(prefillTokens, decodes) + time.Duration(loadBlocks)*e.cpuLoad
+	// Loading from the CPU tier or pulling from a remote engine replaces
+	// the prefill of those blocks.
+	d := p.StepTime(prefillTokens, decodes) + time.Duration(loadBlocks)*e.cpuLoad + time.Duration(pullBlocks)*e.kvTransfer
 	if slow := e.faults.get().Slow; slow > 1 {
 		d = time.Duration(float64(d) * slow)
 	}
@@ -729,6 +795,19 @@ func (e *engine) finish(s *seq, reason string, err error) {
 		e.stats.failed.Add(1)
 	}
 	s.state = stateDone
+	var kvBlocks []int32
+	var kvEngine string
+	if s.kvAnswer && err == nil {
+		// The prefill of a disaggregated request answers where its
+		// prompt's full blocks are. (vLLM holds them until the decode
+		// has read them; here they return to the free queue at once and
+		// the decode pulls them by count.)
+		n := min(s.promptLen/e.prof.BlockSize, len(s.blocks))
+		kvBlocks = append(make([]int32, 0, n), s.blocks[:n]...)
+		if id := e.engineID.Load(); id != nil {
+			kvEngine = *id
+		}
+	}
 	slices.Reverse(s.blocks)
 	e.pool.free(s.blocks)
 	s.blocks = nil
@@ -740,6 +819,7 @@ func (e *engine) finish(s *seq, reason string, err error) {
 	o := s.out
 	o.mu.Lock()
 	o.done, o.finish, o.err = true, reason, err
+	o.kvBlocks, o.kvEngine = kvBlocks, kvEngine
 	o.mu.Unlock()
 	o.poke()
 }

@@ -90,14 +90,14 @@ func (g *generation) complete() {
 	}
 	u := g.p.usageFor(g.seqs, snaps)
 	if g.chat {
-		resp := chatResponse{ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model, Usage: u}
+		resp := chatResponse{ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model, Usage: u, KVTransferParams: g.p.kvTransferAnswer(g.seqs[0])}
 		for i, s := range snaps {
 			resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: g.p.outputText(0, s.Generated), ToolCalls: []any{}}, FinishReason: strp(s.Finish)})
 		}
 		writeJSON(g.w, http.StatusOK, resp)
 		return
 	}
-	resp := completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model, Usage: u}
+	resp := completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model, Usage: u, KVTransferParams: g.p.kvTransferAnswer(g.seqs[0])}
 	for i, s := range snaps {
 		resp.Choices = append(resp.Choices, completionChoice{Index: i, Text: g.p.outputText(0, s.Generated), FinishReason: strp(s.Finish)})
 	}

@@ -26,7 +26,7 @@ func (p *Pod) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 		{"vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", func(r int) float64 { return stats[r].KVUsage }},
 		{"vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", func(r int) float64 { return float64(stats[r].PrefixQueries) }},
 		{"vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", func(r int) float64 { return float64(stats[r].PrefixHits) }},
-		{"vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", func(r int) float64 { return float64(stats[r].CPUHits) }},
+		{"vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", func(r int) float64 { return float64(stats[r].CPUHits + stats[r].KVTransferHits) }},
 		{"vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", func(r int) float64 { return float64(stats[r].Preemptions) }},
 		{"vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", func(r int) float64 { return float64(p.engines[r].stats.promptTokens.Load()) }},
 		{"vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", func(r int) float64 { return float64(p.engines[r].stats.genTokens.Load()) }},
@@ -83,6 +83,10 @@ func (p *Pod) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	header(b, "prefixrouter_sim_replay_requests_total", "counter", "Replay requests answered.")
 	for r := range stats {
 		line(b, "prefixrouter_sim_replay_requests_total", `engine="`+strconv.Itoa(r)+`"`, float64(stats[r].ReplayRequestsServed))
+	}
+	header(b, "prefixrouter_sim_kv_transfer_failures_total", "counter", "Disaggregated decodes whose prefill engine was gone (restarted, closed, or not named): the prompt was recomputed locally.")
+	for r := range stats {
+		line(b, "prefixrouter_sim_kv_transfer_failures_total", `engine="`+strconv.Itoa(r)+`"`, float64(stats[r].KVTransferFailures))
 	}
 }
 

@@ -34,6 +34,8 @@ type completionResponse struct {
 	Model   string             `json:"model"`
 	Choices []completionChoice `json:"choices"`
 	Usage   *usage             `json:"usage,omitempty"`
+	// KVTransferParams answers a prefill of a disaggregated request.
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"`
 }
 
 type chatMessage struct {
@@ -58,6 +60,8 @@ type chatResponse struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   *usage       `json:"usage,omitempty"`
+	// KVTransferParams answers a prefill of a disaggregated request.
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"`
 }
 
 type chatDelta struct {

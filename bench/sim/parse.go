@@ -25,6 +25,9 @@ type genRequest struct {
 	Stream               bool            `json:"stream"`
 	StreamOptions        *streamOptions  `json:"stream_options"`
 	CacheSalt            *string         `json:"cache_salt"`
+	KVTransferParams     json.RawMessage `json:"kv_transfer_params"`
+
+	kv *kvTransferParams // KVTransferParams, checked
 }
 
 type streamOptions struct {
@@ -94,6 +97,11 @@ func parseGenRequest(body []byte, chat bool) (*genRequest, error) {
 	if r.ContinueFinalMessage && r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
 		return nil, badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 	}
+	kv, err := parseKVTransferParams(r.KVTransferParams)
+	if err != nil {
+		return nil, err
+	}
+	r.kv = kv
 	return &r, nil
 }
 

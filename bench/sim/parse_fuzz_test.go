@@ -25,6 +25,10 @@ func FuzzPrepare(f *testing.F) {
 		`{"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":false,"continue_final_message":true}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"tools":[{"type":"function"}]}`,
 		`{"prompt":[1,-1]}`, `{"prompt":1e99}`, `{"messages":null}`, `[]`, `null`, `{"prompt":"a"}{}`,
+		`{"prompt":[1,2,3],"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`,
+		`{"prompt":"a","kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[0,1,2],"tp_size":1,"x":[]}}`,
+		`{"prompt":["a","b"],"kv_transfer_params":{}}`, `{"prompt":"a","kv_transfer_params":[1]}`,
+		`{"prompt":"a","kv_transfer_params":{"remote_block_ids":[1,null,2.5]}}`, `{"prompt":"a","kv_transfer_params":"x"}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -41,6 +45,16 @@ func FuzzPrepare(f *testing.F) {
 		}
 		if len(pr.prompts) == 0 || pr.maxTok < 1 {
 			t.Fatalf("accepted an empty request: %+v", pr)
+		}
+		if kv := pr.req.kv; kv != nil {
+			if len(pr.prompts) != 1 {
+				t.Fatalf("accepted kv_transfer_params for %d prompts", len(pr.prompts))
+			}
+			if kv.RemoteBlockIDs != nil && len(*kv.RemoteBlockIDs) > len(body) {
+				t.Fatalf("%d block ids from a %d-byte body", len(*kv.RemoteBlockIDs), len(body))
+			}
+		} else if !isNull(pr.req.KVTransferParams) {
+			t.Fatalf("kv_transfer_params %s accepted unread", pr.req.KVTransferParams)
 		}
 		for _, ids := range pr.prompts {
 			if len(ids) == 0 || len(ids)+pr.maxTok > limit {

@@ -111,6 +111,7 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 		setup := engineSetup{
 			enc: cfg.EventEncoding, kvSpec: cfg.KVSpec, window: cfg.SlidingWindow,
 			cpuBlocks: cfg.CPUOffloadBlocks, cpuLoad: cfg.CPULoadPerBlock,
+			kvTransfer: cfg.KVTransferPerBlock, dp: cfg.DP,
 			streamEvery: cfg.StreamInterval,
 		}
 		if cfg.RandomHashSeed {
@@ -121,6 +122,7 @@ func startPod(ctx context.Context, cfg Config, index int, tok Tokenizer) (_ *Pod
 			e.dead = true
 		}
 		p.engines = append(p.engines, e)
+		e.rejoin() // run's goroutine takes it out of the registry when it ends
 		p.engineWG.Add(1)
 		go func() {
 			defer p.engineWG.Done()
@@ -330,14 +332,39 @@ func (p *Pod) ReplayAddr(rank int) string {
 // Endpoint is the pod as `prefixrouter serve --endpoint` takes it:
 // http://HOST:PORT?events=tcp://HOST:EV&replay=tcp://HOST:RP&dp=N&model=NAME,
 // without events= when the publishers connect to a collector (the router
-// then expects the pod on its --events-listen bus).
+// then expects the pod on its --events-listen bus), and with
+// &role=prefill or &role=decode in a disaggregated fleet (Config.PrefillPods).
 func (p *Pod) Endpoint() string {
 	q := "replay=" + p.ReplayAddr(0) +
 		"&dp=" + strconv.Itoa(p.cfg.DP) + "&model=" + url.QueryEscape(p.cfg.Model)
 	if p.cfg.EventsConnect == "" {
 		q = "events=" + p.EventsAddr(0) + "&" + q
 	}
+	if role := p.Role(); role != "" {
+		q += "&role=" + role
+	}
 	return p.URL() + "?" + q
+}
+
+// Role is the pod's announced role in a disaggregated fleet, "prefill" or
+// "decode", or "" when the fleet is not disaggregated.
+func (p *Pod) Role() string {
+	switch {
+	case p.cfg.PrefillPods == 0:
+		return ""
+	case p.index < p.cfg.PrefillPods:
+		return "prefill"
+	}
+	return "decode"
+}
+
+// EngineID is rank's KV-connector engine id of the current process
+// generation: what a prefill's kv_transfer_params name as remote_engine_id.
+func (p *Pod) EngineID(rank int) string {
+	if id := p.engines[rank].engineID.Load(); id != nil {
+		return *id
+	}
+	return ""
 }
 
 // Faults returns the pod's current faults.
@@ -426,6 +453,8 @@ type RankStats struct {
 	Steps                int64
 	Lag                  time.Duration // wall-clock lag of the model clock
 	CPUHits              int64         // prompt tokens loaded from the CPU offloading tier
+	KVTransferHits       int64         // prompt tokens pulled from a remote prefill engine
+	KVTransferFailures   int64         // decodes recomputed because their prefill engine was gone
 	EventBatchesSent     uint64
 	EventBatchesDropped  uint64
 	ReplayRequestsServed uint64
@@ -440,6 +469,7 @@ func (p *Pod) Stats() []RankStats {
 			Running: int(s.running.Load()), Waiting: int(s.waiting.Load()), KVUsage: s.usage(),
 			PrefixQueries: s.queries.Load(), PrefixHits: s.hits.Load(), Preemptions: s.preemptions.Load(),
 			Steps: s.steps.Load(), Lag: time.Duration(s.lagNanos.Load()), CPUHits: s.cpuHits.Load(),
+			KVTransferHits: s.kvLoaded.Load(), KVTransferFailures: s.kvFailures.Load(),
 		}
 		ps := p.pubs[i].Stats()
 		out[i].EventBatchesSent, out[i].EventBatchesDropped, out[i].ReplayRequestsServed = ps.Sent, ps.Dropped, ps.Replays

@@ -23,18 +23,21 @@ type seq struct {
 	// The fields every step reads for every running request come first,
 	// within the struct's first two cache lines: a step over hundreds of
 	// requests is bound by memory latency, not by its arithmetic.
-	tokens          []uint32         // prompt, then generated tokens
-	hashes          []kvindex.Digest // one per full block of tokens
-	blocks          []int32
-	promptLen       int
-	maxTokens       int
-	numComputed     int
-	nextPoke        time.Duration // model time before which a new token does not wake the stream's writer
-	out             *output
-	rankReq         *Request // the handle a Rank gave out for it (nil on a pod): a Rank reaches it from the step's schedule without a map probe
-	state           seqState
-	failPrefill     bool
-	looked          bool
+	tokens      []uint32         // prompt, then generated tokens
+	hashes      []kvindex.Digest // one per full block of tokens
+	blocks      []int32
+	promptLen   int
+	maxTokens   int
+	numComputed int
+	nextPoke    time.Duration // model time before which a new token does not wake the stream's writer
+	out         *output
+	rankReq     *Request // the handle a Rank gave out for it (nil on a pod): a Rank reaches it from the step's schedule without a map probe
+	state       seqState
+	failPrefill bool
+	looked      bool
+	// kvAnswer marks the prefill of a disaggregated request
+	// (do_remote_decode): it finishes by recording its blocks in out.
+	kvAnswer        bool
 	numCachedBlocks int // leading blocks already registered in the cache
 
 	id       string
@@ -43,6 +46,9 @@ type seq struct {
 	hasher   *kvindex.Hasher // the one hashes were computed with
 	swBlocks []int32         // sliding-window group's blocks (noBlock outside the window)
 	arrival  time.Duration   // model time
+	// remoteBlocks is how many of the prompt's blocks a live remote
+	// prefill engine holds for this decode; 0 once pulled or when none.
+	remoteBlocks int
 
 	hitMemo    []int32 // the GPU hit of its last scheduling attempt (blockPool.lookupFrom)
 	hitMemoAt  uint64  // the pool's losses when hitMemo was looked up
@@ -72,6 +78,17 @@ type output struct {
 	finish    string
 	err       error
 	notify    chan struct{}
+	// kvBlocks and kvEngine are a finished prefill's block ids and engine
+	// id when the request asked for them (do_remote_decode).
+	kvBlocks []int32
+	kvEngine string
+}
+
+// kvTransfer returns the finished prefill's block ids and engine id.
+func (o *output) kvTransfer() ([]int32, string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.kvBlocks, o.kvEngine
 }
 
 func (o *output) poke() {

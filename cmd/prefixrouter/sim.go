@@ -72,6 +72,8 @@ func (s *simSettings) flags(t *flagTable) []cli.Flag {
 		pods.list("lora", "LoRA adapter name served as a model (repeatable)", &s.LoRAs),
 		pods.str("tokenizer", "\"bytes\" (built-in) or a model directory / tokenizer.json", &s.Tokenizer),
 		pods.int("dp", "data-parallel ranks per pod", &s.DP),
+		defaultText(pods.int("prefill-pods", "prefill/decode disaggregation: announce the first N pods with role=prefill, the rest with role=decode (every pod serves both, as vLLM with a kv_both NixlConnector)", &s.PrefillPods), "0, no roles"),
+		defaultText(pods.dur("kv-transfer-per-block", "time a decode pod takes to pull one KV block from a prefill pod instead of computing it (model time)", &s.KVTransferPerBlock), "block size × 5.243µs (8B model, ~25 GB/s RDMA)"),
 		pods.str("listen", "HOST:PORT of the first pod's HTTP server", &s.Listen),
 		pods.int("events-port", "first pod's KV-event PUB port", &s.EventsPort),
 		pods.float("time-scale", "model seconds per wall second", &s.TimeScale),
@@ -181,6 +183,10 @@ func (s *simSettings) config() (sim.Config, error) {
 		return cfg, usageError("--pods must be at least 1, got %d", cfg.Pods)
 	case cfg.DP < 1:
 		return cfg, usageError("--dp must be at least 1, got %d", cfg.DP)
+	case cfg.PrefillPods < 0 || cfg.PrefillPods >= cfg.Pods:
+		return cfg, usageError("--prefill-pods must be 0 up to --pods - 1 = %d (leaving a decode pod), got %d", cfg.Pods-1, cfg.PrefillPods)
+	case cfg.KVTransferPerBlock < 0:
+		return cfg, usageError("--kv-transfer-per-block must not be negative, got %v", cfg.KVTransferPerBlock)
 	case cfg.TimeScale <= 0:
 		return cfg, usageError("--time-scale must be positive, got %v", cfg.TimeScale)
 	case cfg.HashSeed == "":

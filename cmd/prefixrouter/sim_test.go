@@ -28,6 +28,10 @@ func TestSimFlagErrors(t *testing.T) {
 		{"zero time scale", []string{"--time-scale", "0"}, "--time-scale"},
 		{"unknown kv spec", []string{"--kv-spec", "mamba"}, "--kv-spec"},
 		{"zero sliding window", []string{"--kv-spec", "hybrid", "--sliding-window", "0"}, "--sliding-window"},
+		{"all pods prefill", []string{"--pods", "2", "--prefill-pods", "2"}, "--prefill-pods"},
+		{"prefill pods with one pod", []string{"--prefill-pods", "1"}, "--prefill-pods"},
+		{"negative prefill pods", []string{"--pods", "2", "--prefill-pods", "-1"}, "--prefill-pods"},
+		{"negative kv transfer time", []string{"--kv-transfer-per-block", "-1ms"}, "--kv-transfer-per-block"},
 		{"negative cpu tier", []string{"--cpu-offload-blocks", "-1"}, "--cpu-offload-blocks"},
 		{"zero cpu load time", []string{"--cpu-offload-blocks", "8", "--cpu-load-per-block", "0s"}, "--cpu-load-per-block"},
 		{"cpu tier with hybrid", []string{"--cpu-offload-blocks", "8", "--kv-spec", "hybrid"}, "hybrid"},
@@ -100,7 +104,7 @@ func TestSimRunsUntilCancelled(t *testing.T) {
 		q := u.Query()
 		if u.Scheme != "http" || u.Hostname() != "127.0.0.1" || u.Port() == "0" ||
 			!strings.HasPrefix(q.Get("events"), "tcp://127.0.0.1:") || !strings.HasPrefix(q.Get("replay"), "tcp://127.0.0.1:") ||
-			q.Get("dp") != "1" || q.Get("model") != "sim-tiny" {
+			q.Get("dp") != "1" || q.Get("model") != "sim-tiny" || q.Has("role") {
 			t.Fatalf("endpoint %q is not a serve --endpoint value", line)
 		}
 		base := u.Scheme + "://" + u.Host
@@ -127,6 +131,29 @@ func TestSimRunsUntilCancelled(t *testing.T) {
 			resp.Body.Close()
 			t.Fatalf("%s still serving after exit", base)
 		}
+	}
+}
+
+// TestSimPrefillPodsAnnounceRoles: with --prefill-pods the first pods are
+// announced as prefill pods and the rest as decode pods, in the endpoint
+// syntax serve takes.
+func TestSimPrefillPodsAnnounceRoles(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lines, wait := startSim(ctx, t, 3, "--pods", "3", "--prefill-pods", "1", "--profile", "tiny",
+		"--listen", "127.0.0.1:0", "--events-port", "0", "--log-level", "error", "--kv-transfer-per-block", "50us")
+	for i, want := range []string{"prefill", "decode", "decode"} {
+		u, err := url.Parse(lines[i])
+		if err != nil {
+			t.Fatalf("endpoint %q: %v", lines[i], err)
+		}
+		if got := u.Query()["role"]; len(got) != 1 || got[0] != want {
+			t.Fatalf("pod %d endpoint %q: role %v, want %s", i, lines[i], got, want)
+		}
+	}
+	cancel()
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("exit %d after cancel: %s", code, stderr)
 	}
 }
 
