@@ -178,6 +178,11 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		"block_size": prof.BlockSize, "max_num_batched_tokens": prof.MaxNumBatchedTokens, "max_num_seqs": prof.MaxNumSeqs,
 		"stream_interval_s": fc.StreamInterval.Seconds(), "tokenizer": "bytes", "event_delay_s": fc.Faults.EventDelay.Seconds(),
 	}
+	if fc.PrefillPods > 0 {
+		res.Fleet["prefill_pods"] = fc.PrefillPods
+		res.Notes = append(res.Notes, fmt.Sprintf("prefill/decode: %d of the %d pods compute prompts and the others decode, loading the prompts' blocks; a request counts for the prefill pod that computed its prompt, and the cache hit rate is the prefill pods' (the decode pods report the blocks they load as cached)",
+			fc.PrefillPods, fc.Pods))
+	}
 	if slices.Contains(o.Policies, "speculative") {
 		res.Fleet["speculative_ttl"] = "auto"
 		if o.Speculative.TTL > 0 {
@@ -249,6 +254,13 @@ func Run(ctx context.Context, o Options) (*report.Results, error) {
 		}
 		p.SimLagMaxS = run.lag.Seconds() * fc.TimeScale
 		p.Preemptions = run.preemptions
+		if fc.PrefillPods > 0 && run.prefillQueries > 0 {
+			// A decode pod's cached_tokens count the blocks it loaded from
+			// the prefill pod: the cache a policy earns is the prefill
+			// pods'.
+			p.PromptTokens, p.CachedTokens = run.prefillQueries, run.prefillHits
+			p.CacheHitRate = float64(run.prefillHits) / float64(run.prefillQueries)
+		}
 		p.Speculative = run.spec
 		res.Policies[pol] = p
 		res.Order = append(res.Order, pol)
@@ -278,6 +290,9 @@ type liveRun struct {
 	lag         time.Duration
 	preemptions int64
 	spec        *report.Speculative
+	// prefillQueries and prefillHits are a disaggregated fleet's prefill
+	// pods' prefix-cache lookups and hits, in prompt tokens.
+	prefillQueries, prefillHits int64
 }
 
 func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*liveRun, error) {
@@ -298,6 +313,7 @@ func (o *Options) runLive(ctx context.Context, policy string, prog *progress) (*
 	}
 	run := &liveRun{recs: recs, spec: fr.speculativeSummary(ctx, o.Settle)}
 	run.lag, run.preemptions = fr.stats()
+	run.prefillQueries, run.prefillHits = fr.prefillCache()
 	return run, ctx.Err()
 }
 

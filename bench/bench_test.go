@@ -92,6 +92,48 @@ func TestLiveRunComparesPoliciesOnTheSameWorkload(t *testing.T) {
 	}
 }
 
+// TestLiveRunOnPrefillAndDecodePods: on a disaggregated fleet every
+// request is split, counts for the prefill pod that computed its prompt,
+// and the cache hit rate is the prefill pods' own (a decode pod reports
+// the blocks it loads as cached: nearly the whole prompt).
+func TestLiveRunOnPrefillAndDecodePods(t *testing.T) {
+	t.Parallel()
+	prof, err := sim.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workload.SharedPrefix{Common: workload.Common{Seed: 1, Vocab: workload.Bytes}, Groups: 2, Users: 3,
+		SystemTokens: 600, QuestionTokens: 40, OutputTokens: 8,
+		Stages: workload.Ladder([]float64{40}, 500*time.Millisecond), Arrival: workload.Poisson}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Options{
+		Workload: w, Policies: []string{"round-robin"}, Seed: 1,
+		Fleet: sim.Config{Pods: 3, PrefillPods: 2, Profile: prof, Tokenizer: "bytes", TimeScale: 10, StreamInterval: 10 * time.Millisecond},
+		Drain: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := res.Policies["round-robin"]
+	want := res.Workload["requests"].(int)
+	if p.Requests != want || p.Errors != 0 {
+		t.Fatalf("%d requests (%d errors: %v), want %d without errors", p.Requests, p.Errors, p.ErrorKinds, want)
+	}
+	if len(p.PodShare) != 2 || p.PodShare["pod-0"] == 0 || p.PodShare["pod-1"] == 0 {
+		t.Fatalf("pod shares %v: want the two prefill pods", p.PodShare)
+	}
+	// Round-robin over two prefill pods: each group's system prompt is
+	// computed on both, so fewer than 5 of 6 requests' system prompts hit
+	// (the decode pods report about 97% of every prompt as cached).
+	if p.CacheHitRate <= 0 || p.CacheHitRate > 0.85 || p.PromptTokens < int64(want*600) || res.Fleet["prefill_pods"] != 2 {
+		t.Fatalf("cache hit %.3f (%d of %d tokens): want the prefill pods' own", p.CacheHitRate, p.CachedTokens, p.PromptTokens)
+	}
+}
+
 func TestTargetEngineDrivesAnyEndpoint(t *testing.T) {
 	prof, err := sim.LookupProfile("tiny")
 	if err != nil {

@@ -49,6 +49,9 @@ type answer struct {
 	text                   string
 	status                 int
 	target                 string // the router's X-Prefixrouter-Target
+	// prefillTarget is the router's X-Prefixrouter-Prefill-Target: the
+	// prefill pod that computed a split request's prompt.
+	prefillTarget string
 	// routed is what the router's decision counted on the chosen target
 	// (its debug headers; known false without them).
 	routed routedOn
@@ -93,7 +96,8 @@ func (c *client) do(ctx context.Context, d dest, prompt string, maxTokens int, k
 		return answer{err: c.cancelled(ctx, errNoAnswer), detail: err}
 	}
 	defer resp.Body.Close()
-	a := answer{status: resp.StatusCode, target: resp.Header.Get("X-Prefixrouter-Target"), routed: routedFrom(resp.Header)}
+	a := answer{status: resp.StatusCode, target: resp.Header.Get("X-Prefixrouter-Target"),
+		prefillTarget: resp.Header.Get("X-Prefixrouter-Prefill-Target"), routed: routedFrom(resp.Header)}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		a.err = fmt.Sprintf("HTTP %d", resp.StatusCode)

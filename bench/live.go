@@ -167,7 +167,14 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, rs routerSet
 	}
 	url := "http://" + rt.Addr() + "/v1/completions"
 	fr.route = func(context.Context, string) (dest, error) { return dest{url: url}, nil }
-	fr.podOf = func(a answer, _ dest) string { return fr.pods[a.target] }
+	fr.podOf = func(a answer, _ dest) string {
+		if a.prefillTarget != "" {
+			// A split request belongs to the pod that computed its prompt
+			// and holds it in its cache.
+			return fr.pods[a.prefillTarget]
+		}
+		return fr.pods[a.target]
+	}
 	return nil
 }
 
@@ -267,6 +274,21 @@ func (fr *fleetRun) watchLag() {
 			}
 		}
 	}
+}
+
+// prefillCache is the prefill pods' prefix-cache lookups and hits, in
+// prompt tokens (GPU hits: a prefill pod loads nothing from elsewhere).
+func (fr *fleetRun) prefillCache() (queries, hits int64) {
+	for _, p := range fr.fleet.Pods {
+		if p.Role() != "prefill" {
+			continue
+		}
+		for _, st := range p.Stats() {
+			queries += st.PrefixQueries
+			hits += st.PrefixHits
+		}
+	}
+	return queries, hits
 }
 
 // stats are the pods' own numbers of the run: the worst lag of the model

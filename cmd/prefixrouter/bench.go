@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +45,7 @@ type benchSettings struct {
 	TimeScale      float64
 	StreamInterval time.Duration
 	EventDelay     time.Duration
+	PrefillPods    int
 
 	SpecTTL  time.Duration
 	Holdback float64
@@ -126,6 +128,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		defaultText(fleet.int("kv-blocks", "KV-cache blocks per pod", &s.KVBlocks), "the preset's, else the profile's"),
 		defaultText(fleet.float("time-scale", "model seconds per wall second", &s.TimeScale), preset),
 		defaultText(fleet.dur("stream-interval", "least model time between two chunks of a stream after its first", &s.StreamInterval), preset),
+		fleet.int("prefill-pods", "live engine: the first N pods compute prompts (role=prefill) and the others decode, vLLM's NIXL prefill/decode disaggregation; the router splits each request between them (0: every pod serves whole requests)", &s.PrefillPods),
 		defaultText(fleet.dur("event-delay", "every pod holds each KV-event batch back this long (model time) before publishing it, as a batching publisher or a slow network does", &s.EventDelay), preset),
 
 		dg.dur("request-delay", "from a client's send to its request's arrival at the pod: the HTTP hops and the router's own work", &s.Delivery.Request),
@@ -344,6 +347,17 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 			return o, err
 		}
 		o.Fleet = cfg
+		if cfg.PrefillPods > 0 {
+			switch {
+			case o.Engine == bench.EngineDES:
+				return o, usageError("--prefill-pods: the des engine does not model prefill/decode disaggregation; give --engine live")
+			case slices.Contains(o.Policies, bench.Oracle) && policiesSet:
+				return o, usageError("--prefill-pods: the oracle routes whole requests to one pod; leave it out of --policies")
+			case kind == workload.KindPairedGap || kind == workload.KindFaults:
+				return o, usageError("--prefill-pods: the %s workload runs on pods that serve whole requests", kind)
+			}
+			o.Policies = slices.DeleteFunc(o.Policies, func(p string) bool { return p == bench.Oracle })
+		}
 		lim = workload.Limits{KVTokens: cfg.Pods * cfg.Profile.KVTokens(), MaxContext: min(cfg.Profile.MaxModelLen, cfg.Profile.KVTokens())}
 	}
 	w, err := workload.Build(spec, lim)
@@ -389,6 +403,7 @@ func (s *benchSettings) fleet(p bench.Preset) (sim.Config, error) {
 	if s.EventDelay > 0 {
 		cfg.Faults.EventDelay = s.EventDelay
 	}
+	cfg.PrefillPods = s.PrefillPods
 	if err := sim.CheckConfig(cfg); err != nil {
 		return cfg, usageError("%v", err)
 	}

@@ -308,6 +308,10 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--model", "m"}, "--model goes with --target-url"},
 		{[]string{"--groups", "-1"}, "--groups must not be negative"},
 		{[]string{"--rates", "1", "--stage-duration", "100ms"}, "no requests"},
+		{[]string{"--engine", "des", "--prefill-pods", "1"}, "--prefill-pods: the des engine"},
+		{[]string{"--engine", "live", "--prefill-pods", "1", "--policies", "precise,oracle"}, "--prefill-pods: the oracle"},
+		{[]string{"--engine", "live", "--workload", "paired-gap", "--prefill-pods", "1"}, "--prefill-pods: the paired-gap workload"},
+		{[]string{"--engine", "live", "--pods", "2", "--prefill-pods", "2"}, "prefill pods 2"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, errOut, code := runCLI(t, "", append([]string{"bench"}, tc.args...)...)
