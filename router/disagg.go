@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -255,7 +256,8 @@ func prefillBody(client []byte) ([]byte, error) {
 var remoteDecodeParams = fastjson.MustParse(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
 // transferParams is the kv_transfer_params object of a prefill answer, raw,
-// or nil when it has none.
+// or nil when it has none, or none that is valid JSON (fastjson takes
+// numbers such as .5 that a decode pod's parser would refuse).
 func transferParams(answer []byte) []byte {
 	p := jsonParsers.Get()
 	defer jsonParsers.Put(p)
@@ -267,7 +269,11 @@ func transferParams(answer []byte) []byte {
 	if kv == nil || kv.Type() != fastjson.TypeObject {
 		return nil
 	}
-	return kv.MarshalTo(nil)
+	out := kv.MarshalTo(nil)
+	if !json.Valid(out) {
+		return nil
+	}
+	return out
 }
 
 // withTransferParams is the client's body with the prefill pod's

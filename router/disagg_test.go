@@ -352,3 +352,49 @@ func TestDisaggregatedFallbacks(t *testing.T) {
 		})
 	}
 }
+
+// FuzzSplitBodies: a valid JSON body the prefill rewrite takes becomes a
+// JSON object asking one token with a remote decode, and the decode body
+// adds the prefill pod's parameters to it; whatever a pod answers, reading
+// its kv_transfer_params gives a valid object or nothing. Never a panic.
+// (A body that is not valid JSON, which the router's parser may let
+// through in members it does not read, reaches the pods no better than it
+// came, and they refuse it.)
+func FuzzSplitBodies(f *testing.F) {
+	f.Add([]byte(`{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true}}`), []byte(`{"kv_transfer_params":{"remote_engine_id":"e","remote_block_ids":[1,2]}}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":9,"min_tokens":2}`), []byte(`{"kv_transfer_params":null}`))
+	f.Add([]byte(`[1,2]`), []byte(`{"kv_transfer_params":[]}`))
+	f.Add([]byte(`{"a":1,"a":2}`), []byte(`garbage`))
+	f.Fuzz(func(t *testing.T, client, answer []byte) {
+		valid := json.Valid(client)
+		if b, err := prefillBody(client); err == nil && valid {
+			var got map[string]any
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatalf("prefill body %q of %q is not a JSON object: %v", b, client, err)
+			}
+			kv, _ := got["kv_transfer_params"].(map[string]any)
+			if got["max_tokens"] != 1.0 || got["stream"] != false || kv["do_remote_decode"] != true {
+				t.Fatalf("prefill body %q of %q", b, client)
+			}
+		}
+		params := transferParams(answer)
+		if params == nil {
+			return
+		}
+		var kv map[string]any
+		if err := json.Unmarshal(params, &kv); err != nil {
+			t.Fatalf("kv_transfer_params %q of %q is not an object: %v", params, answer, err)
+		}
+		d, err := withTransferParams(client, params)
+		if err != nil || !valid {
+			return
+		}
+		var dec map[string]any
+		if err := json.Unmarshal(d, &dec); err != nil {
+			t.Fatalf("decode body %q is not JSON: %v", d, err)
+		}
+		if _, ok := dec["kv_transfer_params"].(map[string]any); !ok {
+			t.Fatalf("decode body %q without the prefill pod's parameters", d)
+		}
+	})
+}
