@@ -228,6 +228,22 @@ var jsonParsers fastjson.ParserPool
 // (the members vLLM's NixlConnector reads). min_tokens would make the pod
 // generate more than one token.
 func prefillBody(client []byte) ([]byte, error) {
+	return editBody(client, func(o *fastjson.Object) {
+		var a fastjson.Arena
+		o.Set("stream", a.NewFalse())
+		o.Set("max_tokens", a.NewNumberInt(1))
+		if o.Get("max_completion_tokens") != nil {
+			o.Set("max_completion_tokens", a.NewNumberInt(1))
+		}
+		o.Del("stream_options")
+		o.Del("min_tokens")
+		o.Del("min_completion_tokens")
+		o.Set("kv_transfer_params", remoteDecodeParams)
+	})
+}
+
+// editBody is the client's JSON object body changed by edit.
+func editBody(client []byte, edit func(*fastjson.Object)) ([]byte, error) {
 	p := jsonParsers.Get()
 	defer jsonParsers.Put(p)
 	v, err := p.ParseBytes(client)
@@ -238,16 +254,7 @@ func prefillBody(client []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var a fastjson.Arena
-	o.Set("stream", a.NewFalse())
-	o.Set("max_tokens", a.NewNumberInt(1))
-	if o.Get("max_completion_tokens") != nil {
-		o.Set("max_completion_tokens", a.NewNumberInt(1))
-	}
-	o.Del("stream_options")
-	o.Del("min_tokens")
-	o.Del("min_completion_tokens")
-	o.Set("kv_transfer_params", remoteDecodeParams)
+	edit(o)
 	return v.MarshalTo(nil), nil
 }
 
@@ -279,21 +286,10 @@ func transferParams(answer []byte) []byte {
 // withTransferParams is the client's body with the prefill pod's
 // kv_transfer_params, as the decode pod is sent it.
 func withTransferParams(client, params []byte) ([]byte, error) {
-	p := jsonParsers.Get()
-	defer jsonParsers.Put(p)
-	v, err := p.ParseBytes(client)
-	if err != nil {
-		return nil, err
-	}
-	o, err := v.Object()
-	if err != nil {
-		return nil, err
-	}
 	var pp fastjson.Parser
 	kv, err := pp.ParseBytes(params)
 	if err != nil {
 		return nil, err
 	}
-	o.Set("kv_transfer_params", kv)
-	return v.MarshalTo(nil), nil
+	return editBody(client, func(o *fastjson.Object) { o.Set("kv_transfer_params", kv) })
 }
