@@ -123,9 +123,18 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		p := newFakePod(b, name, 16, true)
 		pods, endpoints = append(pods, p), append(endpoints, p.endpoint())
 	}
+	// Both policies that read the prompt, side by side: the speculative
+	// one reads all of it before dispatch, so that its predictions cover
+	// every block at once.
+	for _, pol := range []Policy{PolicyPrecise, PolicySpeculative} {
+		b.Run(pol.String(), func(b *testing.B) { benchmarkOverhead(b, pods, endpoints, pol) })
+	}
+}
+
+func benchmarkOverhead(b *testing.B, pods []*fakePod, endpoints []string, pol Policy) {
 	pod := pods[0]
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = pol
 	cfg.Events.BlockSize = 16
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(endpoints...)
