@@ -68,6 +68,7 @@ func TestAccessLog(t *testing.T) {
 	b := newFakePod(t, "B", bs, true)
 	path := filepath.Join(t.TempDir(), "access.jsonl")
 	cfg := DefaultConfig()
+	cfg.Policy = PolicyPrecise // a decision that stops reading, and a tail
 	cfg.Events.BlockSize = bs
 	cfg.AccessLog = path
 	cfg.MaxBodyBytes = 16 << 10

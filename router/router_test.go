@@ -499,6 +499,7 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 	a := newFakePod(t, "A", 16, false, "alpha")
 	b := newFakePod(t, "B", 16, false, "beta")
 	cfg := DefaultConfig()
+	cfg.Policy = PolicyPrecise
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)
 	waitFor(t, "pods routable", func() bool { return routableCount(r, "alpha")+routableCount(r, "beta") == 2 })

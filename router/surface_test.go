@@ -206,6 +206,7 @@ func TestResponsesStreamAndUsage(t *testing.T) {
 			"\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":2,\"total_tokens\":42}}}\n\n")
 	p.setHandler(h)
 	cfg := DefaultConfig()
+	cfg.Policy = PolicyPrecise
 	cfg.Health = fastHealth(p.endpoint())
 	r := startRouter(t, cfg)
 	waitFor(t, "pod routable", func() bool { return routableCount(r, "m") == 1 })
