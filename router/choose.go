@@ -97,14 +97,18 @@ type CostConfig struct {
 // DefaultCostConfig returns the defaults: a running sequence costs about as
 // much as 32 prefill tokens per scheduling step it shares; a pod whose KV
 // cache is above 90% full charges up to one extra prompt's worth (the request
-// may wait for memory or evict someone's prefix); a follower may wait
-// up to half of the prefill it reuses rather than have an idle pod compute
-// it again (docs/performance.md, "Followers beside an idle pod"); and a
+// may wait for memory or evict someone's prefix); a follower waits for
+// the prefill it reuses only as far as the fleet lacks spare capacity:
+// while a pod is idle, siblings sent at one instant compute in parallel
+// there, as precise would send them (docs/performance.md, "Followers
+// beside an idle pod" and "Speculative against precise over twelve
+// seeds": 0.5 caches more at an idle fan-out for up to 18% of its TTFT
+// p90); and a
 // prompt token to compute costs 17 once no pod has capacity to spare
 // (docs/performance.md, "Recomputation on a busy fleet": 8 and 64 did
 // worse on the llm-d ladder).
 func DefaultCostConfig() CostConfig {
-	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1, ReuseWait: 0.5, RecomputeWeight: 16}
+	return CostConfig{DecodeWeight: 32, KVThreshold: 0.9, KVPressure: 1, ReuseWait: 0, RecomputeWeight: 16}
 }
 
 // Validate reports every weight out of its range at once (joined), each

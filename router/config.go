@@ -102,7 +102,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:           "0.0.0.0:8000",
 		AdminListen:      "127.0.0.1:9090",
-		Policy:           PolicyPrecise,
+		Policy:           PolicySpeculative,
 		Cost:             DefaultCostConfig(),
 		Tokenization:     tokenize.ModeAuto,
 		TokenizeTimeout:  2 * time.Second,

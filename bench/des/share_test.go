@@ -8,6 +8,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/router"
 )
 
 // burstConfig is bursts of four siblings sharing a 2,000-token prefix, a
@@ -30,8 +31,13 @@ func burstConfig(t *testing.T, share bool) Config {
 	holdback := 0.0
 	fleet := sim.Config{Pods: 3, Profile: prof}
 	fleet.Faults.EventDelay = time.Second
+	// A follower waits for the holder's prefill whatever the fleet's
+	// load (--reuse-wait 1): the test is about what replicas know of each
+	// other's predictions, not about when waiting for a prefill pays.
+	cost := router.DefaultCostConfig()
+	cost.ReuseWait = 1
 	return Config{Workload: w, Fleet: fleet, Policy: "speculative", Routers: 2, SharePredictions: share, Seed: 1,
-		Delivery: DefaultDelivery(), Holdback: &holdback, Drain: time.Minute}
+		Delivery: DefaultDelivery(), Holdback: &holdback, Drain: time.Minute, Cost: &cost}
 }
 
 // A router's predictions and in-flight work reach the other replica
