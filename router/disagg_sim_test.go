@@ -18,9 +18,12 @@ import (
 // none.
 func TestSimDisaggregatedPredictsThePrefillPod(t *testing.T) {
 	t.Parallel()
-	f := startFleetWith(t, sim.Config{Pods: 5, PrefillPods: 3, Faults: sim.Faults{EventDelay: 400 * time.Millisecond}})
+	// The first request's two stages take longer than a whole request's
+	// one (more so under -race on a loaded machine): its events are held
+	// back long enough that the follower still decides before they come.
+	f := startFleetWith(t, sim.Config{Pods: 5, PrefillPods: 3, Faults: sim.Faults{EventDelay: time.Second}})
 	cfg := specConfig(f)
-	cfg.Speculative.MaxStale = time.Second
+	cfg.Speculative.MaxStale = 3 * time.Second
 	r := startRouter(t, cfg, "sim-tiny=bytes")
 	waitFor(t, "fresh pods", func() bool { return freshCount(r, "sim-tiny") == 5 })
 	waitFor(t, "block keys learned from the pods", r.KeysReady)
