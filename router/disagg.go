@@ -230,16 +230,31 @@ var jsonParsers fastjson.ParserPool
 func prefillBody(client []byte) ([]byte, error) {
 	return editBody(client, func(o *fastjson.Object) {
 		var a fastjson.Arena
-		o.Set("stream", a.NewFalse())
-		o.Set("max_tokens", a.NewNumberInt(1))
-		if o.Get("max_completion_tokens") != nil {
-			o.Set("max_completion_tokens", a.NewNumberInt(1))
+		hasMaxCompletion := o.Get("max_completion_tokens") != nil
+		setMember(o, "stream", a.NewFalse())
+		setMember(o, "max_tokens", a.NewNumberInt(1))
+		if hasMaxCompletion {
+			setMember(o, "max_completion_tokens", a.NewNumberInt(1))
 		}
-		o.Del("stream_options")
-		o.Del("min_tokens")
-		o.Del("min_completion_tokens")
-		o.Set("kv_transfer_params", remoteDecodeParams)
+		delMember(o, "stream_options")
+		delMember(o, "min_tokens")
+		delMember(o, "min_completion_tokens")
+		setMember(o, "kv_transfer_params", remoteDecodeParams)
 	})
+}
+
+// delMember removes every member named key: fastjson's Del and Set touch the
+// first of duplicates, and the pod's parser keeps the last.
+func delMember(o *fastjson.Object, key string) {
+	for o.Get(key) != nil {
+		o.Del(key)
+	}
+}
+
+// setMember makes v the only member named key.
+func setMember(o *fastjson.Object, key string, v *fastjson.Value) {
+	delMember(o, key)
+	o.Set(key, v)
 }
 
 // editBody is the client's JSON object body changed by edit.
@@ -291,5 +306,5 @@ func withTransferParams(client, params []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return editBody(client, func(o *fastjson.Object) { o.Set("kv_transfer_params", kv) })
+	return editBody(client, func(o *fastjson.Object) { setMember(o, "kv_transfer_params", kv) })
 }
