@@ -175,7 +175,9 @@ func (a *attempt) runPrefill(body []byte) ([]byte, attemptResult) {
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
-	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, body, x.in, x.id))
+	rq := upstreamRequest(a.d.target().Target, x.path, body, x.in, x.id)
+	rq.identity = true
+	resp, err := r.up.do(a.call.ctx, rq)
 	if err != nil {
 		return nil, a.failedBeforeByte(err)
 	}

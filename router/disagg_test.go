@@ -132,6 +132,9 @@ func (f *pdPods) prefillAnswer(t *testing.T, name string) http.HandlerFunc {
 		if req["stream"] != false || req["max_tokens"] != 1.0 || kv["do_remote_decode"] != true {
 			t.Errorf("prefill request %v: want stream false, max_tokens 1, do_remote_decode", req)
 		}
+		if ae := r.Header.Get("Accept-Encoding"); ae != "" {
+			t.Errorf("prefill request asks Accept-Encoding %q: the router reads the answer", ae)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"p","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],`+
 			`"usage":{"prompt_tokens":40,"completion_tokens":1,"total_tokens":41,"prompt_tokens_details":{"cached_tokens":32}},`+

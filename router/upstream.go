@@ -218,6 +218,9 @@ type upRequest struct {
 	clientIP net.IP
 	id       string
 	dpRank   string // X-data-parallel-rank; empty sends none
+	// identity asks for the answer unencoded (no client Accept-Encoding):
+	// the router reads it (a split request's prefill answer).
+	identity bool
 }
 
 // upResponse is a target's answer: its status and headers, and its body to
@@ -321,7 +324,7 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 		for k, v := range rq.in.All() {
 			key := string(k)
 			switch {
-			case notForwarded(key, conn):
+			case notForwarded(key, conn), rq.identity && key == "Accept-Encoding":
 				continue
 			case key == "X-Forwarded-For":
 				forwardedFor = string(v)
