@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -71,6 +72,17 @@ func summarizeSpeculative(v *speculative.View, scale float64, pod func(target.ID
 			}
 			s.IncrementalCachedTokens = &inc
 		}
+		if mv.IncrementalStdErr != nil {
+			// The models' arms are apart: their variances add, and the
+			// fewest groups bound the draws.
+			se := *mv.IncrementalStdErr
+			groups := mv.IncrementalGroups
+			if s.IncrementalStdErr != nil {
+				se = math.Hypot(se, *s.IncrementalStdErr)
+				groups = min(groups, s.IncrementalGroups)
+			}
+			s.IncrementalStdErr, s.IncrementalGroups = &se, groups
+		}
 	}
 	return s
 }
@@ -113,8 +125,8 @@ func speculativeNote(policy string, s *report.Speculative) string {
 	for _, a := range s.Arms {
 		fmt.Fprintf(&b, "; %s arm %d requests, %s cached tokens each", a.Arm, a.Requests, perRequest(a.CachedPerRequest))
 	}
-	if s.IncrementalCachedTokens != nil {
-		fmt.Fprintf(&b, "; incremental reuse %.0f cached tokens", *s.IncrementalCachedTokens)
+	if inc := s.IncrementalText(); inc != "" {
+		fmt.Fprintf(&b, "; incremental reuse %s", inc)
 	}
 	return b.String()
 }

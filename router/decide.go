@@ -96,6 +96,7 @@ type decision struct {
 	// holdback decides without predictions. predicting says the request
 	// records predicted placements (both arms).
 	arm        speculative.Arm
+	group      uint8 // the conversation's variance group (speculative.Assignment)
 	predicting bool
 	// by is the decider that made the decision, and makes its retries.
 	by *decider
@@ -177,7 +178,8 @@ func (dc *decider) predict(d *decision, in decisionInput) {
 	if !in.peek {
 		conv := in.conversation
 		conv.Model, conv.Keys = in.model, d.chain.Keys
-		d.arm = dc.spec.Assign(conv).Arm
+		a := dc.spec.Assign(conv)
+		d.arm, d.group = a.Arm, a.Group
 	}
 	if d.arm != speculative.ArmSpeculative {
 		return

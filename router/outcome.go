@@ -386,7 +386,7 @@ func (o *promptOutcome) measureCache(v promptView, prompt int64) {
 // decision d: its arm, the prompt, the cached tokens predicted and
 // reported, its TTFT and the follower it was routed as.
 func (d *decision) outcome(model string, prompt, predicted int, u usage, ttft time.Duration, f *speculative.Follower) speculative.Outcome {
-	return speculative.Outcome{Model: model, Arm: d.arm, PromptTokens: prompt,
+	return speculative.Outcome{Model: model, Arm: d.arm, Group: d.group, PromptTokens: prompt,
 		PredictedCached: predicted, ReportedCached: int(u.cachedTokens), CachedReported: u.cachedKnown,
 		TTFT: ttft, Follower: f}
 }

@@ -1,6 +1,7 @@
 package speculative
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -137,5 +138,63 @@ func TestWorkedExampleIncrementalReuse(t *testing.T) {
 	}
 	if a := mv[0].Arms[1]; a.Requests != 51 || a.ReportedRequests != 50 || val(a.CachedPerRequest) != 210 || val(a.TTFTP50) != 0.12 {
 		t.Errorf("holdback arm %+v", a)
+	}
+	// Every request in one variance group: no spread between groups to
+	// measure, so no standard error.
+	if se := mv[0].IncrementalStdErr; se != nil {
+		t.Errorf("standard error %v from a single group", *se)
+	}
+}
+
+// TestIncrementalStdErr: the incremental reuse's standard error from the
+// spread between each arm's variance groups, where a conversation's
+// requests count once, and where it cannot say anything.
+func TestIncrementalStdErr(t *testing.T) {
+	type req struct {
+		group  uint8
+		cached int
+	}
+	each := func(cached ...int) []req { // one group a request
+		out := make([]req, len(cached))
+		for i, c := range cached {
+			out[i] = req{uint8(i), c}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name       string
+		spec, hold []req
+		inc, se    float64
+		ok         bool
+	}{
+		// Means 200 and 100, variances 10,000 and 5,000: 3 × (200 − 100)
+		// and 3 × √(10,000/3 + 5,000/2) = 229.13, as for independent
+		// requests.
+		{"a request a group", each(100, 200, 300), each(50, 150), 300, 229.129, true},
+		{"no spread", each(400, 400), each(100, 100), 600, 0, true},
+		// Two conversations an arm, three and two requests each: the
+		// groups' totals 900 and 300 about 600, and 100 and 300 about 200,
+		// give 6 × √(10,000 + 2,500) = 670.82 (independent requests would
+		// give 319).
+		{"conversations of several requests", []req{{0, 300}, {0, 300}, {0, 300}, {1, 100}, {1, 100}, {1, 100}},
+			[]req{{0, 50}, {0, 50}, {1, 150}, {1, 150}}, 600, 670.820, true},
+		{"one holdback group", each(100, 200), []req{{3, 50}, {3, 70}}, 180, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, Config{Holdback: 0.05})
+			for arm, reqs := range map[Arm][]req{ArmSpeculative: tc.spec, ArmHoldback: tc.hold} {
+				for _, q := range reqs {
+					r.Record(Outcome{Model: "m", Arm: arm, Group: q.group, PromptTokens: 1000, ReportedCached: q.cached, CachedReported: true})
+				}
+			}
+			mv := r.View().Holdback.Models[0]
+			if math.Abs(val(mv.Incremental)-tc.inc) > 1e-9 {
+				t.Errorf("incremental %v, want %v", val(mv.Incremental), tc.inc)
+			}
+			se := mv.IncrementalStdErr
+			if (se != nil) != tc.ok || (se != nil && math.Abs(*se-tc.se) > 0.001) {
+				t.Errorf("standard error %v, want %v (known: %v)", se, tc.se, tc.ok)
+			}
+		})
 	}
 }

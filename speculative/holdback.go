@@ -77,7 +77,16 @@ type Conversation struct {
 type Assignment struct {
 	Arm   Arm
 	Basis Basis
+	// Group is the conversation's variance group (below NumGroups): a
+	// conversation's requests resemble each other, so the spread of an
+	// arm's cached tokens is measured between groups of conversations
+	// drawn at random, not between requests (incrementalStdErr).
+	Group uint8
 }
+
+// NumGroups is the number of variance groups the conversations of an arm
+// are hashed into.
+const NumGroups = 64
 
 // Assign gives a request its arm, stably per conversation: by its session
 // or user when the client names one, otherwise by the first block where
@@ -109,7 +118,9 @@ func (s *Store) Assign(c Conversation) Assignment {
 	default:
 		h = rand.Uint64()
 	}
-	a := Assignment{Arm: ArmSpeculative, Basis: basis}
+	// The arm takes h's low end; the group mixes it again, so that the
+	// holdback's few conversations spread over every group.
+	a := Assignment{Arm: ArmSpeculative, Basis: basis, Group: uint8(mix64(h^groupSalt) % NumGroups)}
 	if h < hb.threshold {
 		a.Arm = ArmHoldback
 	}
@@ -118,6 +129,9 @@ func (s *Store) Assign(c Conversation) Assignment {
 	m.mu.Unlock()
 	return a
 }
+
+// groupSalt parts a conversation's group from its arm.
+const groupSalt = 0x6772_6f75_7073_616c
 
 // hashString hashes a kind and a value (FNV-1a, then mixed): the same
 // conversation gets the same arm in every router replica and after a
@@ -155,6 +169,8 @@ type Outcome struct {
 	CachedReported bool
 	// TTFT is the time to the first response byte (0: none).
 	TTFT time.Duration
+	// Group is the request's Assignment.Group.
+	Group uint8
 	// Follower is what Follow returned at dispatch, or nil.
 	Follower *Follower
 }
@@ -178,8 +194,12 @@ func (s *Store) Record(o Outcome) {
 	a.requests++
 	a.promptTokens += int64(max(0, o.PromptTokens))
 	if o.CachedReported {
+		c := int64(max(0, o.ReportedCached))
 		a.reportedRequests++
-		a.cachedTokens += int64(max(0, o.ReportedCached))
+		a.cachedTokens += c
+		g := &a.groups[o.Group%NumGroups]
+		g.requests++
+		g.cachedTokens += c
 	}
 	if o.TTFT > 0 {
 		a.ttft.add(o.TTFT, false)
@@ -197,6 +217,73 @@ func IncrementalReuse(specCached, specRequests, holdCached, holdRequests int64) 
 		return 0, false
 	}
 	return float64(specCached) - float64(holdCached)*float64(specRequests)/float64(holdRequests), true
+}
+
+// groupSums are one variance group's reported requests and their cached
+// tokens.
+type groupSums struct{ requests, cachedTokens int64 }
+
+// incrementalStdErr is the standard error of IncrementalReuse, from each
+// arm's variance groups (conversations hashed into NumGroups groups at
+// random; a conversation's requests stay in one). An arm's cached tokens
+// per request is a ratio of sums, Y/N; its variance is
+// G/(G−1) · Σ_g (Y_g − (Y/N)·N_g)² / N² over its G groups with requests,
+// and the incremental reuse's standard error is the speculative arm's
+// requests × √(var_spec + var_hold). Requests of one conversation count as
+// one draw, not many. ok is false while an arm has requests in fewer than
+// two groups.
+func incrementalStdErr(spec, hold []groupSums) (float64, bool) {
+	vs, ok1 := ratioVariance(spec)
+	vh, ok2 := ratioVariance(hold)
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	var n int64
+	for _, g := range spec {
+		n += g.requests
+	}
+	return float64(n) * math.Sqrt(vs+vh), true
+}
+
+// usedGroups is the number of groups with requests.
+func usedGroups(groups []groupSums) int {
+	n := 0
+	for _, g := range groups {
+		if g.requests > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// ratioVariance is the variance of Σ cachedTokens / Σ requests over the
+// groups, by the groups' spread about it.
+func ratioVariance(groups []groupSums) (float64, bool) {
+	var y, n float64
+	for _, g := range groups {
+		y, n = y+float64(g.cachedTokens), n+float64(g.requests)
+	}
+	used := usedGroups(groups)
+	if used < 2 {
+		return 0, false
+	}
+	r, ss := y/n, 0.0
+	for _, g := range groups {
+		if g.requests > 0 {
+			d := float64(g.cachedTokens) - r*float64(g.requests)
+			ss += d * d
+		}
+	}
+	return float64(used) / float64(used-1) * ss / (n * n), true
+}
+
+// incremental is m's incremental reuse and its standard error (each ok
+// when known). The caller holds m.mu.
+func (m *modelArms) incremental() (inc float64, incOK bool, se float64, seOK bool) {
+	spec, hold := &m.arms[ArmSpeculative], &m.arms[ArmHoldback]
+	inc, incOK = IncrementalReuse(spec.cachedTokens, spec.reportedRequests, hold.cachedTokens, hold.reportedRequests)
+	se, seOK = incrementalStdErr(spec.groups[:], hold.groups[:])
+	return inc, incOK, se, seOK
 }
 
 // holdback holds the arms' assignment and numbers per model.
@@ -230,8 +317,10 @@ type modelArms struct {
 type armStats struct {
 	requests, promptTokens         int64
 	reportedRequests, cachedTokens int64
-	ttft                           latencies
-	ttftHist                       histogram
+	// groups split them by the conversations' variance groups.
+	groups   [NumGroups]groupSums
+	ttft     latencies
+	ttftHist histogram
 }
 
 func newArmStats() armStats { return armStats{ttftHist: newHistogram(ttftBuckets)} }

@@ -22,6 +22,7 @@ func TestHoldbackOff(t *testing.T) {
 func TestHoldbackBySession(t *testing.T) {
 	r := newRig(t, DefaultConfig())
 	held := 0
+	groups := map[Arm]map[uint8]bool{ArmSpeculative: {}, ArmHoldback: {}}
 	const n = 10000
 	for i := range n {
 		c := Conversation{Model: "m", SessionID: fmt.Sprintf("session-%d", i), User: "the same user", Keys: keyRange(i*10, 5)}
@@ -38,9 +39,17 @@ func TestHoldbackBySession(t *testing.T) {
 		if a.Arm == ArmHoldback {
 			held++
 		}
+		groups[a.Arm][a.Group] = true
 	}
 	if share := float64(held) / n; share < 0.04 || share > 0.06 {
 		t.Fatalf("holdback share %v of sessions, want 0.05", share)
+	}
+	// The holdback's 500 sessions spread over the variance groups as the
+	// others do (about 63 of 64 groups expected).
+	for arm, g := range groups {
+		if len(g) < 56 {
+			t.Errorf("%v arm: sessions in %d of %d variance groups", arm, len(g), NumGroups)
+		}
 	}
 	u := r.Assign(Conversation{Model: "m", User: "alice"})
 	if u.Basis != BasisUser || r.Assign(Conversation{Model: "other", User: "alice"}) != u {

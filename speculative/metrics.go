@@ -83,6 +83,8 @@ var (
 		"Time to first byte per holdback arm.", am, nil)
 	descIncremental = prometheus.NewDesc("prefixrouter_speculative_incremental_cached_tokens",
 		"Cached tokens the speculative arm got beyond the holdback's at equal volume.", []string{"model"}, nil)
+	descIncrementalStdErr = prometheus.NewDesc("prefixrouter_speculative_incremental_cached_tokens_stderr",
+		"Standard error of the incremental cached tokens, from the spread between random groups of conversations: within two of zero, no benefit is shown.", []string{"model"}, nil)
 
 	// The peer replicas' predictions, by origin (the replica's id, at most
 	// MaxOrigins), summed over targets: counted apart from the local ones.
@@ -108,7 +110,7 @@ var (
 var allDescs = []*prometheus.Desc{descInserted, descOutcomes, descOutcomeTokens, descRequests, descRequestsConfirmed,
 	descCohorts, descPending, descImmature, descTTL, descTrust, descExposure, descLatency, descReferenced, descFollowed,
 	descFollowerRoutes, descFollowerCached, descFalseWarm, descFalseWarmTokens, descInvalidations,
-	descArmRequests, descArmPrompt, descArmReported, descArmCached, descArmTTFT, descIncremental,
+	descArmRequests, descArmPrompt, descArmReported, descArmCached, descArmTTFT, descIncremental, descIncrementalStdErr,
 	descPeerInserted, descPeerOutcomes, descPeerArrivedExpired, descPeerPending, descPeerFollowed,
 	descPeerFalseWarm, descPeerFalseWarmTokens}
 
@@ -205,9 +207,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descArmCached, float64(st.cachedTokens), model, arm)
 			ch <- st.ttftHist.Metric(descArmTTFT, model, arm)
 		}
-		spec, hold := &m.arms[ArmSpeculative], &m.arms[ArmHoldback]
-		if inc, ok := IncrementalReuse(spec.cachedTokens, spec.reportedRequests, hold.cachedTokens, hold.reportedRequests); ok {
+		inc, incOK, se, seOK := m.incremental()
+		if incOK {
 			gauge(descIncremental, inc, model)
+		}
+		if seOK {
+			gauge(descIncrementalStdErr, se, model)
 		}
 		return true
 	})

@@ -185,10 +185,18 @@ type HoldbackView struct {
 // speculative arm's cached tokens minus the holdback's at equal volume
 // (null while an arm has no reported request).
 type ModelView struct {
-	Model       string            `json:"model"`
-	Arms        []ArmView         `json:"arms"`
-	Incremental *float64          `json:"incremental_cached_tokens"`
-	Assigned    map[string]uint64 `json:"assigned_by"`
+	Model       string    `json:"model"`
+	Arms        []ArmView `json:"arms"`
+	Incremental *float64  `json:"incremental_cached_tokens"`
+	// IncrementalStdErr is its standard error, from the spread between
+	// random groups of conversations (null while an arm's requests fall in
+	// fewer than two groups): within two of zero, no benefit is shown.
+	IncrementalStdErr *float64 `json:"incremental_stderr_tokens"`
+	// IncrementalGroups is the fewer of the two arms' variance groups
+	// with requests: the standard error rests on that many draws, less
+	// one degree of freedom.
+	IncrementalGroups int               `json:"incremental_groups"`
+	Assigned          map[string]uint64 `json:"assigned_by"`
 }
 
 // ArmView is one arm's requests and what the pods reported of them.
@@ -399,9 +407,12 @@ func (s *Store) holdbackView() HoldbackView {
 			}
 			mv.Arms = append(mv.Arms, av)
 		}
-		spec, hold := &m.arms[ArmSpeculative], &m.arms[ArmHoldback]
-		if inc, ok := IncrementalReuse(spec.cachedTokens, spec.reportedRequests, hold.cachedTokens, hold.reportedRequests); ok {
+		mv.IncrementalGroups = min(usedGroups(m.arms[ArmSpeculative].groups[:]), usedGroups(m.arms[ArmHoldback].groups[:]))
+		if inc, incOK, se, seOK := m.incremental(); incOK {
 			mv.Incremental = &inc
+			if seOK {
+				mv.IncrementalStdErr = &se
+			}
 		}
 		m.mu.Unlock()
 		hv.Models = append(hv.Models, mv)

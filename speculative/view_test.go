@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +34,12 @@ func scenario(r *rig) {
 	r.Record(Outcome{Model: "m", Arm: ArmSpeculative, PromptTokens: 140, PredictedCached: 128, ReportedCached: 80, CachedReported: true,
 		TTFT: 90 * time.Millisecond, Follower: f})
 	r.Record(Outcome{Model: "m", Arm: ArmHoldback, PromptTokens: 140, ReportedCached: 16, CachedReported: true, TTFT: 150 * time.Millisecond})
+	// Two requests an arm make a standard error (model m2).
+	for arm, cached := range map[Arm][]int{ArmSpeculative: {10, 30}, ArmHoldback: {0, 20}} {
+		for g, c := range cached {
+			r.Record(Outcome{Model: "m2", Arm: arm, Group: uint8(g), PromptTokens: 40, ReportedCached: c, CachedReported: true})
+		}
+	}
 	r.Assign(Conversation{Model: "m", SessionID: "s"})
 	r.Assign(Conversation{Model: "m", Keys: keyRange(7777200, 3)})
 	_ = leader
@@ -141,6 +148,8 @@ func TestMetrics(t *testing.T) {
 		"prefixrouter_speculative_arm_cached_tokens_total{arm=holdback,model=m}":                               16,
 		"prefixrouter_speculative_arm_ttft_seconds{arm=speculative,model=m}":                                   1,
 		"prefixrouter_speculative_incremental_cached_tokens{model=m}":                                          64,
+		"prefixrouter_speculative_incremental_cached_tokens{model=m2}":                                         20,
+		"prefixrouter_speculative_incremental_cached_tokens_stderr{model=m2}":                                  2 * math.Sqrt(200),
 		"prefixrouter_speculative_requests_total{model=m,target=" + a + "}":                                    1,
 		"prefixrouter_speculative_requests_confirmed_total{model=m,target=" + a + "}":                          5.0 / 8,
 		"prefixrouter_speculative_cohorts_matured_total{model=m,target=" + a + "}":                             1,

@@ -155,13 +155,13 @@ func TestWriteRoundTrips(t *testing.T) {
 
 func TestSpeculativeSection(t *testing.T) {
 	res := sampleResults()
-	rate, per, inc := 0.9, 640.0, 1200.0
+	rate, per, inc, se := 0.9, 640.0, 1200.0, 700.0
 	res.Policies["precise"].Speculative = &Speculative{Settled: true,
 		Funnel:           SpecFunnel{Inserted: 400, Confirmed: 380, Referenced: 200, Followed: 150, FollowerRoutes: 9, FollowerCachedTokens: 5400},
 		Mature:           SpecMature{Inserted: 400, Confirmed: 380, ExpiredStale: 20, BlockRate: &rate},
 		Pods:             []SpecPod{{Pod: "pod-0", TTLS: 0.61, TTLWhy: "p99 of 256 latencies", Trust: 0.87, BlockRate: &rate}},
 		HoldbackFraction: 0.05, Arms: []SpecArm{{Arm: "speculative", Requests: 38, CachedPerRequest: &per}, {Arm: "holdback", Requests: 2}},
-		IncrementalCachedTokens: &inc,
+		IncrementalCachedTokens: &inc, IncrementalStdErr: &se, IncrementalGroups: 10,
 	}
 	page, err := HTML(res)
 	if err != nil {
@@ -170,7 +170,7 @@ func TestSpeculativeSection(t *testing.T) {
 	s := string(page)
 	for _, want := range []string{`id="speculative-funnel" data-expect="inserted,confirmed,referenced,followed"`,
 		`id="speculative-holdback" data-expect="speculative,holdback"`, `<h2>Speculative routing: precise</h2>`,
-		"<td>pod-0</td><td>610ms</td><td>0.87</td><td>90%</td>", "1200 cached tokens over the speculative arm", "20 expired stale"} {
+		"<td>pod-0</td><td>610ms</td><td>0.87</td><td>90%</td>", "1200 ± 700 cached tokens (within 2.26 standard errors of none, the 95% bound for 10 groups: no difference shown) over the speculative arm", "20 expired stale"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the page lacks %q", want)
 		}
@@ -254,5 +254,26 @@ func TestSummarizeByStage(t *testing.T) {
 	}
 	if Summarize([]Record{{Stage: -1, TTFT: 1}}).TTFTByStage != nil {
 		t.Error("stages summarized without a ladder")
+	}
+}
+
+func TestIncrementalText(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	for _, tc := range []struct {
+		inc, se *float64
+		groups  int
+		want    string
+	}{
+		{nil, nil, 0, ""},
+		{f(500), nil, 1, "500 cached tokens (an arm too small for a standard error)"},
+		{f(-68968), f(20000), 6, "-68968 ± 20000 cached tokens (beyond 2.57 standard errors, the 95% bound for 6 groups)"},
+		{f(-68968), f(30000), 6, "-68968 ± 30000 cached tokens (within 2.57 standard errors of none, the 95% bound for 6 groups: no difference shown)"},
+		{f(239904), f(40000), 40, "239904 ± 40000 cached tokens (beyond 2.00 standard errors, the 95% bound for 40 groups)"},
+		{f(239904), f(40000), 2, "239904 ± 40000 cached tokens (within 12.71 standard errors of none, the 95% bound for 2 groups: no difference shown)"},
+	} {
+		s := Speculative{IncrementalCachedTokens: tc.inc, IncrementalStdErr: tc.se, IncrementalGroups: tc.groups}
+		if got := s.IncrementalText(); got != tc.want {
+			t.Errorf("IncrementalText() = %q, want %q", got, tc.want)
+		}
 	}
 }

@@ -48,8 +48,8 @@ func specHoldback(policy string, s *Speculative) chart {
 		vals = append(vals, v)
 	}
 	inc := "not measured (an arm has no request whose usage the pod reported)"
-	if s.IncrementalCachedTokens != nil {
-		inc = fmt.Sprintf("%.0f cached tokens over the speculative arm's requests", *s.IncrementalCachedTokens)
+	if t := s.IncrementalText(); t != "" {
+		inc = t + " over the speculative arm's requests"
 	}
 	return chart{ID: "speculative-holdback", Title: "Holdback comparison", Series: names,
 		SVG: barChart("Cached tokens per request, by arm", "cached tokens per request", names, colors, vals,

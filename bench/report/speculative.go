@@ -1,5 +1,10 @@
 package report
 
+import (
+	"fmt"
+	"math"
+)
+
 // Speculative is the speculative policy's predicted placements at the end
 // of its run, read from the router's own view (what GET /debug/speculative
 // serves), every time converted to model seconds.
@@ -27,6 +32,51 @@ type Speculative struct {
 	// the holdback's at equal volume (absent while an arm has no reported
 	// request): the measured benefit of predictions.
 	IncrementalCachedTokens *float64 `json:"incremental_cached_tokens,omitempty"`
+	// IncrementalStdErr is its standard error, from the spread between
+	// random groups of conversations (absent while an arm's requests fall
+	// in fewer than two groups): within two of zero, the run shows no
+	// benefit.
+	IncrementalStdErr *float64 `json:"incremental_stderr_tokens,omitempty"`
+	// IncrementalGroups is the fewest variance groups with requests in an
+	// arm: the standard error rests on that many draws.
+	IncrementalGroups int `json:"incremental_groups,omitempty"`
+}
+
+// IncrementalText says the incremental reuse with its standard error, and
+// whether it is told from none, or "" while it is not measured.
+func (s *Speculative) IncrementalText() string {
+	if s.IncrementalCachedTokens == nil {
+		return ""
+	}
+	inc := *s.IncrementalCachedTokens
+	if s.IncrementalStdErr == nil {
+		return fmt.Sprintf("%.0f cached tokens (an arm too small for a standard error)", inc)
+	}
+	se := *s.IncrementalStdErr
+	bound := tQuantile975(s.IncrementalGroups - 1)
+	verdict := fmt.Sprintf("within %.2f standard errors of none, the 95%% bound for %d groups: no difference shown", bound, s.IncrementalGroups)
+	if math.Abs(inc) > bound*se {
+		verdict = fmt.Sprintf("beyond %.2f standard errors, the 95%% bound for %d groups", bound, s.IncrementalGroups)
+	}
+	return fmt.Sprintf("%.0f ± %.0f cached tokens (%s)", inc, se, verdict)
+}
+
+// tQuantile975 is Student's t distribution's 0.975 quantile for df degrees
+// of freedom: the two-sided 95% bound, in standard errors, of an estimate
+// whose spread is measured from df + 1 draws.
+func tQuantile975(df int) float64 {
+	table := []float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+		2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+	switch {
+	case df < 1:
+		return math.Inf(1)
+	case df <= len(table):
+		return table[df-1]
+	case df <= 60:
+		return 2.000
+	}
+	return 1.960
 }
 
 // SpecFunnel follows predictions (blocks) from insertion to the requests
