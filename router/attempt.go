@@ -307,21 +307,7 @@ func (a *attempt) fail(e *apiError) {
 // answer records the first byte and relays the pod's status and headers.
 func (a *attempt) answer() {
 	r, x, resp := a.r, a.x, a.resp
-	var v promptView
-	if a.d.decodeStage {
-		// A split request's decode pod: the prefill stage settled what
-		// the prompt found in the cache.
-		a.flight.FirstByte()
-		v = a.d.view(nil, a.d.chosen)
-	} else {
-		v = x.dec.atFirstByte(a.d, x.tail, &a.flight)
-	}
-	a.placement.Settle()
-	r.mesh.Changed(a.d.target().Target.ID)
-	a.expect.FirstByte(a.flight.Tokens())
-	if v.final {
-		a.predicted = v.predicted
-	}
+	v := a.firstByte()
 	a.answered, a.status, a.sent, a.ttft = true, resp.StatusCode, resp.StatusCode, time.Since(x.start)
 	if resp.StatusCode >= 400 {
 		// Rejected before computing anything: its predictions will not
@@ -355,6 +341,29 @@ func (a *attempt) answer() {
 		// Arrival to dispatch, the router's own time before the pod starts.
 		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(a.decided.Microseconds())/1e3, 'f', 3, 64))
 	}
+}
+
+// firstByte settles what the attempt's first byte (for a prefill stage,
+// its whole answer) says: the flight leaves the pod's queue, the
+// predictions' deadlines run from now, the plane awaits the blocks the pod
+// computed. It returns the prompt as known now.
+func (a *attempt) firstByte() promptView {
+	var v promptView
+	if a.d.decodeStage {
+		// A split request's decode pod: the prefill stage settled what
+		// the prompt found in the cache.
+		a.flight.FirstByte()
+		v = a.d.view(nil, a.d.chosen)
+	} else {
+		v = a.x.dec.atFirstByte(a.d, a.x.tail, &a.flight)
+	}
+	a.placement.Settle()
+	a.r.mesh.Changed(a.d.target().Target.ID)
+	a.expect.FirstByte(a.flight.Tokens())
+	if v.final {
+		a.predicted = v.predicted
+	}
+	return v
 }
 
 // atFirstByte takes d's flight f back from the tail at its first byte

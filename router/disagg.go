@@ -186,35 +186,25 @@ func (a *attempt) runPrefill(body []byte) ([]byte, attemptResult) {
 	if err != nil {
 		return nil, a.failedBeforeByte(err)
 	}
-	a.first = out
-	if reason := a.retryableAnswer(); reason != "" || resp.StatusCode >= 500 {
+	if resp.StatusCode >= 500 {
+		// Whether another prefill pod is tried is prefill's to decide.
 		a.withdraw()
 		a.label = "upstream_error"
 		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+" to the prefill request: "+string(out[:min(len(out), 256)]))
 		return nil, attemptRetryable
 	}
-	v := x.dec.atFirstByte(a.d, a.tail(), &a.flight)
-	a.placement.Settle()
-	r.mesh.Changed(a.d.target().Target.ID)
-	a.expect.FirstByte(a.flight.Tokens())
-	if v.final {
-		a.predicted = v.predicted
-	}
-	a.status = resp.StatusCode
 	a.label = statusLabel(resp.StatusCode)
 	if resp.StatusCode >= 400 {
 		// The pod refused the request itself: the decode pod would too.
-		a.withdraw()
-		a.answered, a.sent = true, resp.StatusCode
-		in := x.in
-		in.SetStatusCode(resp.StatusCode)
-		copyResponseHeaders(&in.Response.Header, resp.Header)
-		in.Response.Header.Set("X-Request-Id", x.id)
-		in.SetBody(out)
+		// The client gets its answer (answer withdraws the predictions).
+		a.answer()
+		x.in.SetBody(out)
 		return nil, attemptDone
 	}
-	a.usage = usageFromBody(out)
-	params := transferParams(out)
+	a.firstByte()
+	a.status = resp.StatusCode
+	var params []byte
+	a.usage, params = prefillAnswer(out)
 	if params == nil {
 		a.upstreamFailed(upstreamNoTransferParams, "the prefill pod answered without kv_transfer_params: is it started with --kv-transfer-config?")
 		r.log.Warn("prefill target answered without kv_transfer_params; the decode target computes the request", "request_id", x.id, "target", a.name)
@@ -222,8 +212,6 @@ func (a *attempt) runPrefill(body []byte) ([]byte, attemptResult) {
 	}
 	return params, attemptDone
 }
-
-var jsonParsers fastjson.ParserPool
 
 // prefillBody is the client's body as the prefill pod is sent it: one
 // token, no stream, and kv_transfer_params asking for a remote decode
@@ -261,8 +249,8 @@ func setMember(o *fastjson.Object, key string, v *fastjson.Value) {
 
 // editBody is the client's JSON object body changed by edit.
 func editBody(client []byte, edit func(*fastjson.Object)) ([]byte, error) {
-	p := jsonParsers.Get()
-	defer jsonParsers.Put(p)
+	p := parserPool.Get()
+	defer parserPool.Put(p)
 	v, err := p.ParseBytes(client)
 	if err != nil {
 		return nil, err
@@ -279,25 +267,26 @@ func editBody(client []byte, edit func(*fastjson.Object)) ([]byte, error) {
 // decode.
 var remoteDecodeParams = fastjson.MustParse(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
-// transferParams is the kv_transfer_params object of a prefill answer, raw,
-// or nil when it has none, or none that is valid JSON (fastjson takes
-// numbers such as .5 that a decode pod's parser would refuse).
-func transferParams(answer []byte) []byte {
-	p := jsonParsers.Get()
-	defer jsonParsers.Put(p)
+// prefillAnswer reads a prefill pod's answer once: its usage, and its
+// kv_transfer_params object raw, or nil when it has none, or none that is
+// valid JSON (fastjson takes numbers such as .5 that a decode pod's parser
+// would refuse).
+func prefillAnswer(answer []byte) (u usage, params []byte) {
+	p := parserPool.Get()
+	defer parserPool.Put(p)
 	v, err := p.ParseBytes(answer)
 	if err != nil {
-		return nil
+		return usage{}, nil
 	}
+	u = usageOf(v)
 	kv := v.Get("kv_transfer_params")
 	if kv == nil || kv.Type() != fastjson.TypeObject {
-		return nil
+		return u, nil
 	}
-	out := kv.MarshalTo(nil)
-	if !json.Valid(out) {
-		return nil
+	if params = kv.MarshalTo(nil); !json.Valid(params) {
+		return u, nil
 	}
-	return out
+	return u, params
 }
 
 // withTransferParams is the client's body with the prefill pod's

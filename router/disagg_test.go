@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,7 +57,10 @@ func TestPrefillAndDecodeBodies(t *testing.T) {
 				}
 			}
 
-			params := transferParams([]byte(`{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e1","remote_block_ids":[3,4],"remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`))
+			u, params := prefillAnswer([]byte(`{"id":"x","choices":[],"usage":{"prompt_tokens":40,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":32}},"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e1","remote_block_ids":[3,4],"remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`))
+			if !u.cachedKnown || u.cachedTokens != 32 {
+				t.Errorf("prefill answer's usage %+v, want 32 cached tokens", u)
+			}
 			if params == nil {
 				t.Fatal("no kv_transfer_params read from the prefill answer")
 			}
@@ -79,8 +83,8 @@ func TestPrefillAndDecodeBodies(t *testing.T) {
 		})
 	}
 	for _, answer := range []string{`{"choices":[]}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":[1]}`, `not json`} {
-		if p := transferParams([]byte(answer)); p != nil {
-			t.Errorf("transferParams(%s) = %s, want none", answer, p)
+		if _, p := prefillAnswer([]byte(answer)); p != nil {
+			t.Errorf("prefillAnswer(%s) = %s, want no parameters", answer, p)
 		}
 	}
 }
@@ -257,7 +261,10 @@ func TestDisaggregatedRequest(t *testing.T) {
 		t.Errorf("access line %s: want the prefill pod and its 32 cached tokens beside the decode pod", first)
 	}
 	d := dryRun(t, r, "/v1/completions", pdStreamBody)
-	if d.Decision.Decode == nil || !strings.Contains(d.Decision.Target, "127.0.0.1") {
+	isPod := func(url string, pods []*fakePod) bool {
+		return slices.ContainsFunc(pods, func(p *fakePod) bool { return p.srv.URL == url })
+	}
+	if d.Decision.Decode == nil || !isPod(d.Decision.Target, f.prefill) || !isPod(d.Decision.Decode.Target, f.decode) {
 		t.Fatalf("dry run decision %+v: want a prefill target and a decode target", d.Decision)
 	}
 	for _, c := range d.Candidates {
@@ -380,7 +387,7 @@ func FuzzSplitBodies(f *testing.F) {
 				t.Fatalf("prefill body %q of %q", b, client)
 			}
 		}
-		params := transferParams(answer)
+		_, params := prefillAnswer(answer)
 		if params == nil {
 			return
 		}
