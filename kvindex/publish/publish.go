@@ -116,7 +116,10 @@ type Publisher struct {
 	rng    *rand.Rand
 	stats  Stats
 	queue  []queued // Submit's batches, in order, due times non-decreasing
-	last   time.Time
+	// sending is 1 while the sender encodes a batch it took off the
+	// queue: not sent, nor in the replay buffer, yet.
+	sending int
+	last    time.Time
 
 	wake  chan struct{} // a batch was queued (capacity 1)
 	space chan struct{} // the queue shrank (capacity 1)
@@ -334,11 +337,12 @@ func (p *Publisher) Stats() Stats {
 	return p.stats
 }
 
-// Pending is the number of submitted batches not yet sent.
+// Pending is the number of submitted batches not yet sent (and in the
+// replay buffer), the one being encoded included.
 func (p *Publisher) Pending() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.queue)
+	return len(p.queue) + p.sending
 }
 
 // sender sends queued batches when they are due.
@@ -358,6 +362,7 @@ func (p *Publisher) sender() {
 				next = p.queue[0]
 				p.queue[0] = queued{}
 				p.queue = p.queue[1:]
+				p.sending = 1
 				wait = 0
 			}
 		}
@@ -389,15 +394,17 @@ func (p *Publisher) sender() {
 // part) and sends it unless a restart happened meanwhile.
 func (p *Publisher) sendQueued(q queued) {
 	payload := q.payload
+	var encodeErr error
 	if payload == nil {
-		var err error
-		if payload, err = events.Encode(&q.batch, q.enc); err != nil {
-			p.log.Error("encode event batch", "err", err)
-			return
-		}
+		payload, encodeErr = events.Encode(&q.batch, q.enc)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.sending = 0
+	if encodeErr != nil {
+		p.log.Error("encode event batch", "err", encodeErr)
+		return
+	}
 	if q.gen != p.gen || p.pub == nil {
 		return // the process that produced it is gone
 	}
