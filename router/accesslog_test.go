@@ -110,7 +110,7 @@ func TestAccessLog(t *testing.T) {
 		"get-on-post": {"GET", "/v1/completions", ``, 405, "method_not_allowed", "", "", false, nil, "", nil, nil, 0},
 		"no-route":    {"POST", "/v1/nothing", `{}`, 404, "not_found", "", "", false, nil, "", nil, nil, 0},
 		"models":      {"GET", "/v1/models", ``, 200, "ok", "", "", false, nil, "", nil, nil, 0},
-		"too-large":   {"POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 20<<10) + `"}`, 413, "read_error", "", "", false, nil, "", nil, nil, 0},
+		"too-large":   {"POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 20<<10) + `"}`, 413, "too_large", "", "", false, nil, "", nil, nil, 0},
 	}
 	for id, c := range cases {
 		if got := send(t, c.method, base+c.path, id, c.body); got != c.status {

@@ -133,7 +133,11 @@ type attempt struct {
 	label     string // how the request ended: ok, client_error, upstream_error, timeout, canceled
 	usage     usage
 	handedOff bool // a stream relay ends the attempt
-	ended     bool
+	// writeDeadline moves the client connection's write deadline on; the
+	// stream relay calls it while fasthttp writes the answer, which keeps
+	// the request's context alive until the relay returns.
+	writeDeadline func(time.Time) error
+	ended         bool
 }
 
 // newAttempt dispatches the request to d's choice: the target's load
@@ -234,7 +238,9 @@ func (a *attempt) run() attemptResult {
 		return attemptRetryable
 	}
 	a.answer()
-	if !a.streamed() {
+	if !a.streamed() || resp.StatusCode >= 400 {
+		// An error is read whole even when it comes chunked: the router
+		// rewords or scrubs it before the client sees it.
 		a.relayBuffered()
 		return attemptDone
 	}
@@ -243,6 +249,7 @@ func (a *attempt) run() attemptResult {
 	a.handedOff = true
 	x.life.retain()
 	x.in.Response.Header.Del("Content-Length")
+	a.writeDeadline = x.in.SetWriteDeadline
 	x.in.SetBodyStreamWriter(a.relayStream)
 	return attemptDone
 }
@@ -316,7 +323,7 @@ func (a *attempt) answer() {
 		a.withdraw()
 	}
 	if resp.StatusCode >= 500 {
-		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", relayed to the client: no other target to try")
+		a.upstreamFailed(upstreamStatus5xx, "HTTP "+itoa(resp.StatusCode)+", answered to the client in the router's words: no other target to try")
 	}
 	in := x.in
 	in.SetStatusCode(resp.StatusCode)
@@ -410,13 +417,34 @@ func (a *attempt) relayBuffered() {
 			return
 		}
 		a.r.log.Warn("target's answer broke off", "request_id", a.x.id, "target", a.name, "err", err)
-		a.fail(errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off"))
-		in.Response.Header.Set("X-Request-Id", a.x.id)
+		a.replaceAnswer(errUpstream(fasthttp.StatusBadGateway, "the model server's answer broke off"))
 		return
+	}
+	switch {
+	case a.status >= 500:
+		// A pod's failure is the operator's to read, not the client's:
+		// its text may name addresses, files and versions.
+		a.r.log.Warn("target answered a server error; the client gets the router's own", "request_id", a.x.id, "target", a.name,
+			"status", a.status, "body", string(body[:min(len(body), 512)]))
+		a.replaceAnswer(errUpstream(a.status, "the model server failed to answer the request (HTTP "+itoa(a.status)+")"))
+		a.label = statusLabel(a.status)
+		return
+	case a.status >= 400:
+		body = scrubAddress(body, a.d.target().Target.ID.Endpoint)
 	}
 	in.SetBody(body)
 	a.usage = usageFromBody(body)
 	a.label = statusLabel(a.status)
+}
+
+// replaceAnswer answers the client with the router's own error instead of
+// the pod's answer, whose status and headers were copied already: none of
+// them stays.
+func (a *attempt) replaceAnswer(e *apiError) {
+	in := a.x.in
+	in.Response.Header.Reset()
+	a.fail(e)
+	in.Response.Header.Set("X-Request-Id", a.x.id)
 }
 
 // relayStream passes every chunk of a streamed answer through as it
@@ -430,15 +458,22 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 	// tail is the last two bytes relayed: whether they end an event (a
 	// blank line) tells an error event that may have to follow them.
 	tail := [2]byte{'\n', '\n'}
+	// A client has --write-timeout to take each chunk: the deadline moves
+	// on before every write, and once more for the stream's end, which
+	// fasthttp writes after the relay returns.
+	wt := a.r.cfg.WriteTimeout
+	defer func() { _ = a.writeDeadline(time.Now().Add(wt)) }()
 	for {
 		if len(chunk) > 0 {
 			sc.Write(chunk)
-			if _, err := w.Write(chunk); err != nil {
-				a.call.abort(errClientGone)
-				break
+			armed := time.Now()
+			_ = a.writeDeadline(armed.Add(wt))
+			_, err := w.Write(chunk)
+			if err == nil {
+				err = w.Flush()
 			}
-			if err := w.Flush(); err != nil {
-				a.call.abort(errClientGone)
+			if err != nil {
+				a.clientStopped(armed)
 				break
 			}
 			if n := len(chunk); n >= 2 {
@@ -466,6 +501,17 @@ func (a *attempt) relayStream(w *bufio.Writer) {
 	default:
 		a.label = statusLabel(a.status)
 	}
+}
+
+// clientStopped ends a relay whose client no longer takes the answer:
+// gone, or silent past --write-timeout since the write began at armed.
+// The pod's request is cancelled either way, and its load released.
+func (a *attempt) clientStopped(armed time.Time) {
+	if time.Since(armed) >= a.r.cfg.WriteTimeout {
+		a.r.door.writeTimeouts.Inc()
+		a.r.log.Info("client took none of its answer for --write-timeout: cut off", "request_id", a.x.id, "target", a.name, "write_timeout", a.r.cfg.WriteTimeout)
+	}
+	a.call.abort(errClientGone)
 }
 
 // endStreamWithError ends a stream the pod broke off (its connection cut,

@@ -51,6 +51,31 @@ type Config struct {
 
 	// MaxBodyBytes bounds request bodies, 413 beyond (--max-body-bytes).
 	MaxBodyBytes int
+
+	// The front door's limits (frontdoor.go). BodyBudget is the request
+	// body bytes held at once by every request in progress, beyond which
+	// new requests get 503 (--max-body-bytes-in-flight; 0: a quarter of
+	// the memory limit, 256 MiB without one). MemoryShedFraction is the
+	// share of the runtime's memory limit past which new requests get 503
+	// (--memory-shed-fraction). MaxConnections caps the client
+	// connections served at once (--max-connections), and
+	// MaxConnectionsPerIP those from one address (--max-connections-per-ip;
+	// 0: no cap). HeaderTimeout bounds a new connection's wait for its
+	// request and the reading of any request's headers
+	// (--header-read-timeout); BodyIdleTimeout the silence between two
+	// parts of a body (--body-idle-timeout); ClientIdleTimeout a kept-alive
+	// connection's wait for its next request (--client-idle-timeout);
+	// WriteTimeout how long a client may take none of its answer
+	// (--write-timeout): then the answer is cut off and the pod's request
+	// cancelled.
+	BodyBudget          int64
+	MemoryShedFraction  float64
+	MaxConnections      int
+	MaxConnectionsPerIP int
+	HeaderTimeout       time.Duration
+	BodyIdleTimeout     time.Duration
+	ClientIdleTimeout   time.Duration
+	WriteTimeout        time.Duration
 	// DebugHeaders adds X-Prefixrouter-* headers naming the chosen target
 	// (--debug-headers).
 	DebugHeaders bool
@@ -100,13 +125,21 @@ type Config struct {
 // DefaultConfig returns the defaults, which are also the serve command's.
 func DefaultConfig() Config {
 	return Config{
-		Listen:           "0.0.0.0:8000",
-		AdminListen:      "127.0.0.1:9090",
-		Policy:           PolicySpeculative,
-		Cost:             DefaultCostConfig(),
-		Tokenization:     tokenize.ModeAuto,
-		TokenizeTimeout:  2 * time.Second,
-		MaxBodyBytes:     32 << 20,
+		Listen:          "0.0.0.0:8000",
+		AdminListen:     "127.0.0.1:9090",
+		Policy:          PolicySpeculative,
+		Cost:            DefaultCostConfig(),
+		Tokenization:    tokenize.ModeAuto,
+		TokenizeTimeout: 2 * time.Second,
+		MaxBodyBytes:    32 << 20,
+
+		MemoryShedFraction: 0.9,
+		MaxConnections:     4096,
+		HeaderTimeout:      10 * time.Second,
+		BodyIdleTimeout:    10 * time.Second,
+		ClientIdleTimeout:  90 * time.Second,
+		WriteTimeout:       30 * time.Second,
+
 		ConnectTimeout:   3 * time.Second,
 		FirstByteTimeout: 10 * time.Minute,
 		IdleTimeout:      2 * time.Minute,
@@ -155,7 +188,25 @@ func (c Config) Validate() error {
 		{Flag: "first-byte-timeout", V: &c.FirstByteTimeout},
 		{Flag: "idle-timeout", V: &c.IdleTimeout},
 		{Flag: "retry-after", V: &c.RetryAfter},
+		{Flag: "header-read-timeout", V: &c.HeaderTimeout},
+		{Flag: "body-idle-timeout", V: &c.BodyIdleTimeout},
+		{Flag: "client-idle-timeout", V: &c.ClientIdleTimeout},
+		{Flag: "write-timeout", V: &c.WriteTimeout},
+	}, Ints: []positive.Int{
+		{Flag: "max-connections", V: &c.MaxConnections},
 	}}.Check()...)
+	if c.BodyBudget < 0 {
+		bad("--max-body-bytes-in-flight must not be negative")
+	}
+	if c.BodyBudget > 0 && c.BodyBudget < int64(c.MaxBodyBytes) {
+		bad("--max-body-bytes-in-flight (%d) must hold at least one body of --max-body-bytes (%d)", c.BodyBudget, c.MaxBodyBytes)
+	}
+	if !(c.MemoryShedFraction > 0 && c.MemoryShedFraction <= 1) {
+		bad("--memory-shed-fraction must be in (0, 1], not %g", c.MemoryShedFraction)
+	}
+	if c.MaxConnectionsPerIP < 0 {
+		bad("--max-connections-per-ip must not be negative")
+	}
 	if c.ShutdownTimeout < 0 {
 		bad("--shutdown-timeout must not be negative")
 	}

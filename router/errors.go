@@ -1,10 +1,12 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -17,7 +19,10 @@ import (
 // headers of --debug-headers aside, which say they expose them). The
 // detail goes to the log and, for upstream failures, to GET /debug/targets
 // on the admin listener (failures.go), under the request id the client
-// got. A pod's own answers are relayed byte for byte.
+// got. A pod's own answers are relayed byte for byte, but for its
+// errors: a 5xx is replaced by the router's own error of the same status
+// (the pod's text goes to the log) and a 4xx, a validation error the
+// client needs, is relayed with the pod's address taken out.
 type apiError struct {
 	Status  int
 	Message string
@@ -66,6 +71,24 @@ func errNoTarget(msg string, retryAfter int) *apiError {
 	}
 }
 
+// errOverloaded answers a request the router refuses to protect itself
+// (its memory, its body budget): the client may try again shortly.
+func errOverloaded(msg string, retryAfter int) *apiError {
+	return &apiError{
+		Status: fasthttp.StatusServiceUnavailable, Message: msg,
+		Type: typeUnavailable, Code: "overloaded", RetryAfter: retryAfter,
+	}
+}
+
+// errBodyTimeout answers a client that stopped sending its body.
+func errBodyTimeout(idle time.Duration) *apiError {
+	return &apiError{
+		Status:  fasthttp.StatusRequestTimeout,
+		Message: "the request body stopped arriving for " + idle.String(),
+		Type:    typeInvalidRequest, Code: "request_timeout",
+	}
+}
+
 func errUpstream(status int, msg string) *apiError {
 	return &apiError{Status: status, Message: msg, Type: typeServer, Code: "upstream_error"}
 }
@@ -104,6 +127,33 @@ func (e *apiError) write(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(e.body())
 }
 
+// scrubAddress takes the pod's address (its base URL, scheme and host,
+// host:port and host) out of a pod's answer relayed to a client.
+func scrubAddress(body []byte, baseURL string) []byte {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return body
+	}
+	for _, addr := range podAddresses(baseURL, u) {
+		if bytes.Contains(body, []byte(addr)) {
+			body = bytes.ReplaceAll(body, []byte(addr), []byte("[model server]"))
+		}
+	}
+	return body
+}
+
+// podAddresses are the spellings of a pod's address a message may carry,
+// longest first so that a shorter one never splits a longer one.
+func podAddresses(baseURL string, u *url.URL) []string {
+	var out []string
+	for _, addr := range []string{strings.TrimRight(baseURL, "/"), u.Scheme + "://" + u.Host, u.Host, u.Hostname()} {
+		if addr != "" {
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
 // podMessage is what a client hears of a pod's error body when the router
 // answers in its own words (a render call that rejected the prompt): the
 // message of an OpenAI, vLLM or FastAPI error, else the body, with the
@@ -131,14 +181,5 @@ func podMessage(body, baseURL string) string {
 			msg = text
 		}
 	}
-	u, err := url.Parse(baseURL)
-	if err != nil || u.Host == "" {
-		return msg
-	}
-	for _, addr := range []string{strings.TrimRight(baseURL, "/"), u.Scheme + "://" + u.Host, u.Host, u.Hostname()} {
-		if addr != "" {
-			msg = strings.ReplaceAll(msg, addr, "[model server]")
-		}
-	}
-	return msg
+	return string(scrubAddress([]byte(msg), baseURL))
 }

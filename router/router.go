@@ -52,6 +52,7 @@ type Router struct {
 	up   *upstream
 	met  *metrics
 	cat  *catalog
+	door *frontDoor
 	srv  *fasthttp.Server
 	adm  *http.Server
 	ln   net.Listener
@@ -139,17 +140,27 @@ func New(cfg Config, deps Deps) (*Router, error) {
 			return nil, fmt.Errorf("router: %w", err)
 		}
 	}
+	if r.door, err = newFrontDoor(cfg, reg, log); err != nil {
+		return nil, fmt.Errorf("router: metrics: %w", err)
+	}
 	r.reqCtx, r.reqCancel = context.WithCancelCause(context.Background())
 	r.srv = &fasthttp.Server{
 		Handler:               r.handle,
 		ErrorHandler:          r.handleServerError,
 		Name:                  "prefixrouter",
 		NoDefaultServerHeader: true,
-		MaxRequestBodySize:    cfg.MaxBodyBytes,
-		ReadTimeout:           time.Minute,
-		IdleTimeout:           5 * time.Minute,
-		CloseOnShutdown:       true,
-		Logger:                fasthttpLogger{log},
+		// Bodies are read by the router as they arrive (readBody):
+		// fasthttp would allocate a declared length at once.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: cfg.MaxBodyBytes,
+		// ReadTimeout bounds a new connection's first request and every
+		// request's headers; the body has its own idle bound, and the
+		// relay moves the write deadline on with each chunk.
+		ReadTimeout:     cfg.HeaderTimeout,
+		IdleTimeout:     cfg.ClientIdleTimeout,
+		WriteTimeout:    cfg.WriteTimeout,
+		CloseOnShutdown: true,
+		Logger:          fasthttpLogger{log},
 	}
 	return r, nil
 }
@@ -236,8 +247,9 @@ func (r *Router) Start(ctx context.Context) error {
 	})
 	r.goBG(func() { r.feedCaches(bctx) })
 	r.goBG(func() { r.cat.run(bctx) })
+	r.goBG(func() { r.door.watchMemory(bctx, 100*time.Millisecond) })
 	r.goBG(func() {
-		if err := r.srv.Serve(ln); err != nil {
+		if err := r.srv.Serve(&limitListener{Listener: ln, f: r.door}); err != nil {
 			r.log.Error("server stopped", "err", err)
 		}
 	})

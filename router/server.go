@@ -37,6 +37,11 @@ func (r *Router) handle(ctx *fasthttp.RequestCtx) {
 	case known:
 		x.ep = ap.ep
 		if r.requireMethod(x, ap.ep.method()) {
+			body := r.readBody(x)
+			if body == nil {
+				return
+			}
+			defer body.release()
 			if ap.ep.routed() {
 				r.handleRouted(x)
 			} else {
@@ -86,7 +91,12 @@ func (r *Router) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	x := newExchange(ctx, string(ctx.Path()))
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		r.refuse(x, errTooLarge(r.cfg.MaxBodyBytes), "read_error")
+		r.refuse(x, errTooLarge(r.cfg.MaxBodyBytes), rejectTooLarge)
+	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
+		// A request line and headers (with the body's first bytes, up to
+		// 8 KiB, which fasthttp reads with them) that did not arrive within
+		// --header-read-timeout: the connection closes after this answer.
+		r.refuse(x, &apiError{Status: fasthttp.StatusRequestTimeout, Message: "the request did not arrive within " + r.cfg.HeaderTimeout.String(), Type: typeInvalidRequest, Code: "request_timeout"}, rejectHeaderTimeout)
 	default:
 		var small *fasthttp.ErrSmallBuffer
 		if errors.As(err, &small) {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v3"
 
+	"github.com/prefixrouter/prefixrouter/internal/memlimit"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/speculative"
@@ -66,7 +67,15 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
-		serving.int("max-body-bytes", "largest accepted request body (413 beyond)", &s.MaxBodyBytes),
+		serving.int("max-body-bytes", "largest accepted request body (413 beyond, at once for a declared length, else as the bytes arrive)", &s.MaxBodyBytes),
+		defaultText(serving.int64("max-body-bytes-in-flight", "request body bytes held at once by all requests in progress; past it new requests get 503", &s.BodyBudget), "0, a quarter of the memory limit (256 MiB without one)"),
+		serving.float("memory-shed-fraction", "share of the memory limit (GOMEMLIMIT, or 90% of the container's) past which new requests get 503", &s.MemoryShedFraction),
+		serving.int("max-connections", "client connections served at once; more are answered 503 and closed", &s.MaxConnections),
+		defaultText(serving.int("max-connections-per-ip", "client connections served at once from one address; more are answered 429 and closed", &s.MaxConnectionsPerIP), "0, no cap"),
+		serving.dur("header-read-timeout", "a new connection's wait for its first request, and the reading of any request's headers", &s.HeaderTimeout),
+		serving.dur("body-idle-timeout", "silence allowed between two parts of a request body (408 beyond)", &s.BodyIdleTimeout),
+		serving.dur("client-idle-timeout", "a kept-alive client connection's wait for its next request", &s.ClientIdleTimeout),
+		serving.dur("write-timeout", "how long a client may take none of its answer; then it is cut off and the pod's request cancelled", &s.WriteTimeout),
 		serving.bool("debug-headers", "add X-Prefixrouter-* headers naming the chosen target (exposes internal addresses)", &s.DebugHeaders),
 		serving.str("access-log", "one JSON line per API request, written when it ends: a file (appended to) or - for standard output (empty: off)", &s.AccessLog),
 		serving.dur("shutdown-timeout", "how long in-flight requests may drain on SIGTERM", &s.ShutdownTimeout),
@@ -148,6 +157,13 @@ func runServe(ctx context.Context, s *serveSettings) error {
 	cfg := s.config()
 	if err := cfg.Validate(); err != nil {
 		return usageError("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	// The router sizes its body budget and sheds load from the runtime's
+	// memory limit: set it from the container's before the router is made.
+	if mem, err := memlimit.Apply("/sys/fs/cgroup"); err != nil {
+		log.Warn("cannot read the container's memory limit; the runtime has none from it", "err", err)
+	} else {
+		log.Info("memory limit", "source", mem.Source, "runtime_limit_bytes", mem.Limit, "container_limit_bytes", mem.Container)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
