@@ -25,7 +25,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
 
-.PHONY: all build test deps vet fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
+.PHONY: hostile all build test deps vet fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
 
 all: build
 
@@ -141,6 +141,13 @@ bench-tokenize: testdata
 # and bench-out/report.html. It stops everything it starts.
 demo: build
 	./$(BIN) demo
+
+# hostile attacks a live router on loopback as a hostile client would
+# (bodies declared and never sent, whole 32 MiB bodies, slow headers) and
+# prints the router's resident memory and how it answered
+# (scripts/hostile; docs/performance.md "A hostile run").
+hostile: build
+	$(GO) run ./scripts/hostile -bin $(BIN)
 
 # e2e-client runs the official OpenAI Node SDK (npm openai, pinned in the
 # script) against the router in front of simulated pods.

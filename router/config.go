@@ -54,8 +54,8 @@ type Config struct {
 
 	// The front door's limits (frontdoor.go). BodyBudget is the request
 	// body bytes held at once by every request in progress, beyond which
-	// new requests get 503 (--max-body-bytes-in-flight; 0: a quarter of
-	// the memory limit, 256 MiB without one). MemoryShedFraction is the
+	// new requests get 503 (--max-body-bytes-in-flight; 0: an eighth of
+	// the memory limit, 128 MiB without one). MemoryShedFraction is the
 	// share of the runtime's memory limit past which new requests get 503
 	// (--memory-shed-fraction). MaxConnections caps the client
 	// connections served at once (--max-connections), and

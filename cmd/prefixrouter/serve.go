@@ -68,7 +68,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
 		serving.int("max-body-bytes", "largest accepted request body (413 beyond, at once for a declared length, else as the bytes arrive)", &s.MaxBodyBytes),
-		defaultText(serving.int64("max-body-bytes-in-flight", "request body bytes held at once by all requests in progress; past it new requests get 503", &s.BodyBudget), "0, a quarter of the memory limit (256 MiB without one)"),
+		defaultText(serving.int64("max-body-bytes-in-flight", "request body bytes held at once by all requests in progress; past it new requests get 503", &s.BodyBudget), "0, an eighth of the memory limit (128 MiB without one)"),
 		serving.float("memory-shed-fraction", "share of the memory limit (GOMEMLIMIT, or 90% of the container's) past which new requests get 503", &s.MemoryShedFraction),
 		serving.int("max-connections", "client connections served at once; more are answered 503 and closed", &s.MaxConnections),
 		defaultText(serving.int("max-connections-per-ip", "client connections served at once from one address; more are answered 429 and closed", &s.MaxConnectionsPerIP), "0, no cap"),
