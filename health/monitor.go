@@ -36,6 +36,10 @@ type Deps struct {
 	Client *http.Client
 	// Resolver for --discover-dns; nil: net.DefaultResolver.
 	Resolver Resolver
+	// Authorization is the Authorization header sent on every call to a
+	// target (probes, /v1/models, /metrics), read at each call so that a
+	// rotated credential applies at once; nil or "": none.
+	Authorization func() string
 }
 
 // Sources of targets, in order of precedence when two name one endpoint.
@@ -137,6 +141,7 @@ type Monitor struct {
 	now      func() time.Time
 	client   *http.Client
 	resolver Resolver
+	authz    func() string
 	sh       *shared
 	met      *metrics
 
@@ -185,6 +190,7 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		now:       deps.Now,
 		client:    deps.Client,
 		resolver:  deps.Resolver,
+		authz:     deps.Authorization,
 		subs:      map[int]func(Change){},
 		sources:   map[string]map[string]Spec{},
 		srcStatus: map[string]*SourceStatus{},

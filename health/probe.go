@@ -31,6 +31,11 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 		req.Header.Set("Accept", accept)
 	}
 	req.Header.Set("User-Agent", "prefixrouter-health")
+	if m.authz != nil {
+		if a := m.authz(); a != "" {
+			req.Header.Set("Authorization", a)
+		}
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
@@ -40,7 +45,11 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: reading body: %w", url, err)
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		// A pod started with --api-key: the operator's fix is a flag.
+		return nil, fmt.Errorf("GET %s: status %d: the pod wants a credential (--upstream-api-key-file)", url, resp.StatusCode)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	if int64(len(body)) > limit {
