@@ -20,6 +20,11 @@ type guardedPod struct {
 }
 
 func newGuardedPod(t *testing.T, key string, models ...string) *guardedPod {
+	return newGuardedPodOn(t, "/", key, models...)
+}
+
+// newGuardedPodOn guards the paths starting with prefix alone.
+func newGuardedPodOn(t *testing.T, prefix, key string, models ...string) *guardedPod {
 	g := &guardedPod{fakePod: newFakePod(t, models...), refused: map[string]int{}, called: map[string]int{}}
 	g.key.Store(&key)
 	inner := g.srv.Config.Handler
@@ -27,7 +32,7 @@ func newGuardedPod(t *testing.T, key string, models ...string) *guardedPod {
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
 		g.called[r.URL.Path]++
-		ok := r.Header.Get("Authorization") == "Bearer "+*g.key.Load()
+		ok := !strings.HasPrefix(r.URL.Path, prefix) || r.Header.Get("Authorization") == "Bearer "+*g.key.Load()
 		if !ok {
 			g.refused[r.URL.Path]++
 		}
@@ -92,5 +97,29 @@ func TestAuthorizationOnEveryCall(t *testing.T) {
 	tg = env2.target(t, open.id(0))
 	if tg.State == StateRoutable || !strings.Contains(tg.Detail, "401") || !strings.Contains(tg.Detail, "--upstream-api-key-file") {
 		t.Fatalf("without the credential: %s/%s %q", tg.State, tg.Reason, tg.Detail)
+	}
+}
+
+// TestUnauthorizedTakesNoWork: a pod that answers its probes but refuses
+// the model list (vLLM with --api-key guards /v1 alone) is down as
+// unauthorized, even when its models are configured, and comes back once
+// the credential is right.
+func TestUnauthorizedTakesNoWork(t *testing.T) {
+	pod := newGuardedPodOn(t, "/v1", "k1", "llama")
+	var cred atomic.Pointer[string]
+	none := ""
+	cred.Store(&none)
+	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("model=llama")}}, Deps{Authorization: func() string { return *cred.Load() }})
+	env.tick()
+	tg := env.target(t, pod.id(0))
+	if tg.State != StateDown || tg.Reason != ReasonUnauthorized || !strings.Contains(tg.Detail, "status 401") {
+		t.Fatalf("without the credential: %s/%s %q", tg.State, tg.Reason, tg.Detail)
+	}
+	good := "Bearer k1"
+	cred.Store(&good)
+	env.clock.Advance(DefaultConfig().ModelsInterval)
+	env.tick()
+	if tg = env.target(t, pod.id(0)); tg.State != StateRoutable {
+		t.Fatalf("with the credential: %s/%s %q", tg.State, tg.Reason, tg.Detail)
 	}
 }

@@ -95,6 +95,9 @@ type endpoint struct {
 	modelsOK  bool
 	modelsAt  time.Time
 	modelsErr string
+	// authErr is the last GET /v1/models refused as unauthorized, cleared
+	// by the next answered one.
+	authErr string
 
 	scrapeAt  time.Time // last successful scrape
 	scrapeErr string
@@ -586,6 +589,9 @@ func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 		return StateDown, ReasonAwaitingProbe, "not probed yet"
 	case !ep.up:
 		return StateDown, ReasonProbeFailed, ep.probeErr
+	}
+	if ep.authErr != "" {
+		return StateDown, ReasonUnauthorized, ep.authErr
 	}
 	switch t.live.breakerState() {
 	case "open":

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -18,6 +19,9 @@ const (
 	maxModelsBody  = 4 << 20
 	maxMetricsBody = 32 << 20
 )
+
+// errUnauthorized marks a 401 or 403 answer to one of the monitor's calls.
+var errUnauthorized = errors.New("unauthorized")
 
 // get performs one bounded GET and returns the body of a 2xx answer.
 func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, accept string, limit int64) ([]byte, error) {
@@ -48,7 +52,7 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		// A pod started with --api-key: the operator's fix is a flag.
-		return nil, fmt.Errorf("GET %s: status %d: the pod wants a credential (--upstream-api-key-file)", url, resp.StatusCode)
+		return nil, fmt.Errorf("GET %s: status %d: the pod wants a credential (--upstream-api-key-file): %w", url, resp.StatusCode, errUnauthorized)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
@@ -156,6 +160,10 @@ func (m *Monitor) fetchModels(ctx context.Context, ep *endpoint, base string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ep.authErr = ""
+	if errors.Is(err, errUnauthorized) {
+		ep.authErr = err.Error()
+	}
 	if err != nil {
 		ep.modelsErr = err.Error()
 		m.log.Warn("model discovery failed", "endpoint", base, "err", err)
