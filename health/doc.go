@@ -11,8 +11,10 @@
 //     interval; removed targets drain and subscribers are told about every
 //     addition, update, restart and removal;
 //   - HTTP probes of GET /health with failure/success thresholds, model
-//     discovery from GET /v1/models, and a circuit breaker fed by the
-//     router's proxy outcomes;
+//     discovery from GET /v1/models (a pod refusing it with 401 or 403 is
+//     down as unauthorized), and a circuit breaker fed by the router's
+//     proxy outcomes; every call carries Deps.Authorization, the router's
+//     upstream credential;
 //   - the load ledger: vLLM's gauges scraped from GET /metrics with a
 //     staleness bound, combined with the router's own in-flight accounting
 //     (Flight: in flight, prefilling, queued prompt and uncached tokens;

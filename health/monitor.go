@@ -36,6 +36,10 @@ type Deps struct {
 	Client *http.Client
 	// Resolver for --discover-dns; nil: net.DefaultResolver.
 	Resolver Resolver
+	// Authorization is the Authorization header sent on every call to a
+	// target (probes, /v1/models, /metrics), read at each call so that a
+	// rotated credential applies at once; nil or "": none.
+	Authorization func() string
 }
 
 // Sources of targets, in order of precedence when two name one endpoint.
@@ -91,6 +95,9 @@ type endpoint struct {
 	modelsOK  bool
 	modelsAt  time.Time
 	modelsErr string
+	// authErr is the last GET /v1/models refused as unauthorized, cleared
+	// by the next answered one.
+	authErr string
 
 	scrapeAt  time.Time // last successful scrape
 	scrapeErr string
@@ -137,6 +144,7 @@ type Monitor struct {
 	now      func() time.Time
 	client   *http.Client
 	resolver Resolver
+	authz    func() string
 	sh       *shared
 	met      *metrics
 
@@ -185,6 +193,7 @@ func New(cfg Config, deps Deps) (*Monitor, error) {
 		now:       deps.Now,
 		client:    deps.Client,
 		resolver:  deps.Resolver,
+		authz:     deps.Authorization,
 		subs:      map[int]func(Change){},
 		sources:   map[string]map[string]Spec{},
 		srcStatus: map[string]*SourceStatus{},
@@ -580,6 +589,9 @@ func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 		return StateDown, ReasonAwaitingProbe, "not probed yet"
 	case !ep.up:
 		return StateDown, ReasonProbeFailed, ep.probeErr
+	}
+	if ep.authErr != "" {
+		return StateDown, ReasonUnauthorized, ep.authErr
 	}
 	switch t.live.breakerState() {
 	case "open":

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -19,6 +20,9 @@ const (
 	maxMetricsBody = 32 << 20
 )
 
+// errUnauthorized marks a 401 or 403 answer to one of the monitor's calls.
+var errUnauthorized = errors.New("unauthorized")
+
 // get performs one bounded GET and returns the body of a 2xx answer.
 func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, accept string, limit int64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -31,6 +35,11 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 		req.Header.Set("Accept", accept)
 	}
 	req.Header.Set("User-Agent", "prefixrouter-health")
+	if m.authz != nil {
+		if a := m.authz(); a != "" {
+			req.Header.Set("Authorization", a)
+		}
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
@@ -40,7 +49,11 @@ func (m *Monitor) get(ctx context.Context, url string, timeout time.Duration, ac
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: reading body: %w", url, err)
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		// A pod started with --api-key: the operator's fix is a flag.
+		return nil, fmt.Errorf("GET %s: status %d: the pod wants a credential (--upstream-api-key-file): %w", url, resp.StatusCode, errUnauthorized)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	if int64(len(body)) > limit {
@@ -147,6 +160,10 @@ func (m *Monitor) fetchModels(ctx context.Context, ep *endpoint, base string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ep.authErr = ""
+	if errors.Is(err, errUnauthorized) {
+		ep.authErr = err.Error()
+	}
 	if err != nil {
 		ep.modelsErr = err.Error()
 		m.log.Warn("model discovery failed", "endpoint", base, "err", err)

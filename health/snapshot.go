@@ -36,6 +36,11 @@ const (
 	ReasonCircuitHalf    Reason = "circuit_half_open"
 	ReasonMetricsStale   Reason = "metrics_stale"
 	ReasonConfigConflict Reason = "cache_config_conflict"
+	// ReasonUnauthorized: the pod refuses the router's own calls (401 or
+	// 403 to GET /v1/models), as a vLLM started with --api-key refuses a
+	// router without --upstream-api-key-file or with a stale key. Its
+	// answers to requests would be refusals too, so it takes none.
+	ReasonUnauthorized Reason = "unauthorized"
 	// ReasonPrefixCachingOff: the pod runs without prefix caching
 	// (vllm:cache_config_info enable_prefix_caching=False). It serves
 	// requests, but publishes no KV events and never gives a cache hit, so

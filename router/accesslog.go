@@ -27,6 +27,9 @@ type accessLine struct {
 	Path      string    `json:"path"`
 	Model     string    `json:"model"`
 	Stream    bool      `json:"stream"`
+	// Tenant names the API key the client presented (--api-key-file),
+	// never the key itself.
+	Tenant string `json:"tenant,omitempty"`
 	// Policy decided the target: --policy for the routed endpoints,
 	// least-load for the forwarded ones; empty when none was decided.
 	Policy string `json:"policy"`
@@ -232,7 +235,7 @@ func (r *Router) logAnswered(x *exchange, outcome string) {
 // accessLine is the line of x as known at its end, took after its arrival.
 func (x *exchange) accessLine(took time.Duration) *accessLine {
 	line := &accessLine{Time: x.start, RequestID: x.id, Method: x.ep.method(), Path: x.path, Model: x.model,
-		Stream: x.stream, DurationMS: millis(took)}
+		Stream: x.stream, Tenant: x.tenant, DurationMS: millis(took)}
 	if x.dec != nil {
 		line.Policy = x.dec.policyName
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -17,9 +18,33 @@ import (
 
 // The admin listener serves operators, not clients: /metrics, the target
 // view and the dry run. It binds to loopback by default because the debug
-// answers name internal addresses.
+// answers name internal addresses, and the dry run says where a prompt is
+// cached; --admin-token-file makes everything but /metrics (which
+// Prometheus scrapes) want the token.
+
+// Bounds on one admin request: the dry run reads a body of up to
+// --max-body-bytes and answers once its prompt is encoded.
+const (
+	adminReadTimeout  = 30 * time.Second
+	adminWriteTimeout = 30 * time.Second
+	adminIdleTimeout  = 2 * time.Minute
+)
 
 func (r *Router) adminHandler() http.Handler {
+	mux := r.adminMux()
+	return http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		if q.URL.Path != "/metrics" && !r.cred.adminAllowed(q.Header.Get("Authorization")) {
+			r.cred.adminRefused.WithLabelValues("unauthorized").Inc()
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			writeAPIError(w, &apiError{Status: http.StatusUnauthorized, Type: typeInvalidRequest, Code: "invalid_api_key",
+				Message: "the admin listener wants its token: Authorization: Bearer TOKEN (--admin-token-file)"})
+			return
+		}
+		mux.ServeHTTP(w, q)
+	})
+}
+
+func (r *Router) adminMux() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /debug/targets", r.handleDebugTargets)

@@ -29,6 +29,8 @@ type exchange struct {
 	ep    Endpoint             // zero for the router's own answers
 	id    string
 	start time.Time
+	// tenant names the client's API key (--api-key-file); "" without.
+	tenant string
 
 	// Set once the request is bound for a pod.
 	life   *clientLife

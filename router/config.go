@@ -106,6 +106,25 @@ type Config struct {
 	// (--shutdown-timeout). Shutdown itself takes its bound as a context.
 	ShutdownTimeout time.Duration
 
+	// Who may ask, and what the router presents. APIKeyFile lists the
+	// keys clients must send as "Authorization: Bearer KEY", one a line,
+	// optionally with a tenant name after it (--api-key-file; empty: no
+	// key asked). UpstreamAPIKeyFile holds the one key the router sends
+	// as "Authorization: Bearer KEY" on every call to a pod, its own and
+	// the ones it forwards (--upstream-api-key-file; empty: none).
+	// AdminTokenFile holds the bearer token /debug on the admin listener
+	// wants (--admin-token-file; empty: open; /metrics stays open). Each
+	// file is re-read when it changes; a version that does not parse
+	// keeps the previous one. TrustForwardedFor keeps a client's
+	// X-Forwarded-For, Forwarded and X-Real-Ip and appends the peer's
+	// address, for a router behind a proxy of the operator's
+	// (--trust-forwarded-for); without it the router sends the peer's
+	// address alone.
+	APIKeyFile         string
+	UpstreamAPIKeyFile string
+	AdminTokenFile     string
+	TrustForwardedFor  bool
+
 	// Health configures targets, probes, scraping, the breaker and drain.
 	Health health.Config
 	// Events configures the event plane: the pods' block keys (--hash-algo,
@@ -217,6 +236,18 @@ func (c Config) Validate() error {
 		if err := checkLogPath(c.AccessLog); err != nil {
 			bad("--access-log %q: %v", c.AccessLog, err)
 		}
+	}
+	for _, f := range []struct{ flag, path string }{
+		{fileAPIKeys, c.APIKeyFile}, {fileUpstreamKey, c.UpstreamAPIKeyFile}, {fileAdminToken, c.AdminTokenFile},
+	} {
+		if f.path != "" {
+			if err := checkCredentialPath(f.path); err != nil {
+				bad("--%s %q: %v", f.flag, f.path, err)
+			}
+		}
+	}
+	if c.AdminTokenFile != "" && c.AdminListen == "" {
+		bad("--admin-token-file without --admin-listen: there is no admin listener to guard")
 	}
 	if c.MaxResponseBytes <= 0 {
 		bad("--max-response-bytes must be positive")

@@ -9,8 +9,11 @@
 // confirmed KV-block index with load), the proxy with streaming pass-through,
 // client-cancel propagation and retry before the first byte, outcome capture
 // (the cached prompt tokens the pod reports against the router's
-// prediction), the access log (accesslog.go), and the admin listener
-// (/metrics, /debug/targets and the dry run /debug/route/...).
+// prediction), the access log (accesslog.go), the admin listener
+// (/metrics, /debug/targets and the dry run /debug/route/...), and the
+// credentials (auth.go): the API keys clients present, the key the router
+// presents to the pods on every call, the admin token, each re-read when
+// its file changes.
 //
 // It composes the leaves and nothing imports it: health says which targets
 // exist, can take work and how busy they are; tokenize turns prompts into the

@@ -69,6 +69,8 @@ type Router struct {
 	tails sync.WaitGroup
 	// alog is the access log (--access-log); nil when off.
 	alog *accessLog
+	// cred holds the API keys, the upstream key and the admin token.
+	cred *credentials
 	// failures holds each target's last upstream failure (target.ID ->
 	// *upstreamFailure), shown on the admin listener.
 	failures sync.Map
@@ -94,6 +96,9 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: log, reg: reg}
 	var err error
+	if r.cred, err = newCredentials(cfg, reg, log); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
 		// The store reads each stream's state from the plane, made next;
@@ -112,13 +117,14 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	hcfg := cfg.Health
 	hcfg.BlockSize = cfg.Events.BlockSize
 	hcfg.HashAlgo = cfg.Events.HashAlgo
-	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log}); err != nil {
+	if r.mon, err = health.New(hcfg, health.Deps{Registerer: reg, Logger: log, Authorization: r.cred.upstreamHeader}); err != nil {
 		return nil, err
 	}
 	treg := deps.Tokenizers
 	if treg == nil {
 		treg = tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: log})
 	}
+	r.cred.authorizeTokenizer(treg)
 	r.tok = newTokenizers(treg, cfg.Tokenization, cfg.TokenizeTimeout)
 	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev, r.spec)
 	r.ch = r.dec.ch
@@ -126,6 +132,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	// embeddings, scores and the like go to the least loaded pod.
 	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev, nil)
 	r.up = newUpstream(cfg)
+	r.up.cred = r.cred
 	r.met = newMetrics(reg)
 	if err := reg.Register(wiringCollector{r}); err != nil {
 		return nil, fmt.Errorf("router: metrics: %w", err)
@@ -248,13 +255,14 @@ func (r *Router) Start(ctx context.Context) error {
 	r.goBG(func() { r.feedCaches(bctx) })
 	r.goBG(func() { r.cat.run(bctx) })
 	r.goBG(func() { r.door.watchMemory(bctx, 100*time.Millisecond) })
+	r.goBG(func() { r.cred.run(bctx) })
 	r.goBG(func() {
 		if err := r.srv.Serve(&limitListener{Listener: ln, f: r.door}); err != nil {
 			r.log.Error("server stopped", "err", err)
 		}
 	})
 	if aln != nil {
-		r.adm = &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		r.adm = &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: adminReadTimeout, WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout}
 		r.goBG(func() {
 			if err := r.adm.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.log.Error("admin server stopped", "err", err)

@@ -33,6 +33,9 @@ func (r *Router) handle(ctx *fasthttp.RequestCtx) {
 	}
 	ap, known := apiPaths[string(path)]
 	x := newExchange(ctx, ap.path)
+	if !r.authorize(x, path) {
+		return
+	}
 	switch {
 	case known:
 		x.ep = ap.ep

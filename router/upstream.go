@@ -34,6 +34,14 @@ type upstream struct {
 	eps    sync.Map // target endpoint URL -> *upEndpoint
 	stop   chan struct{}
 	reaped sync.WaitGroup
+	// cred is the router's credentials: the key every request carries
+	// (--upstream-api-key-file) and whether the client's Authorization
+	// is the router's own (--api-key-file). Nil: none, forwarded as is.
+	cred *credentials
+	// trustForwarded keeps a client's X-Forwarded-For chain, Forwarded
+	// and X-Real-Ip (--trust-forwarded-for); otherwise the peer's address
+	// replaces them.
+	trustForwarded bool
 }
 
 // upstreamIdleTimeout drops pooled connections before vLLM's server does
@@ -53,6 +61,8 @@ func newUpstream(cfg Config) *upstream {
 		dialer: net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second},
 		idle:   make(map[string][]*upConn),
 		stop:   make(chan struct{}),
+
+		trustForwarded: cfg.TrustForwardedFor,
 	}
 	u.reaped.Add(1)
 	go u.reapIdle()
@@ -255,7 +265,7 @@ func (u *upstream) do(ctx context.Context, rq *upRequest) (*upResponse, error) {
 		}
 		nc := c.nc
 		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(aLongTimeAgo) })
-		resp, answered, err := c.roundTrip(ep, rq)
+		resp, answered, err := c.roundTrip(u, ep, rq)
 		if err == nil {
 			return &upResponse{StatusCode: resp.StatusCode(), Header: &resp.Header,
 				Body: &upBody{u: u, c: c, resp: resp, stream: resp.BodyStream(), ctx: ctx, stop: stop}}, nil
@@ -280,8 +290,8 @@ func closedByPeer(err error) bool {
 
 // roundTrip writes rq and reads the response's headers; answered says
 // whether any response byte arrived.
-func (c *upConn) roundTrip(ep *upEndpoint, rq *upRequest) (resp *fasthttp.Response, answered bool, err error) {
-	c.writeRequest(ep, rq)
+func (c *upConn) roundTrip(u *upstream, ep *upEndpoint, rq *upRequest) (resp *fasthttp.Response, answered bool, err error) {
+	c.writeRequest(ep, rq, u.cred, u.trustForwarded)
 	if err := c.bw.Flush(); err != nil {
 		return nil, false, err
 	}
@@ -301,7 +311,20 @@ func (c *upConn) roundTrip(ep *upEndpoint, rq *upRequest) (resp *fasthttp.Respon
 }
 
 // writeRequest writes rq's head and body into the connection's buffer.
-func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
+//
+// Of the client's headers, the hop-by-hop ones and those the router sets
+// itself stay behind (notForwarded), and so do:
+//   - Authorization, when the router checks API keys of its own or sends
+//     the upstream key (which then takes its place): a client's key is
+//     the router's business, never the pod's;
+//   - Cookie: a model server reads none, and an edge router's cookies
+//     (a session with some other service on the same domain) are no
+//     business of the pods';
+//   - X-Forwarded-For, Forwarded and X-Real-Ip, unless trustForwarded: a
+//     chain the client wrote is a claim nobody checked, so the pod hears
+//     of the connection's peer alone (X-Forwarded-For: PEER); trusted, the
+//     chain is kept and the peer appended, as a proxy behind another does.
+func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest, cred *credentials, trustForwarded bool) {
 	w := c.bw
 	w.WriteString(rq.method)
 	w.WriteByte(' ')
@@ -321,13 +344,22 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 	forwardedFor := ""
 	if rq.in != nil {
 		conn := string(rq.in.Peek("Connection"))
+		clientAuth := cred.forwardClientAuthorization()
 		for k, v := range rq.in.All() {
 			key := string(k)
 			switch {
-			case notForwarded(key, conn), rq.identity && key == "Accept-Encoding":
+			case notForwarded(key, conn), rq.identity && key == "Accept-Encoding",
+				key == "Authorization" && !clientAuth, key == "Cookie":
 				continue
 			case key == "X-Forwarded-For":
-				forwardedFor = string(v)
+				if trustForwarded {
+					if forwardedFor != "" {
+						forwardedFor += ", "
+					}
+					forwardedFor += string(v)
+				}
+				continue
+			case (key == "Forwarded" || key == "X-Real-Ip") && !trustForwarded:
 				continue
 			}
 			w.WriteString("\r\n")
@@ -335,6 +367,9 @@ func (c *upConn) writeRequest(ep *upEndpoint, rq *upRequest) {
 			w.WriteString(": ")
 			w.Write(v)
 		}
+	}
+	if a := cred.upstreamHeader(); a != "" {
+		header("Authorization", a)
 	}
 	if rq.id != "" {
 		header("X-Request-Id", rq.id)

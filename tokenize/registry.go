@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +57,23 @@ type Registry struct {
 	mu     sync.RWMutex
 	models map[string]*Model
 	nextID uint64
+
+	// authz is the Authorization header of every render call
+	// (SetAuthorization); nil: none.
+	authz atomic.Pointer[func() string]
+}
+
+// SetAuthorization makes every remote render or tokenize call carry the
+// Authorization header fn returns, read at each call so that a rotated
+// credential applies at once ("": none). The router sets it to its
+// upstream credential (--upstream-api-key-file).
+func (r *Registry) SetAuthorization(fn func() string) { r.authz.Store(&fn) }
+
+func (r *Registry) authorization() string {
+	if fn := r.authz.Load(); fn != nil && *fn != nil {
+		return (*fn)()
+	}
+	return ""
 }
 
 // NewRegistry builds an empty registry.

@@ -77,6 +77,7 @@ type fakePod struct {
 	noRender bool
 	status   int
 	calls    atomic.Int64
+	lastAuth atomic.Value
 	lastPath atomic.Value
 	lastBody atomic.Value
 	srv      *httptest.Server
@@ -89,6 +90,7 @@ func newFakePod(t *testing.T, ids []uint32) *fakePod {
 		body, _ := io.ReadAll(r.Body)
 		p.lastPath.Store(r.URL.Path)
 		p.lastBody.Store(string(body))
+		p.lastAuth.Store(r.Header.Get("Authorization"))
 		if p.noRender && strings.HasSuffix(r.URL.Path, "/render") {
 			http.NotFound(w, r)
 			return
@@ -166,6 +168,42 @@ func TestRemoteMode(t *testing.T) {
 	}
 	if _, err := m.Encode("x", false); !errors.Is(err, ErrNoLocal) {
 		t.Fatalf("Encode on a remote-only model: %v", err)
+	}
+}
+
+// TestRemoteAuthorization: SetAuthorization's header goes out on every
+// render and /tokenize call, read at each one; without it none is sent.
+func TestRemoteAuthorization(t *testing.T) {
+	reg := NewRegistry(Options{CacheMaxBytes: -1})
+	m, err := reg.Add("demo", "", ModeRemote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := newFakePod(t, []uint32{7})
+	ctx := context.Background()
+	if _, err := m.TokenizePrompt(ctx, "hi", true, pod.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if a := pod.lastAuth.Load(); a != "" {
+		t.Fatalf("Authorization %q without SetAuthorization", a)
+	}
+	var cred atomic.Value
+	cred.Store("Bearer k1")
+	reg.SetAuthorization(func() string { return cred.Load().(string) })
+	chat := ChatRequest{Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`)}
+	if _, err := m.TokenizeChat(ctx, chat, pod.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if a := pod.lastAuth.Load(); a != "Bearer k1" || pod.lastPath.Load() != "/v1/chat/completions/render" {
+		t.Fatalf("render: Authorization %q on %v", a, pod.lastPath.Load())
+	}
+	cred.Store("Bearer k2")
+	pod.noRender = true
+	if _, err := m.TokenizePrompt(ctx, "hi", true, pod.srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	if a := pod.lastAuth.Load(); a != "Bearer k2" || pod.lastPath.Load() != "/tokenize" {
+		t.Fatalf("fallback: Authorization %q on %v", a, pod.lastPath.Load())
 	}
 }
 

@@ -96,6 +96,9 @@ func (r *Registry) post(ctx context.Context, baseURL, path string, body []byte) 
 		return res, fmt.Errorf("remote tokenize: %w", err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
+	if a := r.authorization(); a != "" {
+		hreq.Header.Set("Authorization", a)
+	}
 	resp, err := r.client.Do(hreq)
 	if err != nil {
 		return res, fmt.Errorf("remote tokenize: %w", err)

@@ -2,12 +2,15 @@ package sim
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -33,14 +36,50 @@ func (p *Pod) routes() http.Handler {
 		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError", msg: "Not Found"})
 	})
 	scale := strconv.FormatFloat(p.cfg.TimeScale, 'g', -1, 64)
+	var key *[sha256.Size]byte
+	if p.cfg.APIKey != "" {
+		d := sha256.Sum256([]byte(p.cfg.APIKey))
+		key = &d
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Sim-Time-Scale", scale)
 		if id := r.Header.Get("X-Request-Id"); id != "" {
 			w.Header().Set("X-Request-Id", id)
 		}
+		if key != nil && !authorized(r.Header.Get("Authorization"), key) {
+			p.keyless.Add(1)
+		}
+		if key != nil && r.Method != http.MethodOptions && strings.HasPrefix(r.URL.Path, "/v1") && !authorized(r.Header.Get("Authorization"), key) {
+			p.unauthorized.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"error":"Unauthorized"}`)
+			return
+		}
 		mux.ServeHTTP(w, r)
 	})
 }
+
+// authorized reports whether an Authorization header carries the pod's
+// key as a bearer token (the scheme in any case, as vLLM reads it),
+// comparing digests in constant time.
+func authorized(header string, key *[sha256.Size]byte) bool {
+	scheme, token, _ := strings.Cut(header, " ")
+	if !strings.EqualFold(scheme, "bearer") {
+		return false
+	}
+	d := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(d[:], key[:]) == 1
+}
+
+// Unauthorized is how many requests the pod refused for a missing or
+// wrong API key (Config.APIKey).
+func (p *Pod) Unauthorized() int64 { return p.unauthorized.Load() }
+
+// Keyless is how many requests on any path, guarded or open, came
+// without the pod's API key: what a client that should always send it
+// (the router) left out.
+func (p *Pod) Keyless() int64 { return p.keyless.Load() }
 
 // readBody reads a bounded request body.
 func (p *Pod) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {

@@ -133,6 +133,10 @@ type Config struct {
 	DefaultMaxTokens int
 	// MaxBodyBytes bounds request bodies (default 32 MiB).
 	MaxBodyBytes int64
+	// APIKey, when set, guards the pods as vLLM's --api-key does: every
+	// path under /v1 wants "Authorization: Bearer APIKey" (401 otherwise);
+	// /health, /metrics, /tokenize and the rest stay open.
+	APIKey string
 
 	// Seed makes random faults reproducible.
 	Seed uint64

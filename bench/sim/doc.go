@@ -42,7 +42,9 @@
 // Faults are injected on demand (Config.Faults, Pod.SetFaults, or
 // POST /sim/faults): event delay and jitter, dropped event batches, failing
 // prefills, restarts, slow and dead pods. Client disconnects abort requests
-// and free their blocks, as in vLLM.
+// and free their blocks, as in vLLM. Config.APIKey guards the /v1 paths
+// as vLLM's --api-key does; Pod.Unauthorized and Pod.Keyless count the
+// requests that came without the key.
 //
 // The package may import kvindex, kvindex/events and tokenize; the fleet is
 // started in process with StartFleet or from the command line with

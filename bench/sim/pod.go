@@ -30,6 +30,9 @@ type Pod struct {
 	faults  *faultBox
 	log     *slog.Logger
 	started atomic.Int64 // unix nanoseconds the current process generation started
+	// unauthorized counts the requests refused for want of Config.APIKey,
+	// keyless those that came without it on any path.
+	unauthorized, keyless atomic.Int64
 
 	engines []*engine
 	pubs    []*publish.Publisher

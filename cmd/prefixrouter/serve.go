@@ -64,6 +64,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 	sp := &s.Speculative
 	replicas := t.group("Router replicas")
 	pr := &s.Peers
+	access := t.group("Credentials")
 	return []cli.Flag{
 		serving.str("listen", "address of the OpenAI API", &s.Listen),
 		serving.str("admin-listen", "address of /metrics and /debug (empty: off; it exposes internal addresses)", &s.AdminListen),
@@ -81,6 +82,11 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		serving.dur("shutdown-timeout", "how long in-flight requests may drain on SIGTERM", &s.ShutdownTimeout),
 		choice(serving, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
 		choice(serving, "log-format", "text or json", &s.LogFormat, identity, oneOf("text", "json")),
+
+		access.str("api-key-file", "API keys clients must send as Authorization: Bearer KEY (401 otherwise), one a line with an optional tenant name after it; # comments; re-read when it changes (empty: no key asked; /health and /ready stay open)", &s.APIKeyFile),
+		access.str("upstream-api-key-file", "the key (one line) sent as Authorization: Bearer KEY on every call to the pods, the router's own and forwarded ones, as vLLM's --api-key wants; re-read when it changes (empty: none)", &s.UpstreamAPIKeyFile),
+		access.str("admin-token-file", "the token (one line) the admin listener's /debug paths and dry run want as Authorization: Bearer TOKEN; /metrics stays open for Prometheus; re-read when it changes (empty: open)", &s.AdminTokenFile),
+		access.bool("trust-forwarded-for", "keep a client's X-Forwarded-For, Forwarded and X-Real-Ip and append the peer's address (behind a proxy of yours); otherwise the pods get the peer's address alone", &s.TrustForwardedFor),
 
 		targets.list("endpoint", "a target pod (repeatable; the environment variable takes a comma-separated list)", &h.Endpoints),
 		targets.str("endpoints-file", "YAML or JSON list of endpoint specs, re-read when it changes", &h.EndpointsFile),

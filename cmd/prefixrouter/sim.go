@@ -80,6 +80,7 @@ func (s *simSettings) flags(t *flagTable) []cli.Flag {
 		pods.int("default-max-tokens", "max_tokens of requests that give none", &s.DefaultMaxTokens),
 		defaultText(pods.dur("stream-interval", "least model time between two chunks of a stream after its first (coalesces later tokens)", &s.StreamInterval), "0, every step"),
 		pods.bool("disable-prompt-tokens-details", "leave usage.prompt_tokens_details null", &s.DisablePromptTokensDetails),
+		defaultText(pods.str("api-key", "as vLLM's --api-key: every path under /v1 wants Authorization: Bearer KEY (401 otherwise); /health, /metrics and /tokenize stay open", &s.APIKey), "none, open"),
 		choice(pods, "log-level", "debug, info, warn or error", &s.LogLevel, identity, parseLogLevel),
 
 		choice(keys, "hash-algo", "the pods' --prefix-caching-hash-algo: "+strings.Join(kvindex.HashAlgoNames(), ", "), &s.HashAlgo, kvindex.HashAlgo.String, kvindex.ParseHashAlgo),
