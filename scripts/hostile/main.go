@@ -135,10 +135,29 @@ func waitReady(url string) error {
 	return fmt.Errorf("%s not ready within 60 s", url)
 }
 
+// The keys of this run: the client's, and the one the pod wants from the
+// router.
+const (
+	clientKey = "sk-hostile-run-client-key"
+	podKey    = "sk-hostile-run-pod-key"
+)
+
 func completion(base string) (int, time.Duration, error) {
+	return completionWithKey(base, clientKey)
+}
+
+func completionWithKey(base, key string) (int, time.Duration, error) {
 	t0 := time.Now()
-	resp, err := http.Post(base+"/v1/completions", "application/json",
+	q, err := http.NewRequest(http.MethodPost, base+"/v1/completions",
 		strings.NewReader(`{"model":"sim","prompt":"hello there","max_tokens":4}`))
+	if err != nil {
+		return 0, 0, err
+	}
+	q.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		q.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(q)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -156,7 +175,20 @@ func run(bin string, bodyConns, slowConns int) error {
 	if err != nil {
 		return err
 	}
-	sim, err := start("sim", bin, nil, "sim", "--pods", "1", "--model", "sim", "--profile", "tiny",
+	// Clients need a key; the pod wants the router's, as vLLM's --api-key.
+	dir, err := os.MkdirTemp("", "hostile")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	keys, upstreamKey := dir+"/keys", dir+"/upstream"
+	if err := os.WriteFile(keys, []byte(clientKey+" tenant-a\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(upstreamKey, []byte(podKey+"\n"), 0o600); err != nil {
+		return err
+	}
+	sim, err := start("sim", bin, nil, "sim", "--pods", "1", "--model", "sim", "--profile", "tiny", "--api-key", podKey,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", simPort), "--events-port", strconv.Itoa(evPort), "--log-level", "warn")
 	if err != nil {
 		return err
@@ -176,6 +208,7 @@ func run(bin string, bodyConns, slowConns int) error {
 	}
 	api := fmt.Sprintf("127.0.0.1:%d", apiPort)
 	router, err := start("router", bin, routerEnv, "serve", "--endpoint", endpoint, "--listen", api,
+		"--api-key-file", keys, "--upstream-api-key-file", upstreamKey,
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", admPort), "--log-level", "warn")
 	if err != nil {
 		return err
@@ -192,6 +225,9 @@ func run(bin string, bodyConns, slowConns int) error {
 		}
 	}
 	fmt.Printf("router pid %d in front of %s\n\n", pid, endpoint)
+	if err := apiKeys(base); err != nil {
+		return err
+	}
 
 	if err := declaredBodies(base, api, pid, bodyConns); err != nil {
 		return err
@@ -199,6 +235,21 @@ func run(bin string, bodyConns, slowConns int) error {
 	if err := slowHeaders(api, slowConns); err != nil {
 		return err
 	}
+	return nil
+}
+
+// apiKeys sends a request without a key, with a wrong one and with the
+// right one.
+func apiKeys(base string) error {
+	fmt.Println("API keys (--api-key-file; the pod wants --upstream-api-key-file's key):")
+	for _, c := range []struct{ name, key string }{{"no key", ""}, {"a wrong key", "sk-guess"}, {"the key", clientKey}} {
+		status, _, err := completionWithKey(base, c.key)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  %s: HTTP %d\n", c.name, status)
+	}
+	fmt.Println()
 	return nil
 }
 
@@ -221,7 +272,7 @@ func declaredBodies(base, api string, pid, n int) error {
 			return err
 		}
 		cs = append(cs, c)
-		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554000\r\n\r\n")
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 33554000\r\n\r\n", clientKey)
 		if _, err := c.Write([]byte(`{"model":"sim","prompt":"` + strings.Repeat("x", 1000))); err != nil {
 			return err
 		}
@@ -266,7 +317,7 @@ func declaredBodies(base, api string, pid, n int) error {
 			}
 			defer c.Close()
 			const size = 32 << 20
-			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", size)
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", clientKey, size)
 			prefix := `{"model":"sim","max_tokens":1,"prompt":"`
 			_, _ = c.Write([]byte(prefix))
 			left := size - len(prefix) - 2
