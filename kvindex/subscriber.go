@@ -44,10 +44,13 @@ type SubscriberConfig struct {
 	// (default 4096); the receiver blocks beyond it and ZMQ buffers.
 	QueueSize int
 	// MaxMessageBytes makes libzmq drop the connection of a peer sending
-	// a larger frame instead of allocating for it (default 64 MiB).
+	// a larger frame (live or replayed) instead of allocating for it
+	// (default 4 MiB); the subscriber reconnects, counted in Reconnects.
 	MaxMessageBytes int64
-	Logger          *slog.Logger
-	Metrics         *Metrics
+	// Limits bound each batch and the stream's clears, resets and gaps.
+	Limits  StreamLimits
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // Subscriber follows one target's KV-event stream: a SUB socket connected
@@ -75,7 +78,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		cfg.ReconnectMax = 5 * time.Second
 	}
 	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = 64 << 20
+		cfg.MaxMessageBytes = 4 << 20
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -90,7 +93,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		seq: newSequencer(sequencerConfig{
 			Target: cfg.Target, Replay: cfg.Replay, Handle: cfg.Handle, Restarted: cfg.Restarted,
 			DecodeFailed: cfg.DecodeFailed, ReplayTimeout: cfg.ReplayTimeout, QueueSize: cfg.QueueSize,
-			Logger: log, Metrics: cfg.Metrics,
+			Logger: log, Metrics: cfg.Metrics, Limits: cfg.Limits, MaxMessageBytes: cfg.MaxMessageBytes,
 		}),
 	}, nil
 }
@@ -138,7 +141,9 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	defer sub.Close()
 	_ = sub.SetLinger(0)
 	_ = sub.SetRcvhwm(100000)
-	_ = sub.SetMaxmsgsize(s.cfg.MaxMessageBytes)
+	if err := sub.SetMaxmsgsize(s.cfg.MaxMessageBytes); err != nil {
+		return fmt.Errorf("subscribe %s: max message size: %w", s.cfg.Endpoint, err)
+	}
 	_ = sub.SetReconnectIvl(s.cfg.ReconnectMin)
 	_ = sub.SetReconnectIvlMax(s.cfg.ReconnectMax)
 	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
@@ -268,13 +273,19 @@ func frameMessage(frames [][]byte) rawMessage {
 // timeout or ctx ending. It accepts both reply layouts: [“”, topic, seq,
 // payload] (current vLLM) and [“”, seq, payload] (older).
 func ReplayRange(ctx context.Context, endpoint string, start uint64, timeout time.Duration, fn func(seq uint64, payload []byte) bool) error {
+	return replayRange(ctx, endpoint, start, timeout, 64<<20, fn)
+}
+
+// replayRange is ReplayRange with replies larger than maxBytes dropped by
+// libzmq before they are allocated.
+func replayRange(ctx context.Context, endpoint string, start uint64, timeout time.Duration, maxBytes int64, fn func(seq uint64, payload []byte) bool) error {
 	d, err := zmq.NewSocket(zmq.DEALER)
 	if err != nil {
 		return fmt.Errorf("replay %s: %w", endpoint, err)
 	}
 	defer d.Close()
 	_ = d.SetLinger(0)
-	_ = d.SetMaxmsgsize(64 << 20)
+	_ = d.SetMaxmsgsize(maxBytes)
 	if err := d.Connect(endpoint); err != nil {
 		return fmt.Errorf("replay %s: %w", endpoint, err)
 	}
