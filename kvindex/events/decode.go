@@ -104,9 +104,6 @@ func DecodeLimited(payload []byte, lim Limits) (b Batch, err error) {
 		if err != nil {
 			return b, fmt.Errorf("event %d: %w", i, err)
 		}
-		if ev.Kind == KindBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) > len(ev.BlockHashes)*ev.BlockSize {
-			return b, &LimitError{What: LimitTokens, Event: i, Got: len(ev.TokenIDs), Max: len(ev.BlockHashes) * ev.BlockSize}
-		}
 		if ev.Kind == KindUnknown {
 			b.Unknown++
 			continue
@@ -120,6 +117,11 @@ func DecodeLimited(payload []byte, lim Limits) (b Batch, err error) {
 				b.FirstInvalid = fmt.Errorf("event %d: %w", i, err)
 			}
 			continue
+		}
+		// token_ids are the stored blocks' tokens: more says the event is
+		// not what it claims, and would cost memory it did not declare.
+		if ev.Kind == KindBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) > len(ev.BlockHashes)*ev.BlockSize {
+			return b, &LimitError{What: LimitTokens, Event: i, Got: len(ev.TokenIDs), Max: len(ev.BlockHashes) * ev.BlockSize}
 		}
 		b.Events = append(b.Events, ev)
 	}
