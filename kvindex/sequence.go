@@ -319,7 +319,7 @@ func (s *sequencer) limitClears(seq uint64, b *events.Batch) *events.Batch {
 // its arrival.
 func (s *sequencer) handOver(seq uint64, b *events.Batch, err error, replayed bool) {
 	if r, ok := limitRefusal(err); ok {
-		s.refuse(r, "a batch exceeds the stream's bounds", "seq", seq, "err", err)
+		s.refuse(r, "a batch exceeds the stream's bounds: "+err.Error(), "seq", seq)
 		err = errRefused
 	} else if err != nil {
 		s.decodeFailed(seq, err)
