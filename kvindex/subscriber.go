@@ -189,12 +189,30 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	// The watcher sends on the queue and owns the monitor socket: it ends
 	// before either is closed.
 	defer func() { stopWatch(); <-watched }()
+	redialAfter := s.cfg.ReconnectMax + s.cfg.ReconnectMin
+	var redialed time.Time
 	for {
-		if _, err := subWait.Wait(ctx, 0); err != nil {
+		ready, err := subWait.Wait(ctx, redialPoll)
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+		}
+		if !ready {
+			// libzmq ends a connection whose peer broke the protocol (a
+			// message beyond MaxMessageBytes) for good instead of
+			// reconnecting: past its own backoff, dial again.
+			st := s.seq.Status()
+			if st.EverConnected && !st.Connected && time.Since(st.ConnectionChanged) >= redialAfter && time.Since(redialed) >= redialAfter {
+				redialed = time.Now()
+				_ = sub.Disconnect(s.cfg.Endpoint)
+				if err := sub.Connect(s.cfg.Endpoint); err != nil {
+					return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+				}
+				s.log.Info("event stream dialled again after its connection ended")
+			}
+			continue
 		}
 		for {
 			frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
@@ -252,6 +270,10 @@ func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zm
 		}
 	}
 }
+
+// redialPoll is how often a disconnected subscriber checks whether to dial
+// again.
+const redialPoll = 250 * time.Millisecond
 
 // monitorSeq names each subscriber's inproc monitor endpoint uniquely.
 var monitorSeq atomic.Uint64
