@@ -37,8 +37,15 @@ func (p *Plane) routeTopic(rank int, topic string) (kvindex.BusRoute, error) {
 	if replay == "" && p.cfg.ReplayPort != 0 && p.cfg.ReplayPort+rank <= 65535 {
 		replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(p.cfg.ReplayPort+rank))
 	}
+	// The pod publishes from its endpoint's host; a topic naming another
+	// host (topic=) is accepted from there too.
+	sources := []string{s.host}
+	if tp, err := kvindex.ParseTopic(topic); err == nil && tp.Host != s.host {
+		sources = append(sources, tp.Host)
+	}
 	return kvindex.BusRoute{
 		Target:    id,
+		Sources:   sources,
 		Replay:    replay,
 		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },
 		Restarted: func() { in.Reset(id); l.processRestarted() },

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/kvindex/events"
+
 	"github.com/prefixrouter/prefixrouter/internal/positive"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
@@ -53,6 +55,36 @@ type Config struct {
 	// reported. Flag --health-routing-window (named before the event
 	// plane left health; the name stays for operators).
 	RoutingWindow time.Duration
+
+	// What one stream's batches may do: every bound refuses the excess
+	// (prefixrouter_kv_refused_total, by reason) and a stream refused a
+	// batch in the last minute shows the events_refused wiring fault.
+	//
+	// MaxMessageBytes: larger messages are dropped by libzmq before they
+	// are allocated, on a bus, a pod's own subscription and replay. Flag
+	// --events-max-message-bytes.
+	MaxMessageBytes int
+	// MaxBatchEvents bounds a batch's events, MaxEventBlocks one event's
+	// blocks (its token_ids are bounded by its blocks × block size
+	// regardless). Flags --events-max-batch-events,
+	// --events-max-event-blocks.
+	MaxBatchEvents int
+	MaxEventBlocks int
+	// ClearsPerMinute, ResetsPerMinute, GapsPerMinute bound a stream's
+	// AllBlocksCleared events, sequence resets (a lower sequence number
+	// taken for a restart) and gaps in any minute. Flags
+	// --events-max-clears-per-minute, --events-max-resets-per-minute,
+	// --events-max-gaps-per-minute.
+	ClearsPerMinute int
+	ResetsPerMinute int
+	GapsPerMinute   int
+	// MaxTopics bounds the topics a bus tracks beyond those it follows
+	// (refused and unknown ones). Flag --events-max-topics.
+	MaxTopics int
+	// OwnerIdle: on a bus, the connection that owns a pod's topic keeps it
+	// against any other until it has been silent this long (or health saw
+	// the pod restart). Flag --events-owner-idle.
+	OwnerIdle time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -63,6 +95,14 @@ func DefaultConfig() Config {
 		MaxQueueDepth:     1000,
 		EvalInterval:      500 * time.Millisecond,
 		RoutingWindow:     time.Minute,
+		MaxMessageBytes:   4 << 20,
+		MaxBatchEvents:    16384,
+		MaxEventBlocks:    32768,
+		ClearsPerMinute:   6,
+		ResetsPerMinute:   6,
+		GapsPerMinute:     60,
+		MaxTopics:         1024,
+		OwnerIdle:         10 * time.Second,
 	}
 }
 
@@ -81,10 +121,18 @@ func (c *Config) positive() positive.Fields {
 			{Flag: "events-stale-after", V: &c.StaleAfter},
 			{Flag: "events-eval-interval", V: &c.EvalInterval},
 			{Flag: "health-routing-window", V: &c.RoutingWindow},
+			{Flag: "events-owner-idle", V: &c.OwnerIdle},
 		},
 		Ints: []positive.Int{
 			{Flag: "events-min-uncached-tokens", V: &c.MinUncachedTokens},
 			{Flag: "events-max-queue-depth", V: &c.MaxQueueDepth},
+			{Flag: "events-max-message-bytes", V: &c.MaxMessageBytes},
+			{Flag: "events-max-batch-events", V: &c.MaxBatchEvents},
+			{Flag: "events-max-event-blocks", V: &c.MaxEventBlocks},
+			{Flag: "events-max-clears-per-minute", V: &c.ClearsPerMinute},
+			{Flag: "events-max-resets-per-minute", V: &c.ResetsPerMinute},
+			{Flag: "events-max-gaps-per-minute", V: &c.GapsPerMinute},
+			{Flag: "events-max-topics", V: &c.MaxTopics},
 		},
 	}
 }
@@ -118,8 +166,22 @@ func (c Config) Validate() error {
 	if c.ReplayPort != 0 && len(c.EventsListen) == 0 {
 		bad("--replay-port %d applies to pods on a bus: set --events-listen too (a pod with its own subscription takes replay= in its --endpoint)", c.ReplayPort)
 	}
+	if c.MaxMessageBytes > 0 && c.MaxMessageBytes < 4096 {
+		bad("--events-max-message-bytes %d: want at least 4096 (a batch of a few blocks)", c.MaxMessageBytes)
+	}
 	if c.HashSeed != "" && !c.HasHashSeed {
 		bad("--hash-seed %q is set but HasHashSeed is false (set both, or neither for token-derived keys)", c.HashSeed)
 	}
 	return errors.Join(errs...)
+}
+
+// streamLimits is what each socket-fed stream's batches may do. Tokens per
+// event are bounded while decoding by the largest block size; after it, by
+// the event's blocks × its block size.
+func (c Config) streamLimits() kvindex.StreamLimits {
+	return kvindex.StreamLimits{
+		Decode: events.Limits{MaxEvents: c.MaxBatchEvents, MaxBlocksPerEvent: c.MaxEventBlocks,
+			MaxTokensPerEvent: c.MaxEventBlocks * kvindex.MaxBlockSize},
+		ClearsPerMinute: c.ClearsPerMinute, ResetsPerMinute: c.ResetsPerMinute, GapsPerMinute: c.GapsPerMinute,
+	}
 }

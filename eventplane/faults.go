@@ -32,10 +32,15 @@ const (
 	// FaultUnchained: in token-derived mode, the pod's stored blocks keep
 	// arriving with parents the router never saw, so they cannot be keyed.
 	FaultUnchained FaultKind = "unchained_blocks"
+	// FaultEventsRefused: batches under the pod's stream were refused in
+	// the last refusedFaultFor: from an address or a connection that is
+	// not the pod's, under a second topic, or beyond the stream's bounds
+	// (clears, resets, gaps, sizes). Refused batches are never applied.
+	FaultEventsRefused FaultKind = "events_refused"
 )
 
 // FaultKinds lists every kind, most severe first.
-var FaultKinds = []FaultKind{FaultNoBlockKeys, FaultEventsDisconnected, FaultKeyMismatch, FaultUnchained}
+var FaultKinds = []FaultKind{FaultNoBlockKeys, FaultEventsDisconnected, FaultKeyMismatch, FaultUnchained, FaultEventsRefused}
 
 // DistrustsCache reports whether the fault makes the target's confirmed
 // runs worthless: keys that disagree with the pod's, or blocks that cannot
@@ -70,6 +75,9 @@ const (
 	// router that joined late sees some orphans, then chains.
 	unchainedMin   = 16
 	unchainedShare = 8
+	// refusedFaultFor is how long a refused batch keeps the
+	// events_refused fault up.
+	refusedFaultFor = time.Minute
 )
 
 // faultRecord remembers one kind of fault on a stream for logging.
@@ -116,6 +124,18 @@ func (p *Plane) judgeFaults(t *stream, status kvindex.SubscriberStatus, running 
 		if kh.RecentUnchained >= unchainedMin && kh.RecentUnchained >= unchainedShare*kh.RecentChained {
 			add(FaultUnchained, unchainedDetail(kh, t.src))
 		}
+	}
+	// Refusals: a counter that grew since the last judgement (or belongs to
+	// a new stream counting from zero) is refusing now.
+	ref := p.refusedOf(t, status)
+	if total := ref.Total(); total != t.lastRefused {
+		if total > t.lastRefused || total > 0 {
+			t.refusedAt = now
+		}
+		t.lastRefused = total
+	}
+	if !t.refusedAt.IsZero() && now.Sub(t.refusedAt) < refusedFaultFor && ref.Total() > 0 {
+		add(FaultEventsRefused, p.refusedDetail(ref))
 	}
 
 	if t.faults == nil {
@@ -226,4 +246,48 @@ func (p *Plane) missingKeysDetail() string {
 		return why + ": set --block-size to the pods' vLLM --block-size and --hash-algo to their --prefix-caching-hash-algo"
 	}
 	return why + ": set --block-size to the pods' vLLM --block-size"
+}
+
+// refusedOf is what was refused of t's batches: on a bus, by the bus and
+// the stream; else by its subscriber.
+func (p *Plane) refusedOf(t *stream, status kvindex.SubscriberStatus) kvindex.RefusalCounts {
+	if !t.onBus || p.statusFn != nil {
+		return status.Refused
+	}
+	var c kvindex.RefusalCounts
+	for _, b := range p.buses {
+		c.Add(b.Refused(t.id))
+	}
+	return c
+}
+
+// refusedDetail says what was refused, the last refusal first, and what
+// to check for it.
+func (p *Plane) refusedDetail(c kvindex.RefusalCounts) string {
+	var counts []string
+	for _, r := range kvindex.Refusals() {
+		if n := c.N[r]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%s %d", r, n))
+		}
+	}
+	var check string
+	switch c.Reason {
+	case kvindex.RefusedSource:
+		check = "KV events under this pod's topic arrive from an address that is not the pod's (its endpoint's host, or the topic's): another publisher uses the pod's topic. Find the host named in the last refusal; a pod that publishes from another address than its --endpoint host must be listed by that address"
+	case kvindex.RefusedConnection:
+		check = "a second connection publishes under this pod's topic while the first one lives: two publishers claim one pod (two engines with one topic, or a publisher on the pod's host that is not its engine); each engine and rank must have its own topic"
+	case kvindex.RefusedSecondTopic:
+		check = "a second topic names this pod while the publisher of its first topic lives: check the topic in the pods' --kv-events-config and topic= in --endpoint"
+	case kvindex.RefusedClearRate:
+		check = fmt.Sprintf("AllBlocksCleared arrives more than %d times a minute (--events-max-clears-per-minute): the excess is not applied", p.cfg.ClearsPerMinute)
+	case kvindex.RefusedResetRate:
+		check = fmt.Sprintf("the event sequence goes backwards (a restart no health check saw) more than %d times a minute (--events-max-resets-per-minute): two publishers may share the pod's topic, or the engine restarts in a loop", p.cfg.ResetsPerMinute)
+	case kvindex.RefusedGapRate:
+		check = fmt.Sprintf("the event sequence skips batches more than %d times a minute (--events-max-gaps-per-minute): check the network between pod and router, or two publishers sharing the topic", p.cfg.GapsPerMinute)
+	case kvindex.RefusedQueueFull:
+		check = "the stream's queue overflowed: batches arrive faster than the router applies them"
+	case kvindex.RefusedEvents, kvindex.RefusedBlocks, kvindex.RefusedTokens:
+		check = fmt.Sprintf("batches exceed the bounds (--events-max-batch-events %d, --events-max-event-blocks %d, token_ids at most blocks × block size): raise the flag if the pods' batches are this large", p.cfg.MaxBatchEvents, p.cfg.MaxEventBlocks)
+	}
+	return fmt.Sprintf("KV-event batches refused, not applied (%s); the last, %s: %s. %s", strings.Join(counts, ", "), c.Last.UTC().Format(time.RFC3339), c.Detail, check)
 }

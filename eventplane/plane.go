@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +87,9 @@ type Deps struct {
 	// Replay reads an InProcess target's replay buffer (nil, or nil for
 	// a target: its gaps are unrecovered).
 	Replay func(target.ID) kvindex.ReplayBuffer
+	// Lookup resolves the host names of bus-fed pods to the addresses
+	// their publishers connect from (nil: DNS); a test seam.
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // Plane owns what each target's KV-event stream says and how far to trust
@@ -162,6 +166,9 @@ type stream struct {
 	lastUnrecovered uint64
 	unrecoveredAt   time.Time
 	unrecoveredN    uint64
+	// Refusals: the count last seen and when it last changed.
+	lastRefused uint64
+	refusedAt   time.Time
 }
 
 type routeSample struct {
@@ -226,7 +233,8 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 	}
 	p.metrics = kvindex.NewMetrics(deps.Registerer)
 	for _, addr := range cfg.EventsListen {
-		b, err := kvindex.NewBus(kvindex.BusConfig{Listen: addr, Route: p.routeTopic, Logger: p.log, Metrics: p.metrics})
+		b, err := kvindex.NewBus(kvindex.BusConfig{Listen: addr, Route: p.routeTopic, Logger: p.log, Metrics: p.metrics,
+			MaxMessageBytes: int64(cfg.MaxMessageBytes), MaxTopics: cfg.MaxTopics, OwnerIdle: cfg.OwnerIdle, Limits: cfg.streamLimits(), Lookup: deps.Lookup})
 		if err != nil {
 			return nil, fmt.Errorf("event plane: --events-listen %w", err)
 		}
@@ -649,6 +657,9 @@ func (p *Plane) startLocked(s *stream) {
 		Restarted: func() { in.Reset(id); l.processRestarted() },
 		Logger:    p.log,
 		Metrics:   p.metrics,
+
+		MaxMessageBytes: int64(p.cfg.MaxMessageBytes),
+		Limits:          p.cfg.streamLimits(),
 	})
 	if err != nil {
 		p.log.Warn("kv-event subscriber not started", "target", id.String(), "err", err)

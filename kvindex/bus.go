@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,16 +40,39 @@ type BusConfig struct {
 	// what was missed).
 	Route func(rank int, topic string) (BusRoute, error)
 
-	ReplayTimeout   time.Duration // one replay exchange (default 5 s)
-	QueueSize       int           // batches waiting per topic (default 4096)
-	MaxMessageBytes int64         // larger frames drop the peer (default 64 MiB)
-	Logger          *slog.Logger
-	Metrics         *Metrics
+	ReplayTimeout time.Duration // one replay exchange (default 5 s)
+	// QueueSize bounds the batches waiting per topic (default 4096);
+	// beyond it a batch is refused (RefusedQueueFull) rather than stall
+	// every topic of the rank.
+	QueueSize int
+	// MaxMessageBytes makes libzmq drop the connection of a peer sending a
+	// larger frame before allocating for it (default 4 MiB).
+	MaxMessageBytes int64
+	// MaxTopics bounds the distinct topics the bus tracks beyond the
+	// streams it follows (routed topics whose batches were refused, and
+	// unknown ones); beyond it a new topic's batches are dropped, counted
+	// as topics_cap (default 1024).
+	MaxTopics int
+	// OwnerIdle is how long the connection that owns a topic must have
+	// been silent before another connection may take the topic over
+	// without a restart health saw (default 10 s).
+	OwnerIdle time.Duration
+	// Limits bound each stream's batches (StreamLimits).
+	Limits StreamLimits
+	// Lookup resolves a host name of a topic or endpoint to the addresses
+	// its pod publishes from; nil: DNS.
+	Lookup  func(ctx context.Context, host string) ([]netip.Addr, error)
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // BusRoute is where one topic's batches go.
 type BusRoute struct {
 	Target target.ID
+	// Sources are the hosts (IP addresses or names) whose addresses may
+	// publish this route's batches: the topic's host and the target's
+	// endpoint host. A batch from any other address is refused.
+	Sources []string
 	// Replay is the pod's replay socket for this rank; empty: gaps are
 	// counted, not recovered.
 	Replay    string
@@ -63,6 +87,14 @@ var ErrRouteDeferred = errors.New("batches cannot be applied yet")
 // maxUnknownTopics bounds the unknown topics a bus lists; beyond it they
 // are only counted.
 const maxUnknownTopics = 64
+
+// unknownForget is how long an unknown topic stays listed after its last
+// batch.
+const unknownForget = 10 * time.Minute
+
+// restartTakeover is how long after health saw a pod's process restart a
+// new connection may take over the pod's topic.
+const restartTakeover = 2 * time.Minute
 
 // unknownRetry is how long an unknown topic stays unknown before its next
 // batch is routed again (a target may have been added meanwhile).
@@ -79,13 +111,26 @@ type Bus struct {
 	host string
 	port int
 
-	mu       sync.Mutex
-	ctx      context.Context
+	resolver *sourceResolver
+
+	mu  sync.Mutex
+	ctx context.Context
+	// zctx is the bus's own ZeroMQ context: its ZAP handler (zap) numbers
+	// the connections of this bus's sockets alone.
+	zctx     *zmq.Context
+	termOnce sync.Once
+	conns    uint64
 	sockets  map[int]*zmq.Socket // rank → bound SUB socket
 	wanted   map[int]bool        // ranks to bind at Start
 	streams  map[busKey]*busStream
 	byTarget map[target.ID]*busStream
 	unknown  map[busKey]*unknownTopic
+	// refusedTopics are routed topics none of whose batches was accepted
+	// yet, kept so that a refused publisher is not routed anew per batch.
+	refusedTopics map[busKey]*refusedTopic
+	// refusals are each target's refusals the bus itself made (its
+	// stream's sequencer counts its own).
+	refusals map[target.ID]*busRefusals
 	// unlisted counts batches of unknown topics past maxUnknownTopics.
 	unlisted       int
 	unknownBatches uint64
@@ -105,6 +150,25 @@ type busStream struct {
 	seq    *sequencer
 	ctx    context.Context // ends when the stream is dropped
 	cancel context.CancelFunc
+	// owner is the connection whose batches the stream follows (ownerAddr
+	// its address); lastOwned is when its last batch arrived; restartAt
+	// is when health last saw the pod restart (Resync).
+	owner     string
+	ownerAddr netip.Addr
+	lastOwned time.Time
+	restartAt time.Time
+}
+
+// refusedTopic is a routed topic whose batches were refused; until
+// retryAt its batches are checked against it without routing again.
+type refusedTopic struct {
+	route   BusRoute
+	retryAt time.Time
+}
+
+type busRefusals struct {
+	RefusalCounts
+	logged [numRefusals]time.Time
 }
 
 type unknownTopic struct {
@@ -124,7 +188,13 @@ func NewBus(cfg BusConfig) (*Bus, error) {
 		return nil, errors.New("bus: no topic router")
 	}
 	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = 64 << 20
+		cfg.MaxMessageBytes = 4 << 20
+	}
+	if cfg.MaxTopics <= 0 {
+		cfg.MaxTopics = 1024
+	}
+	if cfg.OwnerIdle <= 0 {
+		cfg.OwnerIdle = 10 * time.Second
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -137,6 +207,10 @@ func NewBus(cfg BusConfig) (*Bus, error) {
 		streams:  make(map[busKey]*busStream),
 		byTarget: make(map[target.ID]*busStream),
 		unknown:  make(map[busKey]*unknownTopic),
+
+		refusedTopics: make(map[busKey]*refusedTopic),
+		refusals:      make(map[target.ID]*busRefusals),
+		resolver:      newSourceResolver(cfg.Lookup),
 	}, nil
 }
 
@@ -177,7 +251,15 @@ func (b *Bus) Start(ctx context.Context) error {
 	if b.ctx != nil {
 		return errors.New("bus: started twice")
 	}
-	b.ctx = ctx
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("bus %s: %w", b.cfg.Listen, err)
+	}
+	if err := b.startZAP(ctx, zctx); err != nil {
+		_ = zctx.Term()
+		return fmt.Errorf("bus %s: %w", b.cfg.Listen, err)
+	}
+	b.ctx, b.zctx = ctx, zctx
 	b.wanted[0] = true
 	var errs []error
 	for _, r := range slices.Sorted(maps.Keys(b.wanted)) {
@@ -206,13 +288,23 @@ func (b *Bus) bindLocked(r int) error {
 		return fmt.Errorf("bus %s: rank %d's port %d exceeds 65535", b.cfg.Listen, r, b.port+r)
 	}
 	addr := b.RankAddr(r)
-	sub, err := zmq.NewSocket(zmq.SUB)
+	sub, err := b.zctx.NewSocket(zmq.SUB)
 	if err != nil {
 		return fmt.Errorf("bus %s: %w", addr, err)
 	}
 	_ = sub.SetLinger(0)
 	_ = sub.SetRcvhwm(100000)
-	_ = sub.SetMaxmsgsize(b.cfg.MaxMessageBytes)
+	if err := sub.SetMaxmsgsize(b.cfg.MaxMessageBytes); err != nil {
+		sub.Close()
+		return fmt.Errorf("bus %s: max message size: %w", addr, err)
+	}
+	// A ZAP domain makes every connection's handshake ask the bus's ZAP
+	// handler, which names the connection: its messages carry the name
+	// as their User-Id.
+	if err := sub.SetZapDomain(zapDomain); err != nil {
+		sub.Close()
+		return fmt.Errorf("bus %s: zap domain: %w", addr, err)
+	}
 	if err := sub.SetSubscribe(""); err != nil {
 		sub.Close()
 		return fmt.Errorf("bus %s: subscribe: %w", addr, err)
@@ -239,7 +331,15 @@ func (b *Bus) bindLocked(r int) error {
 }
 
 // Wait waits for every goroutine of the bus after Start's context ended.
-func (b *Bus) Wait() { b.wg.Wait() }
+func (b *Bus) Wait() {
+	b.wg.Wait()
+	b.mu.Lock()
+	zctx := b.zctx
+	b.mu.Unlock()
+	if zctx != nil {
+		b.termOnce.Do(func() { _ = zctx.Term() })
+	}
+}
 
 // receive owns rank r's socket: it frames each message and hands it to its
 // topic's stream.
@@ -252,50 +352,96 @@ func (b *Bus) receive(ctx context.Context, r int, sub *zmq.Socket, w *zmqwait.Wa
 			return
 		}
 		for {
-			frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
+			frames, md, err := sub.RecvMessageBytesWithMetadata(zmq.DONTWAIT, "Peer-Address", "User-Id")
 			if err != nil {
 				break // drained
 			}
-			if !b.dispatch(ctx, r, frames) {
+			if !b.dispatch(ctx, r, frames, peerOf(md)) {
 				return
 			}
 		}
 	}
 }
 
+// peer is the connection a message arrived on: its name (from the bus's
+// ZAP handler; the address when there is none) and its address.
+type peer struct {
+	conn string
+	addr netip.Addr
+}
+
+func peerOf(md map[string]string) peer {
+	a, _ := netip.ParseAddr(md["Peer-Address"])
+	p := peer{conn: md["User-Id"], addr: a.Unmap()}
+	if p.conn == "" {
+		p.conn = p.addr.String()
+	}
+	return p
+}
+
 // dispatch queues one message on its topic's stream, creating the stream
-// on the topic's first routed batch. It reports false once ctx ended.
-func (b *Bus) dispatch(ctx context.Context, r int, frames [][]byte) bool {
+// on the topic's first routed batch from the pod's own address. It
+// reports false once ctx ended.
+func (b *Bus) dispatch(ctx context.Context, r int, frames [][]byte, from peer) bool {
 	if len(frames) != 3 {
 		b.mu.Lock()
 		b.malformed++
 		b.mu.Unlock()
+		b.countBus("malformed")
 		b.log.Debug("skipping a message that is not topic, seq, payload", "rank", r, "frames", len(frames))
 		return true
 	}
 	msg := frameMessage(frames)
-	st := b.streamFor(ctx, busKey{rank: r, topic: string(frames[0])})
+	st := b.streamFor(ctx, busKey{rank: r, topic: string(frames[0])}, from)
 	if st == nil {
 		return true
 	}
 	select {
 	case st.seq.queue <- msg:
-	case <-st.ctx.Done(): // dropped: the topic's next batch is routed anew
+	default:
+		// One stream's backlog must not stall the rank's other topics:
+		// the batch is missing, a gap the next batch replays.
+		st.seq.refuse(RefusedQueueFull, "the stream's queue is full", "queue", cap(st.seq.queue))
 	}
 	return ctx.Err() == nil
 }
 
-// streamFor returns key's stream, routing the topic when it has none; nil
-// when the topic is unknown or the batch is deferred. Route runs without
-// the bus's lock: the router's side takes its own lock, under which it
-// calls Drop and BindRank.
-func (b *Bus) streamFor(ctx context.Context, key busKey) *busStream {
+// streamFor returns the stream a message from peer under key feeds; nil
+// when the topic is unknown, the batch is deferred or refused. Route runs
+// without the bus's lock: the router's side takes its own lock, under
+// which it calls Drop and BindRank. So do the lookups of host names.
+func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
+	now := time.Now()
 	b.mu.Lock()
 	if st := b.streams[key]; st != nil {
+		route := st.route
 		b.mu.Unlock()
+		if !b.fromPod(ctx, route, from) {
+			b.refuseTarget(route.Target, RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
+			return nil
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.streams[key] != st {
+			return nil // dropped meanwhile; the next batch is routed anew
+		}
+		if from.conn != st.owner {
+			switch {
+			case !st.restartAt.IsZero() && now.Sub(st.restartAt) < restartTakeover:
+				b.log.Info("a new connection takes over a restarted pod's topic", "target", st.route.Target.String(), "topic", key.topic, "from", from.addr.String())
+				st.restartAt = time.Time{}
+			case now.Sub(st.lastOwned) >= b.cfg.OwnerIdle:
+				b.log.Info("a new connection takes over a topic its owner left silent", "target", st.route.Target.String(), "topic", key.topic, "from", from.addr.String(),
+					"silent", now.Sub(st.lastOwned).Round(time.Millisecond))
+			default:
+				b.refuseTargetLocked(st.route.Target, RefusedConnection, fmt.Sprintf("a second connection (from %s) publishes under topic %q, which the connection from %s owns", from.addr, key.topic, st.ownerAddr))
+				return nil
+			}
+			st.owner, st.ownerAddr = from.conn, from.addr
+		}
+		st.lastOwned = now
 		return st
 	}
-	now := time.Now()
 	if u := b.unknown[key]; u != nil && now.Before(u.retryAt) {
 		u.batches++
 		u.lastSeen = now
@@ -303,8 +449,27 @@ func (b *Bus) streamFor(ctx context.Context, key busKey) *busStream {
 		b.mu.Unlock()
 		return nil
 	}
+	rt := b.refusedTopics[key]
+	if rt == nil && b.unknown[key] == nil && len(b.refusedTopics)+len(b.unknown) >= b.cfg.MaxTopics {
+		b.mu.Unlock()
+		b.countBus("topics_cap")
+		return nil
+	}
 	b.mu.Unlock()
-	route, err := b.cfg.Route(key.rank, key.topic)
+	var route BusRoute
+	var err error
+	if rt != nil && now.Before(rt.retryAt) {
+		route = rt.route
+	} else {
+		route, err = b.cfg.Route(key.rank, key.topic)
+	}
+	if err == nil && !b.fromPod(ctx, route, from) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.keepRefusedLocked(key, route, now)
+		b.refuseTargetLocked(route.Target, RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	u := b.unknown[key]
@@ -315,6 +480,7 @@ func (b *Bus) streamFor(ctx context.Context, key busKey) *busStream {
 	case err != nil:
 		b.unknownBatches++
 		if u == nil {
+			b.forgetUnknownLocked(now)
 			if len(b.unknown) >= maxUnknownTopics {
 				b.unlisted++
 				return nil
@@ -332,27 +498,119 @@ func (b *Bus) streamFor(ctx context.Context, key busKey) *busStream {
 		return st // only this socket's goroutine creates its keys' streams; kept for safety
 	}
 	if old := b.byTarget[route.Target]; old != nil {
-		// One target, one stream: a pod whose topic changed (or two
-		// publishers claiming one target) follows the latest.
-		b.log.Warn("a second topic claims a target: following the new one", "target", route.Target.String(), "old_topic", old.key.topic, "topic", key.topic)
+		// One target, one stream: a second topic for a followed pod is
+		// refused while the first one's connection lives; a pod whose
+		// topic changed restarted (health saw it) or left the old one
+		// silent.
+		restarted := !old.restartAt.IsZero() && now.Sub(old.restartAt) < restartTakeover
+		if !restarted && now.Sub(old.lastOwned) < b.cfg.OwnerIdle {
+			b.keepRefusedLocked(key, route, now)
+			b.refuseTargetLocked(route.Target, RefusedSecondTopic, fmt.Sprintf("topic %q (from %s) names the target already followed under topic %q", key.topic, from.addr, old.key.topic))
+			return nil
+		}
+		b.log.Warn("a second topic claims a target whose first fell silent: following the new one", "target", route.Target.String(), "old_topic", old.key.topic, "topic", key.topic)
 		b.dropLocked(old)
 	}
+	delete(b.refusedTopics, key)
 	seq := newSequencer(sequencerConfig{
 		Target: route.Target, Replay: route.Replay, Handle: route.Handle, Restarted: route.Restarted,
-		ReplayTimeout: b.cfg.ReplayTimeout, QueueSize: b.cfg.QueueSize, Metrics: b.cfg.Metrics,
+		ReplayTimeout: b.cfg.ReplayTimeout, QueueSize: b.cfg.QueueSize, Metrics: b.cfg.Metrics, Limits: b.cfg.Limits, MaxMessageBytes: b.cfg.MaxMessageBytes,
 		Logger: b.log.With("target", route.Target.String(), "topic", key.topic, "rank", key.rank),
 	})
 	seq.update(func(s *SubscriberStatus) { s.Connected, s.EverConnected, s.ConnectionChanged = true, true, now })
 	sctx, cancel := context.WithCancel(ctx)
-	st := &busStream{key: key, route: route, seq: seq, ctx: sctx, cancel: cancel}
+	st := &busStream{key: key, route: route, seq: seq, ctx: sctx, cancel: cancel, owner: from.conn, ownerAddr: from.addr, lastOwned: now}
 	b.streams[key], b.byTarget[route.Target] = st, st
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		seq.apply(sctx)
 	}()
-	b.log.Info("KV events of a target arrive on the bus", "target", route.Target.String(), "topic", key.topic, "rank", key.rank)
+	b.log.Info("KV events of a target arrive on the bus", "target", route.Target.String(), "topic", key.topic, "rank", key.rank, "from", from.addr.String())
 	return st
+}
+
+// fromPod reports whether from is an address route's batches may come
+// from: one its topic's host or its target's endpoint host stands for.
+func (b *Bus) fromPod(ctx context.Context, route BusRoute, from peer) bool {
+	if !from.addr.IsValid() {
+		return false
+	}
+	for _, h := range route.Sources {
+		if b.resolver.allows(ctx, h, from.addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// keepRefusedLocked remembers a routed topic whose batch was refused, so
+// that its next batches within unknownRetry are checked without routing.
+func (b *Bus) keepRefusedLocked(key busKey, route BusRoute, now time.Time) {
+	if rt := b.refusedTopics[key]; rt != nil {
+		rt.route, rt.retryAt = route, now.Add(unknownRetry)
+		return
+	}
+	if len(b.refusedTopics)+len(b.unknown) >= b.cfg.MaxTopics {
+		return
+	}
+	b.refusedTopics[key] = &refusedTopic{route: route, retryAt: now.Add(unknownRetry)}
+}
+
+// forgetUnknownLocked drops the unknown topics silent for unknownForget.
+func (b *Bus) forgetUnknownLocked(now time.Time) {
+	for k, u := range b.unknown {
+		if now.Sub(u.lastSeen) >= unknownForget {
+			delete(b.unknown, k)
+		}
+	}
+}
+
+func (b *Bus) refuseTarget(id target.ID, r Refusal, detail string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refuseTargetLocked(id, r, detail)
+}
+
+// refuseTargetLocked counts a refusal of a batch routed to id, logged at
+// most once per refusalLogEvery per reason.
+func (b *Bus) refuseTargetLocked(id target.ID, r Refusal, detail string) {
+	now := time.Now()
+	c := b.refusals[id]
+	if c == nil {
+		c = &busRefusals{}
+		b.refusals[id] = c
+	}
+	c.record(r, detail, now)
+	if b.cfg.Metrics != nil {
+		b.cfg.Metrics.refused.WithLabelValues(id.String(), r.String()).Inc()
+	}
+	if c.logged[r].IsZero() || now.Sub(c.logged[r]) >= refusalLogEvery {
+		c.logged[r] = now
+		b.log.Warn("KV events refused, not applied: "+detail, "target", id.String(), "reason", r.String(), "log_every", refusalLogEvery)
+	}
+}
+
+func (b *Bus) countBus(reason string) {
+	if b.cfg.Metrics != nil {
+		b.cfg.Metrics.busRefused.WithLabelValues(reason).Inc()
+	}
+}
+
+// Refused is what the bus refused of id's batches, its stream's
+// refusals included.
+func (b *Bus) Refused(id target.ID) RefusalCounts {
+	b.mu.Lock()
+	var c RefusalCounts
+	if r := b.refusals[id]; r != nil {
+		c = r.RefusalCounts
+	}
+	st := b.byTarget[id]
+	b.mu.Unlock()
+	if st != nil {
+		c.Add(st.seq.Status().Refused)
+	}
+	return c
 }
 
 // Drop stops following id's stream, if any: the target was removed or its
@@ -362,6 +620,12 @@ func (b *Bus) Drop(id target.ID) {
 	defer b.mu.Unlock()
 	if st := b.byTarget[id]; st != nil {
 		b.dropLocked(st)
+	}
+	delete(b.refusals, id)
+	for k, rt := range b.refusedTopics {
+		if rt.route.Target == id {
+			delete(b.refusedTopics, k)
+		}
 	}
 }
 
@@ -388,6 +652,11 @@ func (b *Bus) Status(id target.ID) (status SubscriberStatus, topic string, ok bo
 func (b *Bus) Resync(id target.ID) bool {
 	b.mu.Lock()
 	st := b.byTarget[id]
+	if st != nil {
+		// The restarted process connects anew: its connection may take
+		// the topic over.
+		st.restartAt = time.Now()
+	}
 	b.mu.Unlock()
 	if st == nil {
 		return false
@@ -429,6 +698,10 @@ type BusTopicStatus struct {
 	Unrecovered uint64    `json:"unrecovered_batches"`
 	Restarts    uint64    `json:"restarts"`
 	QueueDepth  int       `json:"queue_depth"`
+	// From is the address of the connection that owns the topic.
+	From string `json:"from"`
+	// Refused counts the target's batches refused, by reason.
+	Refused map[string]uint64 `json:"refused,omitempty"`
 }
 
 // UnknownTopicStatus is a publisher the bus does not route.
@@ -452,8 +725,10 @@ func (b *Bus) View() BusStatus {
 		v.Ranks = append(v.Ranks, r)
 	}
 	streams := make([]*busStream, 0, len(b.streams))
+	from := make(map[*busStream]string, len(b.streams))
 	for _, st := range b.streams {
 		streams = append(streams, st)
+		from[st] = st.ownerAddr.String()
 	}
 	for k, u := range b.unknown {
 		v.UnknownTopics = append(v.UnknownTopics, UnknownTopicStatus{Topic: k.topic, Rank: k.rank, Batches: u.batches, LastSeen: u.lastSeen, Why: u.why})
@@ -462,14 +737,78 @@ func (b *Bus) View() BusStatus {
 	slices.Sort(v.Ranks)
 	for _, st := range streams {
 		s := st.seq.Status()
+		var refused map[string]uint64
+		for r, n := range b.Refused(st.route.Target).N {
+			if n > 0 {
+				if refused == nil {
+					refused = map[string]uint64{}
+				}
+				refused[Refusal(r).String()] = n
+			}
+		}
 		v.Topics = append(v.Topics, BusTopicStatus{
 			Topic: st.key.topic, Rank: st.key.rank, Target: st.route.Target.String(), Replay: st.route.Replay,
 			Batches: s.Batches, LastSeq: s.LastSeq, LastEvent: s.LastEvent, Gaps: s.Gaps, Replays: s.Replays,
 			Replayed: s.Replayed, Unrecovered: s.Unrecovered, Restarts: s.Restarts, QueueDepth: s.QueueDepth,
+			From: from[st], Refused: refused,
 		})
 	}
 	byKey := func(ta, tb string, ra, rb int) int { return cmp.Or(cmp.Compare(ta, tb), cmp.Compare(ra, rb)) }
 	slices.SortFunc(v.Topics, func(x, y BusTopicStatus) int { return byKey(x.Topic, y.Topic, x.Rank, y.Rank) })
 	slices.SortFunc(v.UnknownTopics, func(x, y UnknownTopicStatus) int { return byKey(x.Topic, y.Topic, x.Rank, y.Rank) })
 	return v
+}
+
+// zapDomain is the ZAP domain of the bus's sockets.
+const zapDomain = "prefixrouter-kv-bus"
+
+// startZAP binds the ZAP handler of the bus's context: it accepts every
+// connection (the address checks are per topic, in streamFor) and names
+// each one, so that two connections from one address are told apart.
+func (b *Bus) startZAP(ctx context.Context, zctx *zmq.Context) error {
+	rep, err := zctx.NewSocket(zmq.REP)
+	if err != nil {
+		return fmt.Errorf("zap handler: %w", err)
+	}
+	_ = rep.SetLinger(0)
+	if err := rep.Bind("inproc://zeromq.zap.01"); err != nil {
+		rep.Close()
+		return fmt.Errorf("zap handler: %w", err)
+	}
+	w, err := zmqwait.New(rep)
+	if err != nil {
+		rep.Close()
+		return fmt.Errorf("zap handler: %w", err)
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer rep.Close()
+		defer w.Close()
+		for {
+			if _, err := w.Wait(ctx, 0); err != nil {
+				return
+			}
+			for {
+				req, err := rep.RecvMessage(zmq.DONTWAIT)
+				if err != nil {
+					break
+				}
+				// [version, request id, domain, address, identity, mechanism, ...];
+				// a REP socket must answer whatever it received.
+				req = append(req, "1.0", "")
+				b.mu.Lock()
+				b.conns++
+				name := "c" + strconv.FormatUint(b.conns, 10)
+				b.mu.Unlock()
+				if b.cfg.Metrics != nil {
+					b.cfg.Metrics.busConnections.Inc()
+				}
+				if _, err := rep.SendMessage(req[0], req[1], "200", "OK", name, ""); err != nil {
+					b.log.Warn("bus connection handshake not answered", "err", err)
+				}
+			}
+		}
+	}()
+	return nil
 }

@@ -52,7 +52,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 			return BusRoute{}, fmt.Errorf("no target at %s", tp.HostPort())
 		}
 		id := target.ID{Endpoint: "http://10.0.0.7:8000", Rank: rank}
-		return BusRoute{Target: id, Replay: replays[rank],
+		return BusRoute{Target: id, Replay: replays[rank], Sources: []string{"127.0.0.1"},
 			Handle: func(seq uint64, _ *events.Batch, _ bool) {
 				mu.Lock()
 				applied[id] = append(applied[id], seq)

@@ -5,7 +5,10 @@
 // for fleets whose seed is unknown, the ZeroMQ receivers (a Subscriber
 // connected to one pod's PUB, a Bus bound for every publisher that connects,
 // one stream per topic) sharing one sequencer (sequence tracking, replay,
-// restarts), the topic form kv@HOST[:PORT]@MODEL, the ingestor that turns event batches into index
+// restarts), the guards on what a stream may do (a bus takes a topic only
+// from its pod's address and one connection; bounds on messages, batches,
+// clears, resets, gaps and queues, each refusal counted by reason), the
+// topic form kv@HOST[:PORT]@MODEL, the ingestor that turns event batches into index
 // updates, and the reference-counted confirmed placement index.
 //
 // It provides the parts, one target at a time; which targets to follow,

@@ -27,6 +27,9 @@ type Metrics struct {
 	placements      *prometheus.GaugeVec
 	evictions       *prometheus.CounterVec
 	lastEvent       *prometheus.GaugeVec
+	refused         *prometheus.CounterVec
+	busRefused      *prometheus.CounterVec
+	busConnections  prometheus.Counter
 }
 
 // NewMetrics registers the kvindex metrics on reg (nil: not exported, still
@@ -53,12 +56,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		evictions:       counter("index_evictions_total", "Placements evicted by the per-target cap.", "target"),
 		placements: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "index_placements",
 			Help: "Confirmed placements in the index, per target and tier."}, []string{"target", "tier"}),
+		refused:    counter("refused_total", "KV-event batches (or AllBlocksCleared events) received and not applied, per target and reason (source_address, other_connection, second_topic, clear_rate, reset_rate, gap_rate, queue_full, events_cap, blocks_cap, tokens_cap).", "target", "reason"),
+		busRefused: counter("bus_refused_total", "KV-event batches a bus received that no target's stream counts, by reason (topics_cap: beyond the distinct topics a bus tracks; malformed: not topic, seq, payload).", "reason"),
+		busConnections: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "bus_connections_total",
+			Help: "Publisher connections the buses accepted; a peer whose oversized messages are dropped (--events-max-message-bytes) reconnects and counts again."}),
 		lastEvent: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "last_event_timestamp_seconds",
 			Help: "Unix time the last event batch from a target was received."}, []string{"target"}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.replayedBatches, m.restarts, m.unrecovered, m.rankMismatches,
-			m.reconnects, m.hashChecks, m.hashMismatches, m.unchained, m.skipped, m.placements, m.evictions, m.lastEvent} {
+			m.reconnects, m.hashChecks, m.hashMismatches, m.unchained, m.skipped, m.placements, m.evictions, m.lastEvent, m.refused, m.busRefused, m.busConnections} {
 			reg.MustRegister(c)
 		}
 	}
@@ -93,6 +100,9 @@ func (m *Metrics) AddTarget(id target.ID) {
 	for _, r := range skipReasons {
 		m.skipped.WithLabelValues(label, r)
 	}
+	for _, r := range Refusals() {
+		m.refused.WithLabelValues(label, r.String())
+	}
 	for t := range numTiers {
 		m.placements.WithLabelValues(label, Tier(t).String())
 	}
@@ -110,7 +120,7 @@ func (m *Metrics) forgetTarget(label string) {
 	}
 	for _, v := range []*prometheus.MetricVec{m.batches.MetricVec, m.events.MetricVec, m.decodeErrors.MetricVec, m.gaps.MetricVec,
 		m.replays.MetricVec, m.replayedBatches.MetricVec, m.restarts.MetricVec, m.unrecovered.MetricVec, m.rankMismatches.MetricVec, m.reconnects.MetricVec, m.hashChecks.MetricVec,
-		m.hashMismatches.MetricVec, m.unchained.MetricVec, m.skipped.MetricVec, m.placements.MetricVec, m.evictions.MetricVec, m.lastEvent.MetricVec} {
+		m.hashMismatches.MetricVec, m.unchained.MetricVec, m.skipped.MetricVec, m.placements.MetricVec, m.evictions.MetricVec, m.lastEvent.MetricVec, m.refused.MetricVec} {
 		v.DeletePartialMatch(prometheus.Labels{"target": label})
 	}
 }

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -25,6 +26,11 @@ type sequencer struct {
 
 	queue  chan rawMessage
 	resync chan struct{}
+
+	// The rate windows belong to the apply loop (or Direct's caller).
+	clears, resets, gaps rateWindow
+	// logged is when each refusal reason was last logged; under mu.
+	logged [numRefusals]time.Time
 }
 
 // sequencerConfig is what a stream's sequence tracking needs; the fields
@@ -44,6 +50,10 @@ type sequencerConfig struct {
 	// ReplayBuffer, when set, is read instead of the Replay socket: an
 	// in-process stream's pod buffer (DirectConfig.Replay).
 	ReplayBuffer ReplayBuffer
+	// Limits bound what the stream's batches may do; zero: no bounds.
+	Limits StreamLimits
+	// MaxMessageBytes bounds a replayed batch (0: 64 MiB).
+	MaxMessageBytes int64
 }
 
 // ReplayBuffer calls fn with the batches a pod's replay buffer holds from
@@ -79,6 +89,9 @@ func newSequencer(cfg sequencerConfig) *sequencer {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = 64 << 20
+	}
 	return &sequencer{
 		cfg:    cfg,
 		label:  cfg.Target.String(),
@@ -86,6 +99,28 @@ func newSequencer(cfg sequencerConfig) *sequencer {
 		status: SubscriberStatus{Target: cfg.Target},
 		queue:  make(chan rawMessage, cfg.QueueSize),
 		resync: make(chan struct{}, 1),
+		clears: rateWindow{n: cfg.Limits.ClearsPerMinute},
+		resets: rateWindow{n: cfg.Limits.ResetsPerMinute},
+		gaps:   rateWindow{n: cfg.Limits.GapsPerMinute},
+	}
+}
+
+// refuse counts a batch or event not applied, and logs it at most once per
+// refusalLogEvery per reason.
+func (s *sequencer) refuse(r Refusal, detail string, args ...any) {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	s.status.Refused.record(r, detail, now)
+	log := s.logged[r].IsZero() || now.Sub(s.logged[r]) >= refusalLogEvery
+	if log {
+		s.logged[r] = now
+	}
+	s.mu.Unlock()
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.refused.WithLabelValues(s.label, r.String()).Inc()
+	}
+	if log {
+		s.log.Warn("KV events refused, not applied: "+detail, append(args, "reason", r.String(), "log_every", refusalLogEvery)...)
 	}
 }
 
@@ -171,12 +206,22 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 	case msg.seq < st.next:
 		// Sequence numbers only go backwards when a new process starts
 		// counting from 0: live batches are never duplicated, and batches
-		// replayed ahead of the live stream are filtered below.
+		// replayed ahead of the live stream are filtered below. A restart
+		// health saw arrives as a Resync instead; this one only the
+		// stream says, so it is rate-limited.
+		if !s.resets.allow(s.cfg.Now()) {
+			s.refuse(RefusedResetRate, "the event sequence went backwards more often than the reset limit allows", "expected", st.next, "got", msg.seq)
+			return
+		}
 		s.restart(ctx, st, "event sequence went backwards")
 		if s.canReplay() && msg.seq > 0 {
 			st.next = s.replay(ctx, 0, msg.seq)
 		}
 	case msg.seq > st.next:
+		if !s.gaps.allow(s.cfg.Now()) {
+			s.refuse(RefusedGapRate, "the event sequence skipped batches more often than the gap limit allows", "expected", st.next, "got", msg.seq)
+			return
+		}
 		missing := msg.seq - st.next
 		s.update(func(ss *SubscriberStatus) { ss.Gaps++ })
 		if s.cfg.Metrics != nil {
@@ -238,17 +283,48 @@ func (s *sequencer) unrecovered(n uint64) {
 
 // deliver decodes and hands one batch to the handler.
 func (s *sequencer) deliver(seq uint64, payload []byte, replayed bool) {
-	b, err := events.Decode(payload)
+	b, err := events.DecodeLimited(payload, s.cfg.Limits.Decode)
 	s.handOver(seq, &b, err, replayed)
+}
+
+// limitClears drops the AllBlocksCleared events beyond the stream's clear
+// limit from b, counting each; b is copied before it changes.
+func (s *sequencer) limitClears(seq uint64, b *events.Batch) *events.Batch {
+	if s.cfg.Limits.ClearsPerMinute <= 0 {
+		return b
+	}
+	var kept []events.Event
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if ev.Kind == events.KindAllBlocksCleared && !s.clears.allow(s.cfg.Now()) {
+			if kept == nil {
+				kept = append(make([]events.Event, 0, len(b.Events)), b.Events[:i]...)
+			}
+			s.refuse(RefusedClearRate, "AllBlocksCleared arrived more often than the clear limit allows", "seq", seq)
+			continue
+		}
+		if kept != nil {
+			kept = append(kept, *ev)
+		}
+	}
+	if kept == nil {
+		return b
+	}
+	c := *b
+	c.Events = kept
+	return &c
 }
 
 // handOver hands one batch, decoded with err, to the handler and records
 // its arrival.
 func (s *sequencer) handOver(seq uint64, b *events.Batch, err error, replayed bool) {
-	if err != nil {
+	if r, ok := limitRefusal(err); ok {
+		s.refuse(r, "a batch exceeds the stream's bounds: "+err.Error(), "seq", seq)
+		err = errRefused
+	} else if err != nil {
 		s.decodeFailed(seq, err)
 	} else {
-		s.cfg.Handle(seq, b, replayed)
+		s.cfg.Handle(seq, s.limitClears(seq, b), replayed)
 	}
 	now := s.cfg.Now()
 	s.update(func(st *SubscriberStatus) {
@@ -312,7 +388,7 @@ func (s *sequencer) replay(ctx context.Context, start, stop uint64) uint64 {
 	}
 	if s.cfg.ReplayBuffer != nil {
 		s.cfg.ReplayBuffer(start, func(seq uint64, b *events.Batch) bool { return take(seq, nil, b) })
-	} else if err := ReplayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, func(seq uint64, payload []byte) bool {
+	} else if err := replayRange(ctx, s.cfg.Replay, start, s.cfg.ReplayTimeout, s.cfg.MaxMessageBytes, func(seq uint64, payload []byte) bool {
 		return take(seq, payload, nil)
 	}); err != nil {
 		s.log.Warn("replay failed", "replay", s.cfg.Replay, "from", start, "err", err)
@@ -323,6 +399,10 @@ func (s *sequencer) replay(ctx context.Context, start, stop uint64) uint64 {
 	}
 	return next
 }
+
+// errRefused marks a batch refused by the stream's bounds: counted as a
+// refusal, not as a decode error.
+var errRefused = errors.New("refused")
 
 // publisherStart reports whether batch got, expected after want, is where
 // a publisher's numbering starts rather than a loss: vLLM numbers a

@@ -35,4 +35,7 @@ type SubscriberStatus struct {
 	DecodeErrors uint64
 	// QueueDepth is the number of received batches not yet applied.
 	QueueDepth int
+	// Refused counts batches (or events) received and not applied, by
+	// reason (Refusal).
+	Refused RefusalCounts
 }

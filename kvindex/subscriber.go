@@ -44,10 +44,13 @@ type SubscriberConfig struct {
 	// (default 4096); the receiver blocks beyond it and ZMQ buffers.
 	QueueSize int
 	// MaxMessageBytes makes libzmq drop the connection of a peer sending
-	// a larger frame instead of allocating for it (default 64 MiB).
+	// a larger frame (live or replayed) instead of allocating for it
+	// (default 4 MiB); the subscriber reconnects, counted in Reconnects.
 	MaxMessageBytes int64
-	Logger          *slog.Logger
-	Metrics         *Metrics
+	// Limits bound each batch and the stream's clears, resets and gaps.
+	Limits  StreamLimits
+	Logger  *slog.Logger
+	Metrics *Metrics
 }
 
 // Subscriber follows one target's KV-event stream: a SUB socket connected
@@ -75,7 +78,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		cfg.ReconnectMax = 5 * time.Second
 	}
 	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = 64 << 20
+		cfg.MaxMessageBytes = 4 << 20
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -90,7 +93,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		seq: newSequencer(sequencerConfig{
 			Target: cfg.Target, Replay: cfg.Replay, Handle: cfg.Handle, Restarted: cfg.Restarted,
 			DecodeFailed: cfg.DecodeFailed, ReplayTimeout: cfg.ReplayTimeout, QueueSize: cfg.QueueSize,
-			Logger: log, Metrics: cfg.Metrics,
+			Logger: log, Metrics: cfg.Metrics, Limits: cfg.Limits, MaxMessageBytes: cfg.MaxMessageBytes,
 		}),
 	}, nil
 }
@@ -138,7 +141,9 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	defer sub.Close()
 	_ = sub.SetLinger(0)
 	_ = sub.SetRcvhwm(100000)
-	_ = sub.SetMaxmsgsize(s.cfg.MaxMessageBytes)
+	if err := sub.SetMaxmsgsize(s.cfg.MaxMessageBytes); err != nil {
+		return fmt.Errorf("subscribe %s: max message size: %w", s.cfg.Endpoint, err)
+	}
 	_ = sub.SetReconnectIvl(s.cfg.ReconnectMin)
 	_ = sub.SetReconnectIvlMax(s.cfg.ReconnectMax)
 	if err := sub.SetSubscribe(s.cfg.Topic); err != nil {
@@ -184,12 +189,30 @@ func (s *Subscriber) receive(ctx context.Context) error {
 	// The watcher sends on the queue and owns the monitor socket: it ends
 	// before either is closed.
 	defer func() { stopWatch(); <-watched }()
+	redialAfter := s.cfg.ReconnectMax + s.cfg.ReconnectMin
+	var redialed time.Time
 	for {
-		if _, err := subWait.Wait(ctx, 0); err != nil {
+		ready, err := subWait.Wait(ctx, redialPoll)
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+		}
+		if !ready {
+			// libzmq ends a connection whose peer broke the protocol (a
+			// message beyond MaxMessageBytes) for good instead of
+			// reconnecting: past its own backoff, dial again.
+			st := s.seq.Status()
+			if st.EverConnected && !st.Connected && time.Since(st.ConnectionChanged) >= redialAfter && time.Since(redialed) >= redialAfter {
+				redialed = time.Now()
+				_ = sub.Disconnect(s.cfg.Endpoint)
+				if err := sub.Connect(s.cfg.Endpoint); err != nil {
+					return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
+				}
+				s.log.Info("event stream dialled again after its connection ended")
+			}
+			continue
 		}
 		for {
 			frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
@@ -248,6 +271,10 @@ func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zm
 	}
 }
 
+// redialPoll is how often a disconnected subscriber checks whether to dial
+// again.
+const redialPoll = 250 * time.Millisecond
+
 // monitorSeq names each subscriber's inproc monitor endpoint uniquely.
 var monitorSeq atomic.Uint64
 
@@ -268,13 +295,19 @@ func frameMessage(frames [][]byte) rawMessage {
 // timeout or ctx ending. It accepts both reply layouts: [“”, topic, seq,
 // payload] (current vLLM) and [“”, seq, payload] (older).
 func ReplayRange(ctx context.Context, endpoint string, start uint64, timeout time.Duration, fn func(seq uint64, payload []byte) bool) error {
+	return replayRange(ctx, endpoint, start, timeout, 64<<20, fn)
+}
+
+// replayRange is ReplayRange with replies larger than maxBytes dropped by
+// libzmq before they are allocated.
+func replayRange(ctx context.Context, endpoint string, start uint64, timeout time.Duration, maxBytes int64, fn func(seq uint64, payload []byte) bool) error {
 	d, err := zmq.NewSocket(zmq.DEALER)
 	if err != nil {
 		return fmt.Errorf("replay %s: %w", endpoint, err)
 	}
 	defer d.Close()
 	_ = d.SetLinger(0)
-	_ = d.SetMaxmsgsize(64 << 20)
+	_ = d.SetMaxmsgsize(maxBytes)
 	if err := d.Connect(endpoint); err != nil {
 		return fmt.Errorf("replay %s: %w", endpoint, err)
 	}

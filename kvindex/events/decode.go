@@ -17,18 +17,60 @@ const maxNesting = 8
 
 var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
 
+// Limits bound what one batch may carry; a zero field is no bound. A batch
+// beyond one is refused whole with a *LimitError, found while decoding, so
+// that what a message declares costs nothing beyond the bytes it holds.
+type Limits struct {
+	// MaxEvents bounds a batch's events (known or not).
+	MaxEvents int
+	// MaxBlocksPerEvent bounds one event's block_hashes.
+	MaxBlocksPerEvent int
+	// MaxTokensPerEvent bounds one event's token_ids while they are read;
+	// after the event, token_ids beyond block_hashes × block_size are
+	// refused whatever the limits (vLLM sends the stored blocks' tokens).
+	MaxTokensPerEvent int
+}
+
+// Limit names, the reason a *LimitError gives.
+const (
+	LimitEvents = "events"
+	LimitBlocks = "blocks"
+	LimitTokens = "tokens"
+)
+
+// LimitError is a batch refused for exceeding a Limits bound (or token_ids
+// beyond its blocks).
+type LimitError struct {
+	What  string // LimitEvents, LimitBlocks or LimitTokens
+	Event int    // the event's index in the batch
+	Got   int    // what was declared
+	Max   int
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("event %d: %d %s exceed the bound of %d", e.Event, e.Got, e.What, e.Max)
+}
+
+// minEventBytes is what an event takes on the wire at the least; it
+// bounds the events slice allocated before they are read.
+const minEventBytes = 16
+
 // Decode parses one EventBatch payload. Events may be maps keyed by field
 // name (first key "type") or positional arrays whose first item is the type
 // tag; both may appear in one batch. Unknown keys and trailing positional
 // fields are ignored, missing optional fields are tolerated, and hashes may be
 // unsigned, signed or raw bytes. Any structural problem is an error: the
 // caller counts it and skips the batch.
-func Decode(payload []byte) (b Batch, err error) {
+func Decode(payload []byte) (b Batch, err error) { return DecodeLimited(payload, Limits{}) }
+
+// DecodeLimited is Decode with lim's bounds: a batch beyond one is refused
+// with a *LimitError.
+func DecodeLimited(payload []byte, lim Limits) (b Batch, err error) {
 	r := bytes.NewReader(payload)
 	md := decoderPool.Get().(*msgpack.Decoder)
 	md.Reset(r)
 	defer decoderPool.Put(md)
-	d := &decoder{Decoder: md, r: r, payload: payload}
+	d := &decoder{Decoder: md, r: r, payload: payload, lim: lim}
 
 	n, err := d.DecodeArrayLen()
 	if err != nil {
@@ -47,9 +89,18 @@ func Decode(payload []byte) (b Batch, err error) {
 	if ne < 0 {
 		return b, errors.New("batch events is nil")
 	}
-	b.Events = make([]Event, 0, min(ne, r.Len()))
+	if lim.MaxEvents > 0 && ne > lim.MaxEvents {
+		return b, &LimitError{What: LimitEvents, Event: 0, Got: ne, Max: lim.MaxEvents}
+	}
+	// An event is a few hundred bytes in memory and a few dozen on the
+	// wire: allocate for what the bytes can hold, not what is declared.
+	b.Events = make([]Event, 0, min(ne, r.Len()/minEventBytes, 1024))
 	for i := 0; i < ne; i++ {
+		d.event = i
 		ev, err := decodeEvent(d)
+		if le := (*LimitError)(nil); errors.As(err, &le) {
+			return b, le
+		}
 		if err != nil {
 			return b, fmt.Errorf("event %d: %w", i, err)
 		}
@@ -66,6 +117,11 @@ func Decode(payload []byte) (b Batch, err error) {
 				b.FirstInvalid = fmt.Errorf("event %d: %w", i, err)
 			}
 			continue
+		}
+		// token_ids are the stored blocks' tokens: more says the event is
+		// not what it claims, and would cost memory it did not declare.
+		if ev.Kind == KindBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) > len(ev.BlockHashes)*ev.BlockSize {
+			return b, &LimitError{What: LimitTokens, Event: i, Got: len(ev.TokenIDs), Max: len(ev.BlockHashes) * ev.BlockSize}
 		}
 		b.Events = append(b.Events, ev)
 	}
@@ -102,6 +158,8 @@ type decoder struct {
 	*msgpack.Decoder
 	r       *bytes.Reader
 	payload []byte
+	lim     Limits
+	event   int // the event being read, for a LimitError
 }
 
 // blob reads a str or bin value after checking that its declared length fits.
@@ -278,7 +336,7 @@ func decodeField(d *decoder, ev *Event, key string) error {
 	var err error
 	switch key {
 	case "block_hashes":
-		ev.BlockHashes, err = decodeHashList(d)
+		ev.BlockHashes, err = decodeHashList(d, d.lim.MaxBlocksPerEvent)
 	case "parent_block_hash":
 		if isNil(d) {
 			return d.DecodeNil()
@@ -289,7 +347,7 @@ func decodeField(d *decoder, ev *Event, key string) error {
 		ev.ParentHash, err = decodeHash(d)
 		ev.HasParentHash = err == nil && ev.ParentHash != 0
 	case "token_ids":
-		ev.TokenIDs, err = decodeTokenList(d)
+		ev.TokenIDs, err = decodeTokenList(d, d.lim.MaxTokensPerEvent)
 	case "block_size":
 		var v int64
 		if v, err = decodeInt(d); err == nil {
@@ -425,12 +483,15 @@ func WireFromBytes(b []byte) uint64 {
 	return v
 }
 
-func decodeHashList(d *decoder) ([]uint64, error) {
+func decodeHashList(d *decoder, maxN int) ([]uint64, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil || n <= 0 {
 		return nil, err
 	}
-	out := make([]uint64, 0, min(n, 4096))
+	if maxN > 0 && n > maxN {
+		return nil, &LimitError{What: LimitBlocks, Event: d.event, Got: n, Max: maxN}
+	}
+	out := make([]uint64, 0, min(n, d.r.Len(), 4096))
 	for i := 0; i < n; i++ {
 		h, err := decodeHash(d)
 		if err != nil {
@@ -441,12 +502,15 @@ func decodeHashList(d *decoder) ([]uint64, error) {
 	return out, nil
 }
 
-func decodeTokenList(d *decoder) ([]uint32, error) {
+func decodeTokenList(d *decoder, maxN int) ([]uint32, error) {
 	n, err := d.DecodeArrayLen()
 	if err != nil || n <= 0 {
 		return nil, err
 	}
-	out := make([]uint32, 0, min(n, 1<<16))
+	if maxN > 0 && n > maxN {
+		return nil, &LimitError{What: LimitTokens, Event: d.event, Got: n, Max: maxN}
+	}
+	out := make([]uint32, 0, min(n, d.r.Len(), 1<<16))
 	for i := 0; i < n; i++ {
 		v, err := decodeInt(d)
 		if err != nil {
@@ -465,7 +529,7 @@ func decodeExtraKeys(d *decoder) ([][]any, error) {
 	if err != nil || n <= 0 {
 		return nil, err
 	}
-	out := make([][]any, 0, min(n, 4096))
+	out := make([][]any, 0, min(n, d.r.Len(), 4096))
 	for i := 0; i < n; i++ {
 		if isNil(d) {
 			if err := d.DecodeNil(); err != nil {
@@ -511,7 +575,7 @@ func decodeExtraValue(d *decoder, depth int) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		out := make([]any, 0, min(n, 64))
+		out := make([]any, 0, min(n, d.r.Len(), 64))
 		for i := 0; i < n; i++ {
 			v, err := decodeExtraValue(d, depth+1)
 			if err != nil {

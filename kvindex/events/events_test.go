@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -212,7 +213,7 @@ func TestDecodeGoldenFields(t *testing.T) {
 	}
 }
 
-func mustEncodeGeneric(t *testing.T, v any) []byte {
+func mustEncodeGeneric(t testing.TB, v any) []byte {
 	t.Helper()
 	b, err := msgpack.Marshal(v)
 	if err != nil {
@@ -332,7 +333,25 @@ func FuzzDecode(f *testing.F) {
 		f.Add(v.frames(f)[2])
 	}
 	f.Add([]byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0x00})
+	// The bounds: token_ids beyond blocks × block size, many blocks, many
+	// events declared in few bytes.
+	f.Add(mustEncodeGeneric(f, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{1, 2, 3, 4, 5}, 4, nil, "GPU", nil}}}))
+	f.Add(mustEncodeGeneric(f, []any{1.0, []any{[]any{"BlockRemoved", []any{1, 2, 3, 4, 5, 6}, "GPU"}}}))
+	f.Add(mustEncodeGeneric(f, []any{1.0, []any{[]any{"AllBlocksCleared"}, []any{"AllBlocksCleared"}, []any{"AllBlocksCleared"}, []any{"AllBlocksCleared"}, []any{"AllBlocksCleared"}}}))
+	f.Add([]byte{0x92, 0x01, 0xdd, 0x01, 0x00, 0x00, 0x00, 0xc0, 0xc0})
 	f.Fuzz(func(t *testing.T, payload []byte) {
+		lim := Limits{MaxEvents: 4, MaxBlocksPerEvent: 4, MaxTokensPerEvent: 64}
+		if lb, err := DecodeLimited(payload, lim); err == nil {
+			if len(lb.Events)+lb.Unknown+lb.Invalid > lim.MaxEvents {
+				t.Fatalf("%d events passed a bound of %d", len(lb.Events), lim.MaxEvents)
+			}
+			for _, ev := range lb.Events {
+				if len(ev.BlockHashes) > lim.MaxBlocksPerEvent || len(ev.TokenIDs) > lim.MaxTokensPerEvent ||
+					(ev.BlockSize > 0 && len(ev.TokenIDs) > len(ev.BlockHashes)*ev.BlockSize) {
+					t.Fatalf("event beyond the bounds passed: %d blocks, %d tokens, block size %d", len(ev.BlockHashes), len(ev.TokenIDs), ev.BlockSize)
+				}
+			}
+		}
 		b, err := Decode(payload)
 		if err != nil {
 			return
@@ -366,5 +385,48 @@ func TestDecodeHostileLengths(t *testing.T) {
 		if _, err := Decode(p); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestDecodeLimits: each bound refuses the batch with a *LimitError
+// naming it; within the bounds the batch decodes.
+func TestDecodeLimits(t *testing.T) {
+	stored := func(blocks, tokens, blockSize int) any {
+		hs, ts := make([]any, blocks), make([]any, tokens)
+		for i := range hs {
+			hs[i] = i + 1
+		}
+		for i := range ts {
+			ts[i] = i
+		}
+		return []any{"BlockStored", hs, nil, ts, blockSize, nil, "GPU", nil}
+	}
+	lim := Limits{MaxEvents: 2, MaxBlocksPerEvent: 4, MaxTokensPerEvent: 64}
+	for _, tt := range []struct {
+		name   string
+		events []any
+		lim    Limits
+		what   string
+	}{
+		{name: "within", events: []any{stored(4, 16, 4), stored(1, 4, 4)}, lim: lim},
+		{name: "fewer tokens than blocks hold", events: []any{stored(2, 4, 4)}, lim: lim},
+		{name: "too many events", events: []any{stored(1, 4, 4), stored(1, 4, 4), []any{"AllBlocksCleared"}}, lim: lim, what: LimitEvents},
+		{name: "too many blocks", events: []any{stored(5, 20, 4)}, lim: lim, what: LimitBlocks},
+		{name: "too many tokens while reading", events: []any{stored(4, 65, 16)}, lim: lim, what: LimitTokens},
+		{name: "tokens beyond blocks × block size", events: []any{stored(1, 5, 4)}, lim: lim, what: LimitTokens},
+		{name: "tokens beyond blocks × block size, no bounds", events: []any{stored(1, 5, 4)}, what: LimitTokens},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := DecodeLimited(mustEncodeGeneric(t, []any{1.0, tt.events}), tt.lim)
+			var le *LimitError
+			switch {
+			case tt.what == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.what == "" && len(b.Events) != len(tt.events):
+				t.Fatalf("decoded %d of %d events", len(b.Events), len(tt.events))
+			case tt.what != "" && (!errors.As(err, &le) || le.What != tt.what):
+				t.Fatalf("err %v, want a %s LimitError", err, tt.what)
+			}
+		})
 	}
 }
