@@ -56,6 +56,7 @@ var faultHints = map[string]string{
 	string(eventplane.FaultEventsDisconnected): "no KV-event stream from a serving pod: check vLLM's --kv-events-config and events= in --endpoint (or, on a bus, the pod's topic)",
 	string(eventplane.FaultKeyMismatch):        "block keys disagree with the pod's: check --hash-seed (PYTHONHASHSEED), --hash-algo and --block-size",
 	string(eventplane.FaultUnchained):          "stored blocks arrive without their parents: set replay= in --endpoint, or --hash-seed for exact keys",
+	string(eventplane.FaultEventsRefused):      "KV-event batches refused (not from the pod's address or connection, a second topic, or past the --events-max-* bounds): see the fault's detail in /debug/targets",
 }
 
 // wiringFaults lists t's wiring faults, most severe first: health's from
