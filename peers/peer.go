@@ -48,10 +48,10 @@ type peer struct {
 	lastError                          string
 	// rejected counts the messages dropped, by reason; rejectedAt is when
 	// the last was.
-	rejected   [numRejectReasons]uint64
-	rejectedAt time.Time
-	lag                                *lagStats
-	faultLogged                        time.Time
+	rejected    [numRejectReasons]uint64
+	rejectedAt  time.Time
+	lag         *lagStats
+	faultLogged time.Time
 }
 
 func (p *peer) stop() {

@@ -41,14 +41,14 @@ const (
 // Reasons a message is rejected: the reason label of
 // prefixrouter_peer_messages_rejected_total.
 const (
-	rejectMalformed = iota // could not be decoded (a length or value out of the format's bounds included)
-	rejectVersion          // a wire version this replica does not read
-	rejectClock            // sent time too far from this replica's clock
-	rejectInFlight         // requests in flight or prefilling beyond maxPeerInFlight
-	rejectQueuedTokens     // queued uncached tokens beyond maxPeerQueuedTokens
-	rejectTargets          // more targets than maxPeerTargets
-	rejectKeys             // a prediction longer than maxPredictedTokens
-	rejectDeadline         // a prediction's deadline implausibly far from its sending
+	rejectMalformed    = iota // could not be decoded (a length or value out of the format's bounds included)
+	rejectVersion             // a wire version this replica does not read
+	rejectClock               // sent time too far from this replica's clock
+	rejectInFlight            // requests in flight or prefilling beyond maxPeerInFlight
+	rejectQueuedTokens        // queued uncached tokens beyond maxPeerQueuedTokens
+	rejectTargets             // more targets than maxPeerTargets
+	rejectKeys                // a prediction longer than maxPredictedTokens
+	rejectDeadline            // a prediction's deadline implausibly far from its sending
 	numRejectReasons
 )
 

@@ -68,7 +68,7 @@ type PeerView struct {
 	// Rejected counts its messages dropped unapplied, by reason (those
 	// with none left out).
 	Rejected map[string]uint64 `json:"rejected,omitempty"`
-	Lag             LagView   `json:"lag"`
+	Lag      LagView           `json:"lag"`
 	// Flights is its last report of in-flight work, summed over targets.
 	Flights FlightsView `json:"flights"`
 }
