@@ -1,7 +1,6 @@
 package peers
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -148,7 +147,9 @@ func TestRoguePublisherChangesNothing(t *testing.T) {
 	c := startReplicaConfig(t, cfg, nil)
 
 	legit := target.ID{Endpoint: "http://pod-c:8000"}
-	b.rec.read(func() { b.rec.own = []TargetFlights{{Target: legit, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100}} })
+	b.rec.read(func() {
+		b.rec.own = []TargetFlights{{Target: legit, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100}}
+	})
 	var seq uint64
 	waitFor(t, "the rogue heard by the mesh in the clear, and B by A", func() bool {
 		for _, q := range []int64{1 << 60, 1 << 30} {
@@ -471,4 +472,3 @@ func TestZapAnswer(t *testing.T) {
 	}
 }
 
-var _ = context.Background
