@@ -472,3 +472,43 @@ func TestZapAnswer(t *testing.T) {
 	}
 }
 
+// TestImplausibleBounds: each bound at its edge, and an update judged by
+// what the origin's work would span once applied.
+func TestImplausibleBounds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	pod := target.ID{Endpoint: "http://pod:8000"}
+	known := map[target.ID]TargetFlights{}
+	for i := range maxPeerTargets {
+		id := target.ID{Endpoint: "http://pod:8000", Rank: i}
+		known[id] = TargetFlights{Target: id, InFlight: 1}
+	}
+	fl := func(kind Kind, f ...TargetFlights) Message { return Message{Sent: now, Kind: kind, Flights: f} }
+	pr := func(bs, keys int, deadline time.Time) Message {
+		return Message{Sent: now, Kind: KindPrediction, Prediction: Prediction{Target: pod, BlockSize: bs, Keys: make([]kvindex.Key, keys), Deadline: deadline}}
+	}
+	for _, tc := range []struct {
+		name  string
+		msg   Message
+		known map[target.ID]TargetFlights
+		want  int
+	}{
+		{"queued at the bound", fl(KindFlights, TargetFlights{Target: pod, QueuedUncachedTokens: maxPeerQueuedTokens}), nil, -1},
+		{"queued past it", fl(KindFlights, TargetFlights{Target: pod, QueuedUncachedTokens: maxPeerQueuedTokens + 1}), nil, rejectQueuedTokens},
+		{"in flight at the bound", fl(KindFlightsUpdate, TargetFlights{Target: pod, InFlight: maxPeerInFlight, Prefilling: maxPeerInFlight}), nil, -1},
+		{"prefilling past it", fl(KindFlightsUpdate, TargetFlights{Target: pod, Prefilling: maxPeerInFlight + 1}), nil, rejectInFlight},
+		{"an update of a known target when full", fl(KindFlightsUpdate, TargetFlights{Target: target.ID{Endpoint: "http://pod:8000", Rank: 3}, InFlight: 2}), known, -1},
+		{"an update ending work when full", fl(KindFlightsUpdate, TargetFlights{Target: pod}), known, -1},
+		{"an update adding a target when full", fl(KindFlightsUpdate, TargetFlights{Target: target.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, rejectTargets},
+		{"a full report replaces what is known", fl(KindFlights, TargetFlights{Target: target.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, -1},
+		{"tokens predicted at the bound", pr(16, maxPredictedTokens/16, now.Add(time.Second)), nil, -1},
+		{"past it", pr(16, maxPredictedTokens/16+1, now.Add(time.Second)), nil, rejectKeys},
+		{"deadline at the horizon", pr(16, 1, now.Add(maxPredictionAhead)), nil, -1},
+		{"past it", pr(16, 1, now.Add(maxPredictionAhead+1)), nil, rejectDeadline},
+		{"deadline long past", pr(16, 1, now.Add(-maxPeerSkew-1)), nil, rejectDeadline},
+		{"sent in the future", Message{Sent: now.Add(maxPeerSkew + 1), Kind: KindBye}, nil, rejectClock},
+	} {
+		if got, detail := implausible(&tc.msg, now, tc.known); got != tc.want {
+			t.Errorf("%s: %d %q, want %d", tc.name, got, detail, tc.want)
+		}
+	}
+}
