@@ -575,6 +575,8 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 			p.rejected[rejectVersion]++
 			p.state, p.reason = stateIncompatible, err.Error()
 		} else {
+			// Heard, if not understood: it stays rejected, not silent.
+			p.lastMessage = now
 			p.reject(now, rejectMalformed, "a message could not be read: "+err.Error())
 		}
 		m.mu.Unlock()

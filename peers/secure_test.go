@@ -455,6 +455,9 @@ func TestZapAnswer(t *testing.T) {
 		{"another domain", req(domain+"x", "CURVE", raw), "400"},
 		{"no credentials", req(domain, "CURVE"), "400"},
 		{"plain", req(domain, "PLAIN", "u", "p"), "400"},
+		{"in the clear on a mesh's domain", req(domain, "NULL"), "400"},
+		{"in the clear elsewhere", req("", "NULL"), "200"},
+		{"CURVE elsewhere", req("", "CURVE", raw), "400"},
 		{"short", [][]byte{[]byte("1.0"), []byte("7")}, "500"},
 		{"other version", append([][]byte{[]byte("2.0")}, req(domain, "CURVE", raw)[1:]...), "500"},
 	} {
@@ -463,7 +466,7 @@ func TestZapAnswer(t *testing.T) {
 			t.Errorf("%s: %q, want %s", tc.name, got, tc.code)
 		}
 	}
-	if len(denied) != 3 {
+	if len(denied) != 4 {
 		t.Errorf("denials heard: %v", denied)
 	}
 	release()

@@ -116,8 +116,9 @@ func zapServe(sock *zmq.Socket, w *zmqwait.Waiter) {
 }
 
 // zapAnswer is the reply to one request (ZAP 1.0: version, request id,
-// domain, address, routing id, mechanism, credentials...): 200 for a CURVE
-// client whose public key its domain admits, 400 otherwise.
+// domain, address, routing id, mechanism, credentials...): on a mesh's
+// domain, 200 for a CURVE client whose public key it admits and 400
+// otherwise; elsewhere 200 in the clear (NULL) and 400 for the rest.
 func zapAnswer(req [][]byte) [][]byte {
 	reply := func(id []byte, code, text string) [][]byte {
 		return [][]byte{[]byte("1.0"), id, []byte(code), []byte(text), nil, nil}
@@ -134,7 +135,13 @@ func zapAnswer(req [][]byte) [][]byte {
 	d := zapState.domains[domain]
 	zapState.mu.Unlock()
 	if d == nil {
-		// A domain withdrawn (its mesh stopped) or not ours.
+		if mechanism == "NULL" {
+			// Not a mesh's: the process's other sockets (KV events) are
+			// in the clear, and whether libzmq asks for them is its
+			// version's business; they keep ZeroMQ's classic answer.
+			return reply(id, "200", "OK")
+		}
+		// A domain withdrawn (its mesh stopped).
 		return reply(id, "400", "unknown domain")
 	}
 	if mechanism == "CURVE" && len(req) == 7 && string(req[6]) == d.key {
