@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
@@ -71,6 +74,14 @@ func liveRegistry(t *testing.T) exported {
 		ln.Close()
 	}
 	cfg.Peers.Listen, cfg.Peers.Peers = peerAddrs[0], peerAddrs
+	key, err := peers.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Peers.KeyFile = filepath.Join(t.TempDir(), "peer.key")
+	if err := os.WriteFile(cfg.Peers.KeyFile, key.Format(), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// As serve wires it: the tokenizers' metrics on the router's registry.
 	reg := prometheus.NewRegistry()
 	toks := tokenize.NewRegistry(tokenize.Options{Registerer: reg, Logger: quiet, HTTPClient: &http.Client{}})

@@ -369,10 +369,11 @@ func TestReplicaSharingWiring(t *testing.T) {
 		t.Errorf("--peers %s: want dns:NAME:%d, a headless Service's name on the --peer-listen port", spec.Text, port)
 	}
 	cfg := peers.DefaultConfig()
-	cfg.Listen, cfg.Peers = listen, []string{spec.Text}
+	cfg.Listen, cfg.Peers, cfg.KeyFile = listen, []string{spec.Text}, f.routerFlag(t, "--peer-key-file")
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	f.peerKeyFromSecret(t, cfg.KeyFile)
 	svc := f.o.services[spec.Host]
 	rc := f.router.Spec.Template.Spec.Containers[0]
 	if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || !selects(svc.Spec.Selector, f.router.Spec.Template.Labels) {
@@ -406,4 +407,43 @@ func TestReplicaSharingWiring(t *testing.T) {
 		t.Errorf("no NetworkPolicy admits the other replicas on the peer port %d", port)
 	}
 	f.checkBlockKeys(t)
+}
+
+// peerKeyFromSecret checks that the router reads the --peer-key-file path
+// from a Secret mounted read-only, readable by the pod's group and no
+// one else.
+func (f *fleet) peerKeyFromSecret(t *testing.T, path string) {
+	t.Helper()
+	pod := f.router.Spec.Template.Spec
+	for _, m := range pod.Containers[0].VolumeMounts {
+		dir := strings.TrimSuffix(m.MountPath, "/") + "/"
+		if !strings.HasPrefix(path, dir) {
+			continue
+		}
+		if !m.ReadOnly {
+			t.Errorf("--peer-key-file's volume %s is mounted writable", m.Name)
+		}
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			if v.Secret == nil {
+				t.Fatalf("--peer-key-file %s is on volume %s, not a Secret", path, v.Name)
+			}
+			if mode := v.Secret.DefaultMode; mode == nil || *mode&0o037 != 0 || *mode&0o040 == 0 {
+				t.Errorf("--peer-key-file's Secret %s: defaultMode %v, want readable by the pod's group (fsGroup) and no one else", v.Secret.SecretName, mode)
+			}
+			key := strings.TrimPrefix(path, dir)
+			for _, it := range v.Secret.Items {
+				if it.Path == key {
+					key = it.Key
+				}
+			}
+			if key == "" || strings.Contains(key, "/") {
+				t.Errorf("--peer-key-file %s: want a file at the top of the Secret's mount %s", path, dir)
+			}
+			return
+		}
+	}
+	t.Fatalf("--peer-key-file %s is on no volume the router mounts: give it from a Secret", path)
 }

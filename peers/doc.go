@@ -11,12 +11,20 @@
 // others (--peers: addresses, or a headless Service's name re-resolved;
 // its own address skipped).
 //
-// It owns the wire format (versioned msgpack, Encode and Decode), the peer
-// list and its resolution, one SUB socket per peer waiting in Go's poller
-// (kvindex/zmqwait), each peer's state (connecting, connected, silent,
-// incompatible, failed, self) with the reason, the sum of the live peers'
-// in-flight work, the prefixrouter_peer_* series and the "peers" view of
-// GET /debug/targets. What the predictions and the in-flight work mean is
+// The mesh is private and authenticated: the replicas of one deployment
+// share a CURVE keypair (--peer-key-file, Key); each PUB socket is a CURVE
+// server that admits, through the process's one ZAP handler (zap.go),
+// only clients holding it, and each SUB a CURVE client with it. Without a
+// key it refuses to start unless --peer-insecure says so. What a keyed
+// peer says is still bounded (plausible.go): a message beyond what one
+// replica reports is dropped whole and counted, and the peer shows it.
+//
+// It owns the wire format (versioned msgpack, Encode and Decode), the key
+// file, the ZAP handler, the peer list and its resolution, one SUB socket
+// per peer waiting in Go's poller (kvindex/zmqwait), each peer's state
+// (connecting, connected, silent, incompatible, failed, rejected, self)
+// with the reason, the sum of the live peers' in-flight work, the
+// prefixrouter_peer_* series and the "peers" view of GET /debug/targets. What the predictions and the in-flight work mean is
 // not its business: the router hands them to the speculative store (as
 // the origin's) and to health's load ledger (Handlers).
 //

@@ -37,6 +37,13 @@ type Config struct {
 	// FlightsInterval is how often this replica sends its in-flight work
 	// (and so the heartbeat). Flag --peer-flights-interval.
 	FlightsInterval time.Duration
+	// KeyFile holds the CURVE keypair the replicas share (LoadKey): only
+	// processes holding it can publish to this replica or read what it
+	// publishes. Flag --peer-key-file.
+	KeyFile string
+	// Insecure runs the mesh without a key: in the clear, and believing
+	// any process at a --peers address. Flag --peer-insecure.
+	Insecure bool
 }
 
 // DefaultConfig is the serve command's defaults: off.
@@ -63,6 +70,14 @@ func (c Config) Validate() error {
 	}
 	if len(c.Peers) > 0 && c.Listen == "" {
 		bad("--peers needs --peer-listen: replicas share with each other, so each must publish too")
+	}
+	switch {
+	case c.KeyFile != "" && c.Insecure:
+		bad("--peer-key-file and --peer-insecure: give one")
+	case c.Listen == "" && (c.KeyFile != "" || c.Insecure):
+		bad("--peer-key-file and --peer-insecure need --peer-listen: there is no mesh without it")
+	case c.Listen != "" && c.KeyFile == "" && !c.Insecure:
+		bad("--peer-listen needs --peer-key-file PATH, the CURVE keypair the replicas share (`prefixrouter peer-keygen` writes one), or --peer-insecure to let anyone who reaches the port read the mesh and any process at a --peers address steer it")
 	}
 	if len(c.ID) > maxOrigin {
 		bad("--replica-id: %d bytes, at most %d", len(c.ID), maxOrigin)
@@ -109,7 +124,15 @@ type Mesh struct {
 	specs []Spec
 
 	pub *zmq.Socket
-	out chan Message
+	// key is the deployment's keypair (nil: --peer-insecure); release
+	// withdraws the ZAP domain that admits its holders to pub.
+	key     *Key
+	release func()
+	// refusedN counts the handshakes refused, refusedLogged is when one
+	// was last logged (Unix nanoseconds).
+	refusedN      atomic.Uint64
+	refusedLogged atomic.Int64
+	out           chan Message
 	// fout is what is due to be sent of this replica's flights.
 	fout    *flightsOut
 	seq     atomic.Uint64
@@ -172,6 +195,13 @@ func New(cfg Config, h Handlers, deps Deps) (*Mesh, error) {
 		m.specs = append(m.specs, s)
 		m.sources[s.Text] = &source{spec: s}
 	}
+	if cfg.KeyFile != "" {
+		k, err := LoadKey(cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--peer-key-file %s: %w", cfg.KeyFile, err)
+		}
+		m.key = &k
+	}
 	if deps.Registerer != nil {
 		if err := deps.Registerer.Register(&collector{m}); err != nil {
 			return nil, fmt.Errorf("peers: metrics: %w", err)
@@ -196,14 +226,62 @@ func (m *Mesh) Listen(ctx context.Context) error {
 	}
 	_ = pub.SetLinger(0)
 	_ = pub.SetSndhwm(100000)
+	// What a PUB socket reads is its subscribers' subscriptions (ours
+	// subscribe to everything: one byte) and their handshakes.
+	_ = pub.SetMaxmsgsize(pubMaxMessage)
+	release := func() {}
+	if m.key != nil {
+		domain, rel, err := zapAdmit(m.key.Public, m.refused)
+		if err == nil {
+			err = errors.Join(pub.SetCurveServer(1), pub.SetCurvePublickey(m.key.Public),
+				pub.SetCurveSecretkey(m.key.Secret), pub.SetZapDomain(domain))
+			release = rel
+		}
+		if err != nil {
+			release()
+			pub.Close()
+			return fmt.Errorf("--peer-key-file: %w", err)
+		}
+	}
 	if err := pub.Bind(m.cfg.Listen); err != nil {
+		release()
 		pub.Close()
 		return fmt.Errorf("--peer-listen: bind %s: %w", m.cfg.Listen, err)
 	}
-	m.pub, m.self = pub, self
-	m.log.Info("sharing predictions with peer replicas", "listen", m.cfg.Listen, "peers", m.cfg.Peers)
+	m.pub, m.self, m.release = pub, self, release
+	if m.key == nil {
+		m.log.Warn("sharing predictions with peer replicas WITHOUT a key (--peer-insecure): anyone who reaches the port reads them, and any process at a --peers address steers routing",
+			"listen", m.cfg.Listen, "peers", m.cfg.Peers)
+	} else {
+		m.log.Info("sharing predictions with peer replicas", "listen", m.cfg.Listen, "peers", m.cfg.Peers, "key_file", m.cfg.KeyFile)
+	}
 	return nil
 }
+
+// refused hears of a handshake the ZAP handler refused: a client without
+// the key. Logged at the first, then at most once a minute.
+func (m *Mesh) refused(address string) {
+	n := m.refusedN.Add(1)
+	now := m.now().UnixNano()
+	last := m.refusedLogged.Load()
+	if now-last < int64(time.Minute) || !m.refusedLogged.CompareAndSwap(last, now) {
+		return
+	}
+	m.log.Warn("refused a peer connection: it does not hold this replica's --peer-key-file (another deployment's replica, or not a replica)",
+		"address", address, "refused", n)
+}
+
+// Socket bounds. A legitimate message is at most a prediction of maxKeys
+// keys (9 bytes each) or a flights message of maxPeerTargets targets, far
+// below subMaxMessage; a larger one makes libzmq drop the connection (and
+// reconnect), which the receiver sees as lost messages. A peer's queue is
+// bounded by subQueue messages: past it libzmq stops reading the
+// connection and the sender's PUB drops, again counted as lost.
+const (
+	subMaxMessage = 2 << 20
+	subQueue      = 1000
+	pubMaxMessage = 4096
+)
 
 // Run resolves the peers, subscribes to them, sends what Publish and
 // Withdraw queue and the flights every interval, until ctx ends; then it
@@ -243,7 +321,10 @@ func (m *Mesh) Run(ctx context.Context) error {
 // the sequence in the order the messages leave: a gap at a receiver is a
 // lost message, never two callers racing.
 func (m *Mesh) send(ctx context.Context) {
-	defer m.pub.Close()
+	defer func() {
+		m.pub.Close()
+		m.release()
+	}()
 	var buf []byte
 	send := func(msg *Message) {
 		msg.Origin, msg.Sent, msg.Seq = m.cfg.ID, m.now(), m.seq.Add(1)
@@ -429,8 +510,17 @@ func (m *Mesh) subscribe(ctx context.Context, p *peer) error {
 		return err
 	}
 	_ = sub.SetLinger(0)
-	_ = sub.SetRcvhwm(100000)
-	_ = sub.SetMaxmsgsize(8 << 20)
+	_ = sub.SetRcvhwm(subQueue)
+	_ = sub.SetMaxmsgsize(subMaxMessage)
+	if m.key != nil {
+		// The same keypair as the server's: the PUB side admits clients
+		// holding it, and the handshake proves it.
+		if err := errors.Join(sub.SetCurveServerkey(m.key.Public), sub.SetCurvePublickey(m.key.Public),
+			sub.SetCurveSecretkey(m.key.Secret)); err != nil {
+			sub.Close()
+			return fmt.Errorf("--peer-key-file: %w", err)
+		}
+	}
 	if err := sub.SetSubscribe(""); err != nil {
 		sub.Close()
 		return fmt.Errorf("subscribe: %w", err)
@@ -482,7 +572,12 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 		p.decodeErrors++
 		p.lastError = err.Error()
 		if errors.Is(err, ErrVersion) {
+			p.rejected[rejectVersion]++
 			p.state, p.reason = stateIncompatible, err.Error()
+		} else {
+			// Heard, if not understood: it stays rejected, not silent.
+			p.lastMessage = now
+			p.reject(now, rejectMalformed, "a message could not be read: "+err.Error())
 		}
 		m.mu.Unlock()
 		m.log.Debug("skipping a peer message", "peer", p.addr, "err", err)
@@ -500,10 +595,6 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 		}
 		p.origin, p.lastSeq = msg.Origin, 0
 	}
-	if p.state != stateConnected {
-		m.log.Info("peer replica connected", "peer", p.addr, "origin", msg.Origin)
-	}
-	p.state, p.reason = stateConnected, ""
 	switch {
 	case p.lastSeq != 0 && msg.Seq > p.lastSeq+1:
 		p.lost += msg.Seq - p.lastSeq - 1
@@ -513,6 +604,24 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 	p.lastSeq, p.lastMessage = msg.Seq, now
 	p.messages++
 	p.lag.observe(now.Sub(msg.Sent))
+	var known map[target.ID]TargetFlights
+	if of := m.flights[msg.Origin]; of != nil {
+		known = of.targets
+	}
+	if reason, detail := implausible(&msg, now, known); reason >= 0 {
+		// Nothing of it is applied: its flights neither replace the
+		// peer's last ones nor keep them alive.
+		p.reject(now, reason, detail)
+		m.mu.Unlock()
+		m.handOver(changed)
+		return true
+	}
+	if p.state != stateConnected && p.state != stateRejected {
+		m.log.Info("peer replica connected", "peer", p.addr, "origin", msg.Origin)
+	}
+	if p.state != stateRejected || now.Sub(p.rejectedAt) > rejectHold {
+		p.state, p.reason = stateConnected, ""
+	}
 	switch msg.Kind {
 	case KindPrediction:
 		p.predictions++

@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -117,11 +119,33 @@ type replica struct {
 	done chan struct{}
 }
 
-// startReplica starts a mesh with id on listen, following peers.
+// testKey is the keypair the tests' replicas share unless a test gives
+// its own.
+var testKey = sync.OnceValue(func() Key {
+	k, err := GenerateKey()
+	if err != nil {
+		panic(err)
+	}
+	return k
+})
+
+// keyFile writes k as a key file and returns its path.
+func keyFile(t *testing.T, k Key) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "peer.key")
+	if err := os.WriteFile(path, k.Format(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startReplica starts a mesh with id on listen, following peers, holding
+// the tests' key.
 func startReplica(t *testing.T, id, listen string, res Resolver, peers ...string) *replica {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.ID, cfg.Listen, cfg.Peers = id, listen, peers
+	cfg.KeyFile = keyFile(t, testKey())
 	cfg.ResolveInterval = 100 * time.Millisecond
 	cfg.FlightsInterval = 20 * time.Millisecond
 	return startReplicaConfig(t, cfg, res)
@@ -254,6 +278,8 @@ func TestChangedFlightsLeaveAtOnce(t *testing.T) {
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	cfg := DefaultConfig()
 	cfg.ResolveInterval, cfg.FlightsInterval = 100*time.Millisecond, time.Hour
+	// Insecure: the mesh works the same in the clear.
+	cfg.Insecure = true
 	cfg.ID, cfg.Listen, cfg.Peers = "router-a", addrA, []string{addrB}
 	a := startReplicaConfig(t, cfg, nil)
 	cfg.ID, cfg.Listen, cfg.Peers = "router-b", addrB, []string{addrA}
@@ -311,7 +337,7 @@ prefixrouter_peer_source_resolved{source="dns:routers.test:`+nobodyPort+`"} 0
 
 	// The same listen address twice: the second replica cannot start.
 	cfg := DefaultConfig()
-	cfg.ID, cfg.Listen = "router-c", addrA
+	cfg.ID, cfg.Listen, cfg.Insecure = "router-c", addrA, true
 	m, err := New(cfg, Handlers{}, Deps{})
 	if err != nil {
 		t.Fatal(err)

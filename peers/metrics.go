@@ -29,7 +29,13 @@ var (
 	descLag = prometheus.NewDesc("prefixrouter_peer_lag_seconds",
 		"Send-to-receive time of the peer replica's messages, by the two replicas' clocks (their skew included).", pl, nil)
 	descFault = prometheus.NewDesc("prefixrouter_peer_wiring_fault",
-		"1 while the peer has this fault (silent, incompatible, failed; GET /debug/targets says why), else 0.", []string{"peer", "fault"}, nil)
+		"1 while the peer has this fault (silent, incompatible, failed, rejected; GET /debug/targets says why), else 0.", []string{"peer", "fault"}, nil)
+	descRejected = prometheus.NewDesc("prefixrouter_peer_messages_rejected_total",
+		"Messages from the peer replica dropped unapplied, by reason: malformed, version, clock (sent time over a minute from this replica's), in_flight, queued_tokens, targets, keys, deadline (beyond what one replica reports).", []string{"peer", "reason"}, nil)
+	descRefused = prometheus.NewDesc("prefixrouter_peer_handshakes_refused_total",
+		"Connections to --peer-listen refused because the client does not hold --peer-key-file.", nil, nil)
+	descInsecure = prometheus.NewDesc("prefixrouter_peer_insecure",
+		"1 while the mesh runs without a key (--peer-insecure): in the clear, believing any process at a --peers address.", nil, nil)
 	descResolved = prometheus.NewDesc("prefixrouter_peer_source_resolved",
 		"1 while the --peers entry's last resolution succeeded, else 0.", []string{"source"}, nil)
 	descResolveErrors = prometheus.NewDesc("prefixrouter_peer_source_resolve_errors_total",
@@ -43,9 +49,9 @@ var (
 )
 
 var allDescs = []*prometheus.Desc{descConnected, descMessages, descPredictions, descBlocks, descWithdrawals, descLost,
-	descDecodeErrors, descLag, descFault, descResolved, descResolveErrors, descAddresses, descSent, descDropped}
+	descDecodeErrors, descLag, descFault, descRejected, descRefused, descInsecure, descResolved, descResolveErrors, descAddresses, descSent, descDropped}
 
-var faultNames = []string{stateSilent, stateIncompatible, stateFailed}
+var faultNames = []string{stateSilent, stateIncompatible, stateFailed, stateRejected}
 
 // collector produces every series at scrape time from the mesh.
 type collector struct{ m *Mesh }
@@ -85,6 +91,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for _, f := range faultNames {
 			gauge(descFault, b2f(p.fault() == f), a, f)
 		}
+		for r, n := range p.rejected {
+			counter(descRejected, n, a, rejectNames[r])
+		}
 	}
 	for _, s := range m.sources {
 		gauge(descResolved, b2f(s.lastErr == "" && !s.lastOK.IsZero()), s.spec.Text)
@@ -95,6 +104,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descSent, m.sent[k].Load(), k.String())
 	}
 	counter(descDropped, m.dropped.Load())
+	gauge(descInsecure, b2f(m.key == nil))
+	if m.key != nil {
+		counter(descRefused, m.refusedN.Load())
+	}
 }
 
 func b2f(b bool) float64 {

@@ -26,6 +26,9 @@ const (
 	stateFailed = "failed"
 	// stateSelf: the address is this replica's own.
 	stateSelf = "self"
+	// stateRejected: it sent a message this replica dropped, unreadable
+	// or beyond what a replica reports (plausible.go), within rejectHold.
+	stateRejected = "rejected"
 )
 
 // peer is one followed address. Guarded by the mesh's lock, save cancel.
@@ -43,8 +46,12 @@ type peer struct {
 	predictedBlocks, lost, restarts    uint64
 	decodeErrors                       uint64
 	lastError                          string
-	lag                                *lagStats
-	faultLogged                        time.Time
+	// rejected counts the messages dropped, by reason; rejectedAt is when
+	// the last was.
+	rejected    [numRejectReasons]uint64
+	rejectedAt  time.Time
+	lag         *lagStats
+	faultLogged time.Time
 }
 
 func (p *peer) stop() {
@@ -54,19 +61,32 @@ func (p *peer) stop() {
 }
 
 // connected reports whether p is heard from.
-func (p *peer) connected() bool { return p.state == stateConnected }
+func (p *peer) connected() bool { return p.state == stateConnected || p.state == stateRejected }
+
+// reject counts a message of p's dropped at now for reason.
+func (p *peer) reject(now time.Time, reason int, detail string) {
+	p.rejected[reason]++
+	p.rejectedAt = now
+	p.state, p.reason = stateRejected, rejectNames[reason]+": "+detail
+}
 
 // judge updates p's state at now: a peer that went quiet is silent, and a
 // fault is logged when found and once a minute while it lasts.
 func (p *peer) judge(now time.Time, m *Mesh) {
 	switch p.state {
+	case stateRejected:
+		if now.Sub(p.lastMessage) > m.silentAfter() {
+			p.state, p.reason = stateSilent, "no message for "+m.silentAfter().String()+" (its last were rejected: "+p.reason+")"
+		} else if now.Sub(p.rejectedAt) > rejectHold {
+			p.state, p.reason = stateConnected, ""
+		}
 	case stateConnected:
 		if now.Sub(p.lastMessage) > m.silentAfter() {
 			p.state, p.reason = stateSilent, "no message for "+m.silentAfter().String()+": the replica went away or cannot reach this one"
 		}
 	case stateConnecting:
 		if now.Sub(p.since) > connectGrace {
-			p.state, p.reason = stateSilent, "no message since subscribing "+connectGrace.String()+" ago: check that the replica runs with --peer-listen on this address and port, and that the port is reachable"
+			p.state, p.reason = stateSilent, "no message since subscribing "+connectGrace.String()+" ago: check that the replica runs with --peer-listen on this address and port, that the port is reachable, and that both hold the same --peer-key-file (or both run --peer-insecure)"
 		}
 	}
 	if p.fault() != "" && now.Sub(p.faultLogged) >= time.Minute {
@@ -81,7 +101,7 @@ func (p *peer) judge(now time.Time, m *Mesh) {
 // should be heard from and is not.
 func (p *peer) fault() string {
 	switch p.state {
-	case stateSilent, stateIncompatible, stateFailed:
+	case stateSilent, stateIncompatible, stateFailed, stateRejected:
 		return p.state
 	}
 	return ""

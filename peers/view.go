@@ -12,6 +12,11 @@ import (
 type View struct {
 	ID     string `json:"replica_id"`
 	Listen string `json:"listen"`
+	// Security is "curve" (--peer-key-file) or "insecure"
+	// (--peer-insecure); HandshakesRefused counts the connections refused
+	// for not holding the key.
+	Security          string `json:"security"`
+	HandshakesRefused uint64 `json:"handshakes_refused"`
 	// Sources are the --peers entries and what they resolve to.
 	Sources []SourceView `json:"sources"`
 	// Peers are the addresses followed: every resolved address, this
@@ -48,7 +53,7 @@ type PeerView struct {
 	Reason    string `json:"reason,omitempty"`
 	Connected bool   `json:"connected"`
 	// Fault is the state when it is a wiring fault (silent, incompatible,
-	// failed).
+	// failed, rejected).
 	Fault           string    `json:"fault,omitempty"`
 	Since           time.Time `json:"since"`
 	LastMessage     time.Time `json:"last_message,omitzero"`
@@ -60,7 +65,10 @@ type PeerView struct {
 	Restarts        uint64    `json:"restarts"`
 	DecodeErrors    uint64    `json:"decode_errors"`
 	LastError       string    `json:"last_error,omitempty"`
-	Lag             LagView   `json:"lag"`
+	// Rejected counts its messages dropped unapplied, by reason (those
+	// with none left out).
+	Rejected map[string]uint64 `json:"rejected,omitempty"`
+	Lag      LagView           `json:"lag"`
 	// Flights is its last report of in-flight work, summed over targets.
 	Flights FlightsView `json:"flights"`
 }
@@ -84,7 +92,13 @@ type FlightsView struct {
 // View describes the mesh now.
 func (m *Mesh) View() View {
 	v := View{ID: m.cfg.ID, Listen: m.cfg.Listen, Sources: []SourceView{}, Peers: []PeerView{},
-		Sent: map[string]uint64{}, Dropped: m.dropped.Load(), SilentAfterS: m.silentAfter().Seconds()}
+		Sent: map[string]uint64{}, Dropped: m.dropped.Load(), SilentAfterS: m.silentAfter().Seconds(), Security: "insecure"}
+	if m.key != nil {
+		v.Security = "curve"
+	}
+	if m.key != nil {
+		v.HandshakesRefused = m.refusedN.Load()
+	}
 	for _, k := range kinds {
 		v.Sent[k.String()] = m.sent[k].Load()
 	}
@@ -101,6 +115,14 @@ func (m *Mesh) View() View {
 			Withdrawals: p.withdrawals, Lost: p.lost, Restarts: p.restarts, DecodeErrors: p.decodeErrors,
 			LastError: p.lastError,
 			Lag:       LagView{Samples: p.lag.n, LastS: p.lag.last, MaxS: p.lag.max}}
+		for r, n := range p.rejected {
+			if n > 0 {
+				if pv.Rejected == nil {
+					pv.Rejected = map[string]uint64{}
+				}
+				pv.Rejected[rejectNames[r]] = n
+			}
+		}
 		if p.lag.n > 0 {
 			pv.Lag.MeanS = p.lag.sum / float64(p.lag.n)
 		}

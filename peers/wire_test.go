@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -161,10 +162,31 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add([]byte{0x96, 0x01, 0xa1, 'r', 0x00, 0x01, 0x01, 0x98, 0x01, 0xa1, 'e', 0x00, 0x00, 0xa0, 0xa0, 0x10, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x96, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff})
+	// Readable, but beyond what a replica reports (plausible.go).
+	pod := target.ID{Endpoint: "http://pod:8000"}
+	for _, m := range []Message{
+		{Origin: "r", Sent: sentAt, Seq: 1, Kind: KindFlights, Flights: []TargetFlights{{Target: pod, InFlight: 1, QueuedUncachedTokens: 1 << 60}}},
+		{Origin: "r", Sent: sentAt, Seq: 1, Kind: KindFlightsUpdate, Flights: []TargetFlights{{Target: pod, InFlight: 1 << 40}}},
+		{Origin: "r", Sent: sentAt, Seq: 1, Kind: KindPrediction, Prediction: Prediction{Placement: 1, Target: pod,
+			Deadline: sentAt.Add(24 * time.Hour), Model: "m", BlockSize: 1 << 30, Keys: []kvindex.Key{1, 2}}},
+		{Origin: "r", Sent: time.Unix(0, math.MinInt64), Seq: 1, Kind: KindBye},
+	} {
+		b, err := Encode(nil, &m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b)
 		if err != nil {
 			return
+		}
+		// The bounds judge whatever decodes, at any clock.
+		for _, now := range []time.Time{m.Sent, sentAt, time.Unix(0, math.MaxInt64)} {
+			if r, detail := implausible(&m, now, nil); r >= numRejectReasons || r >= 0 && detail == "" {
+				t.Fatalf("implausible: %d %q", r, detail)
+			}
 		}
 		again, err := Encode(nil, &m)
 		if err != nil {

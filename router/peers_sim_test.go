@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	zmq "github.com/pebbe/zmq4"
 
 	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/health"
@@ -143,10 +146,12 @@ func startReplicas(t *testing.T, f *sim.Fleet, n int, share bool, tune func(*Con
 		addrs[i] = publishtest.FreeAddr(t, 1)
 	}
 	rs := make([]*Router, n)
+	key := peerKeyFile(t)
 	for i := range rs {
 		cfg := specConfig(f)
 		if share {
 			cfg.Peers.ID, cfg.Peers.Listen, cfg.Peers.Peers = fmt.Sprint("router-", i), addrs[i], addrs
+			cfg.Peers.KeyFile = key
 			cfg.Peers.FlightsInterval = 50 * time.Millisecond
 		}
 		if tune != nil {
@@ -159,6 +164,20 @@ func startReplicas(t *testing.T, f *sim.Fleet, n int, share bool, tune func(*Con
 		waitFor(t, "block keys learned from the pods", r.KeysReady)
 	}
 	return rs, addrs
+}
+
+// peerKeyFile writes a new key file for one group of replicas.
+func peerKeyFile(t *testing.T) string {
+	t.Helper()
+	k, err := peers.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "peer.key")
+	if err := os.WriteFile(path, k.Format(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func peerState(v peers.View, addr string) string { return peerOf(v, addr).State }
@@ -306,4 +325,72 @@ func peerOf(v peers.View, addr string) peers.PeerView {
 		}
 	}
 	return peers.PeerView{}
+}
+
+// TestSimRoguePeerSteersNothing: a process at a --peers address that does
+// not hold the key publishes what the finding's rogue did: the holder of a
+// prefix loaded with 2^30 queued tokens (within what a replica may
+// report: only the key keeps it out). A replica with the key routes a
+// follower of the prefix to its holder as if the rogue were not there; a
+// replica in the clear beside it, the control, takes the load and sends
+// the follower away.
+func TestSimRoguePeerSteersNothing(t *testing.T) {
+	t.Parallel()
+	f := startFleet(t, 2, sim.Faults{})
+	rogueAddr := publishtest.FreeAddr(t, 1)
+	rogue, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rogue.Close()
+	_ = rogue.SetLinger(0)
+	if err := rogue.Bind(rogueAddr); err != nil {
+		t.Fatal(err)
+	}
+	keyed, _ := startReplicas(t, f, 1, true, func(c *Config) { c.Peers.Peers = append(c.Peers.Peers, rogueAddr) })
+	clear, _ := startReplicas(t, f, 1, true, func(c *Config) {
+		c.Peers.ID, c.Peers.KeyFile, c.Peers.Insecure = "router-clear", "", true
+		c.Peers.Peers = append(c.Peers.Peers, rogueAddr)
+	})
+	g := &specRig{t: t, f: f, r: keyed[0]}
+	holder := g.send(g.body("", 0)).target
+	var id peers.TargetFlights
+	for _, tg := range keyed[0].mon.Snapshot().Targets {
+		if tg.Name == holder {
+			id.Target = tg.ID
+		}
+	}
+	follower := g.body("", 1)
+	for _, r := range []*Router{keyed[0], clear[0]} {
+		waitFor(t, "the prefix confirmed on its holder", func() bool {
+			return candidateByName(dryRun(t, r, "/v1/completions", follower), holder).ConfirmedBlocks >= specPrefixBlocks-1
+		})
+	}
+	id.InFlight, id.Prefilling, id.QueuedUncachedTokens = 64, 64, 1<<30
+	var seq uint64
+	waitFor(t, "the rogue's load taken by the replica in the clear", func() bool {
+		seq++
+		b, err := peers.Encode(nil, &peers.Message{Origin: "rogue", Sent: time.Now(), Seq: seq, Kind: peers.KindFlights,
+			Flights: []peers.TargetFlights{id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rogue.SendBytes(b, zmq.DONTWAIT); err != nil {
+			t.Fatal(err)
+		}
+		tg, _ := clear[0].mon.Snapshot().Target(id.Target)
+		return tg.Busy().Peers.QueuedUncachedTokens == 1<<30
+	})
+	if d := dryRun(t, clear[0], "/v1/completions", follower); decisionName(d) == holder {
+		t.Fatalf("the control kept the follower on the loaded holder: %+v", d.Decision)
+	}
+	if tg, _ := keyed[0].mon.Snapshot().Target(id.Target); !tg.Busy().Peers.IsZero() {
+		t.Fatalf("the rogue's load reached the keyed replica: %+v", tg.Busy().Peers)
+	}
+	if d := dryRun(t, keyed[0], "/v1/completions", follower); decisionName(d) != holder {
+		t.Fatalf("the keyed replica sent the follower away from its holder %s: %+v", holder, d.Decision)
+	}
+	if v, _ := keyed[0].PeersView(); peerOf(v, rogueAddr).Messages != 0 {
+		t.Fatalf("the keyed replica heard the rogue: %+v", peerOf(v, rogueAddr))
+	}
 }

@@ -5,11 +5,14 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/prefixrouter/prefixrouter/peers"
 )
 
 // clearEnv unsets every PREFIXROUTER_ variable for the test (restored
@@ -58,7 +61,7 @@ func TestUnknownFlagsAndCommandsNameWhatWasMeant(t *testing.T) {
 		{[]string{"serve", "--bogus"}, "unknown flag --bogus"},
 		{[]string{"serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"evnets"}, "unknown command evnets (did you mean events?)"},
-		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, bench, sim, events, tokenize, ttl-advise, version, help, h)"},
+		{[]string{"route"}, "unknown command route (commands: hash, serve, demo, bench, sim, events, tokenize, ttl-advise, peer-keygen, version, help, h)"},
 		{[]string{"help", "serv"}, "unknown command serv (did you mean serve?)"},
 		{[]string{"help", "serve", "sim"}, `unexpected argument "sim" (help takes one command)`},
 		{[]string{"serve", "http://h:8000"}, `unexpected argument "http://h:8000" (give every value with its flag, e.g. --NAME VALUE)`},
@@ -319,8 +322,47 @@ func FuzzHashCommandLine(f *testing.F) {
 func TestBadPeersExitTwo(t *testing.T) {
 	clearEnv(t)
 	wantUsageLine(t, `--peers "10.0.0.5:5571": want tcp://HOST:PORT or dns:NAME:PORT`,
-		"serve", "--endpoint", "http://127.0.0.1:1", "--peer-listen", "tcp://127.0.0.1:5571", "--peers", "10.0.0.5:5571")
+		"serve", "--endpoint", "http://127.0.0.1:1", "--peer-listen", "tcp://127.0.0.1:5571", "--peer-insecure", "--peers", "10.0.0.5:5571")
+	wantUsageLine(t, "--peer-listen needs --peer-key-file PATH, the CURVE keypair the replicas share (`prefixrouter peer-keygen` writes one), or --peer-insecure to let anyone who reaches the port read the mesh and any process at a --peers address steer it",
+		"serve", "--endpoint", "http://127.0.0.1:1", "--peer-listen", "tcp://127.0.0.1:5571")
+	bad := filepath.Join(t.TempDir(), "peer.key")
+	if err := os.WriteFile(bad, []byte("secret=abc\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantUsageLine(t, "router: --peer-key-file "+bad+": line 1: secret is not a 40-character Z85 key",
+		"serve", "--endpoint", "http://127.0.0.1:1", "--peer-listen", "tcp://127.0.0.1:5571", "--peer-key-file", bad)
 	t.Setenv("PREFIXROUTER_PEERS", "tcp://10.0.0.5:5571,dns:routers.default.svc:5571")
 	wantUsageLine(t, "--peers needs --peer-listen: replicas share with each other, so each must publish too",
 		"serve", "--endpoint", "http://127.0.0.1:1")
+}
+
+// TestPeerKeygen: the command writes a key file serve reads, to a file
+// it creates (mode 0600, never overwritten) or to standard output.
+func TestPeerKeygen(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "peer.key")
+	if _, errOut, code := runCLI(t, "", "peer-keygen", "--out", path); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	k, err := peers.LoadKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUsageLine(t, "--out "+path+" exists: a key is never overwritten (the replicas holding it would be shut out)",
+		"peer-keygen", "--out", path)
+	if again, err := peers.LoadKey(path); err != nil || again != k {
+		t.Fatalf("the key changed: %v", err)
+	}
+	out, _, code := runCLI(t, "", "peer-keygen")
+	other, err := peers.ParseKey([]byte(out))
+	if code != 0 || err != nil || other == k {
+		t.Fatalf("standard output: exit %d, %v, same key %v", code, err, other == k)
+	}
 }

@@ -91,6 +91,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			eventsCommand(),
 			tokenizeCommand(stderr),
 			ttlAdviseCommand(stderr),
+			peerKeygenCommand(),
 			versionCommand(),
 			helpCommand(),
 		},

@@ -159,6 +159,8 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		replicas.list("peers", "the other router replicas: tcp://HOST:PORT, or dns:NAME:PORT for a headless Service, re-resolved; this replica's own address is skipped (repeatable)", &pr.Peers),
 		defaultText(replicas.str("replica-id", "this replica's name to its peers (the origin label of the predictions it shares)", &pr.ID), "host name:peer port"),
 		replicas.dur("peers-resolve-interval", "how often --peers names are re-resolved", &pr.ResolveInterval),
+		replicas.str("peer-key-file", "file of the CURVE keypair the replicas of one deployment share (`prefixrouter peer-keygen` writes one): only processes holding it can publish to this replica or read what it publishes", &pr.KeyFile),
+		replicas.bool("peer-insecure", "run the mesh without --peer-key-file: in the clear, believing any process at a --peers address", &pr.Insecure),
 		replicas.dur("peer-flights-interval", "how often this replica sends all its in-flight work to its peers (a change on a target leaves at once); also the heartbeat: a peer silent for 3 intervals, at least 1s, is lost", &pr.FlightsInterval),
 	}
 }

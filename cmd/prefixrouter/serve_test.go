@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -203,6 +204,12 @@ func TestServeReplicasShare(t *testing.T) {
 	defer fleet.Close()
 	peerA, peerB := "tcp://"+freePort(t), "tcp://"+freePort(t)
 	t.Setenv("PREFIXROUTER_PEERS", peerA+","+peerB)
+	// The replicas share a key the keygen command wrote.
+	key := filepath.Join(t.TempDir(), "peer.key")
+	if _, errOut, code := runCLI(t, "", "peer-keygen", "--out", key); code != 0 {
+		t.Fatalf("peer-keygen: exit %d: %s", code, errOut)
+	}
+	t.Setenv("PREFIXROUTER_PEER_KEY_FILE", key)
 	args := []string{"--tokenizer", prof.Model + "=bytes", "--endpoint", fleet.Endpoints()[0], "--policy", "speculative"}
 	var replicas []served
 	for _, listen := range []string{peerA, peerB} {
@@ -221,7 +228,8 @@ func TestServeReplicasShare(t *testing.T) {
 		for {
 			var v struct {
 				Peers struct {
-					Peers []struct {
+					Security string `json:"security"`
+					Peers    []struct {
 						Peer      string `json:"peer"`
 						State     string `json:"state"`
 						Connected bool   `json:"connected"`
@@ -245,6 +253,9 @@ func TestServeReplicasShare(t *testing.T) {
 				}
 			}
 			if connected && self == 1 {
+				if v.Peers.Security != "curve" {
+					t.Fatalf("replica %d's mesh is %q", i, v.Peers.Security)
+				}
 				break
 			}
 			if time.Now().After(deadline) {
