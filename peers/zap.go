@@ -130,9 +130,9 @@ func zapAnswer(req [][]byte) [][]byte {
 		}
 		return reply(id, "500", "malformed ZAP request")
 	}
-	id, domain, address, mechanism := req[1], string(req[2]), string(req[3]), string(req[5])
+	id, address, mechanism := req[1], string(req[3]), string(req[5])
 	zapState.mu.Lock()
-	d := zapState.domains[domain]
+	d := zapState.domains[string(req[2])]
 	zapState.mu.Unlock()
 	if d == nil {
 		if mechanism == "NULL" {

@@ -197,8 +197,6 @@ func (b *requestBody) hold(n int) bool {
 	return b.f.inFlight.Add(int64(n)) <= b.f.budget
 }
 
-var errBodyIdle = errors.New("request body idle")
-
 // readBody reads the request body from the connection as it arrives:
 // refused beyond --max-body-bytes (by its declared length at once, or by
 // what arrived), beyond the body budget, or when the client sends nothing
