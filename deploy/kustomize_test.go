@@ -221,3 +221,96 @@ func TestRouterDeployment(t *testing.T) {
 		}
 	}
 }
+
+// monitoringLabel is the namespace label the operator sets where Prometheus
+// runs; the NetworkPolicy admits the admin port from those namespaces only
+// (docs/operations.md, "The admin port").
+const monitoringLabel = "prefixrouter.io/monitoring"
+
+// TestAdminPortOnlyFromMonitoring: in every kustomization with a router,
+// the NetworkPolicies that select its pods admit the admin port (metrics,
+// /debug, the dry run) only from namespaces labelled monitoringLabel, and
+// do admit it from there (the ServiceMonitor's scrapes), while the API
+// port stays open to every client.
+func TestAdminPortOnlyFromMonitoring(t *testing.T) {
+	for _, name := range []string{"base", "per-pod", "central", "replicas"} {
+		t.Run(name, func(t *testing.T) {
+			_, o := build(t, kustomizations[name])
+			d := o.deployments["prefixrouter"]
+			if d == nil {
+				t.Fatal("no prefixrouter Deployment")
+			}
+			ports := d.Spec.Template.Spec.Containers[0].Ports
+			policies, scraped, api := 0, false, false
+			for _, np := range o.networkPolicies {
+				if !selects(np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) {
+					continue
+				}
+				policies++
+				for i, rule := range np.Spec.Ingress {
+					if admitsPort(rule.Ports, ports, "http") && len(rule.From) == 0 {
+						api = true
+					}
+					if !admitsPort(rule.Ports, ports, "admin") {
+						continue
+					}
+					if len(rule.From) == 0 {
+						t.Errorf("NetworkPolicy %s rule %d admits the admin port from everywhere", np.Name, i)
+						continue
+					}
+					ok := true
+					for _, peer := range rule.From {
+						if !monitoringOnly(peer) {
+							ok = false
+							t.Errorf("NetworkPolicy %s rule %d admits the admin port from %+v: want namespaces labelled %s: \"true\" only", np.Name, i, peer, monitoringLabel)
+						}
+					}
+					scraped = scraped || ok
+				}
+			}
+			if policies == 0 {
+				t.Fatal("no NetworkPolicy selects the router's pods: the admin port is open to the cluster")
+			}
+			if !scraped {
+				t.Errorf("no NetworkPolicy admits the admin port from the namespaces labelled %s: \"true\": Prometheus cannot scrape", monitoringLabel)
+			}
+			if !api {
+				t.Error("no NetworkPolicy admits the API port from every client")
+			}
+		})
+	}
+}
+
+// monitoringOnly reports whether a peer is pods (any, or some) of the
+// namespaces labelled monitoringLabel, and nothing wider.
+func monitoringOnly(p networkingv1.NetworkPolicyPeer) bool {
+	ns := p.NamespaceSelector
+	return p.IPBlock == nil && ns != nil && len(ns.MatchExpressions) == 0 && ns.MatchLabels[monitoringLabel] == "true"
+}
+
+// admitsPort reports whether a rule's ports include the container port of
+// this name (no ports, or a port without a number, is every port).
+func admitsPort(rulePorts []networkingv1.NetworkPolicyPort, ports []corev1.ContainerPort, name string) bool {
+	if len(rulePorts) == 0 {
+		return true
+	}
+	number := int32(-1)
+	for _, cp := range ports {
+		if cp.Name == name {
+			number = cp.ContainerPort
+		}
+	}
+	for _, p := range rulePorts {
+		switch {
+		case p.Port == nil:
+			return true
+		case p.Port.StrVal == name && p.Port.StrVal != "":
+			return true
+		case p.Port.StrVal == "" && p.Port.IntVal == number:
+			return true
+		case p.Port.StrVal == "" && p.EndPort != nil && p.Port.IntVal <= number && number <= *p.EndPort:
+			return true
+		}
+	}
+	return false
+}

@@ -37,6 +37,11 @@ var (
 	// ErrNotCached: offline (or the hub unreachable) and the cache does not
 	// hold the file.
 	ErrNotCached = errors.New("not in the hub cache")
+	// ErrTooLarge: the file is larger than Config.MaxFileSize.
+	ErrTooLarge = errors.New("file larger than the hub download cap (PREFIXROUTER_HUB_MAX_FILE_SIZE)")
+	// ErrPlainHTTP: a plain http endpoint or redirect that Config.AllowHTTP
+	// does not accept.
+	ErrPlainHTTP = errors.New("plain http is refused")
 )
 
 // StatusError is an HTTP answer other than success.
@@ -107,9 +112,21 @@ type Client struct {
 	log  *slog.Logger
 	head *http.Client // follows no redirect: a relative one by hand, a CDN's is the download location
 	get  *http.Client
+	// plainOK: plain http locations are accepted (AllowHTTP, or a plain
+	// endpoint on loopback); the token never goes to one.
+	plainOK bool
+	// endpointErr refuses every request to a plain endpoint not allowed.
+	endpointErr error
 }
 
-const maxBackoff = 8 * time.Second
+const (
+	maxBackoff   = 8 * time.Second
+	maxRedirects = 10
+)
+
+// errRedirect: a redirect the client does not follow; asking again would
+// get the same one.
+var errRedirect = errors.New("a refused redirect")
 
 // New returns a client; zero Config fields take their defaults.
 func New(cfg Config) *Client {
@@ -138,14 +155,45 @@ func New(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Client{
+	if cfg.MaxFileSize <= 0 {
+		cfg.MaxFileSize = DefaultMaxFileSize
+	}
+	c := &Client{
 		cfg: cfg,
 		log: cfg.Logger.With("component", "hub"),
 		head: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},
-		get: &http.Client{Transport: cfg.Transport},
 	}
+	c.get = &http.Client{Transport: cfg.Transport, CheckRedirect: c.checkRedirect}
+	plain, err := checkEndpoint(cfg.Endpoint, cfg.AllowHTTP)
+	c.endpointErr = err
+	c.plainOK = cfg.AllowHTTP || plain && err == nil
+	if plain && err == nil && cfg.Token != "" {
+		c.log.Warn("the hub endpoint is plain http: HF_TOKEN is not sent to it", "endpoint", cfg.Endpoint)
+	}
+	return c
+}
+
+// checkRedirect is the download's redirect policy. Go's own drops the
+// token on a redirect to another host but keeps it for the same host
+// under another scheme or port; a redirect to plain http is refused
+// unless plain http is accepted, and then goes without the token.
+func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= maxRedirects {
+		return fmt.Errorf("%w: more than %d", errRedirect, maxRedirects)
+	}
+	switch req.URL.Scheme {
+	case "https":
+	case "http":
+		if !c.plainOK {
+			return fmt.Errorf("%w to http://%s: %w (%s)", errRedirect, req.URL.Host, ErrPlainHTTP, EnvAllowHTTP)
+		}
+		req.Header.Del("Authorization")
+	default:
+		return fmt.Errorf("%w to scheme %q", errRedirect, req.URL.Scheme)
+	}
+	return nil
 }
 
 // CacheDir is the hub cache directory.
@@ -166,10 +214,14 @@ type File struct {
 // not have is ErrEntryNotFound (with File.Commit set when the hub said
 // which commit it looked at).
 func (c *Client) Download(ctx context.Context, ref Ref, file string) (File, error) {
+	rc, err := c.checkRef(ref, file)
+	if err != nil {
+		return File{}, c.fail(ref, file, err, "")
+	}
 	if isCommit(ref.Revision) {
 		// A commit never changes: what the cache knows of it, file or
 		// absence, stands without asking.
-		f, err := c.cache(ref.Repo).lookup(ref.Revision, file)
+		f, err := rc.lookup(ref.Revision, file)
 		if err == nil {
 			return f, nil
 		}
@@ -178,14 +230,16 @@ func (c *Client) Download(ctx context.Context, ref Ref, file string) (File, erro
 		}
 	}
 	if c.cfg.Offline {
-		f, err := c.cache(ref.Repo).lookup(ref.Revision, file)
+		f, err := rc.lookup(ref.Revision, file)
 		return f, c.fail(ref, file, err, " (HF_HUB_OFFLINE is set)")
+	}
+	if c.endpointErr != nil {
+		return File{}, c.fail(ref, file, c.endpointErr, "")
 	}
 	m, err := c.metadata(ctx, ref, file)
 	if err != nil {
-		return c.withoutHub(ref, file, m, err)
+		return c.withoutHub(rc, ref, file, m, err)
 	}
-	rc := c.cache(ref.Repo)
 	// The ref serves later offline use; a cache that is read-only but
 	// already holds the file must still work.
 	if err := rc.writeRef(ref.Revision, m.commit); err != nil {
@@ -202,6 +256,9 @@ func (c *Client) Download(ctx context.Context, ref Ref, file string) (File, erro
 	blob, err := rc.blob(m.etag)
 	if err != nil {
 		return File{}, c.fail(ref, file, err, "")
+	}
+	if m.size > c.cfg.MaxFileSize {
+		return File{}, c.fail(ref, file, fmt.Errorf("%w: the hub says %d bytes, the cap is %d", ErrTooLarge, m.size, c.cfg.MaxFileSize), "")
 	}
 	if !regular(blob) {
 		err := c.retry(ctx, "GET "+ref.String()+" "+file, func(ctx context.Context) error {
@@ -220,25 +277,48 @@ func (c *Client) Download(ctx context.Context, ref Ref, file string) (File, erro
 // Exists reports whether the repository has file at ref, asking the hub
 // (HEAD only) or, offline, the cache.
 func (c *Client) Exists(ctx context.Context, ref Ref, file string) (bool, error) {
+	rc, err := c.checkRef(ref, file)
+	if err != nil {
+		return false, c.fail(ref, file, err, "")
+	}
 	if c.cfg.Offline {
-		_, err := c.cache(ref.Repo).lookup(ref.Revision, file)
+		_, err := rc.lookup(ref.Revision, file)
 		if errors.Is(err, ErrEntryNotFound) {
 			return false, nil
 		}
 		return err == nil, err
 	}
-	_, err := c.metadata(ctx, ref, file)
+	if c.endpointErr != nil {
+		return false, c.fail(ref, file, c.endpointErr, "")
+	}
+	_, err = c.metadata(ctx, ref, file)
 	if errors.Is(err, ErrEntryNotFound) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
+// checkRef refuses a reference or file name that could not name a path in
+// the cache (a Ref may be built without ParseRef), before anything is asked
+// or written.
+func (c *Client) checkRef(ref Ref, file string) (repoCache, error) {
+	rc, err := c.cache(ref.Repo)
+	if err != nil {
+		return repoCache{}, err
+	}
+	if err := validRevision(ref.Revision); err != nil {
+		return repoCache{}, err
+	}
+	if _, err := relPath(file); err != nil {
+		return repoCache{}, err
+	}
+	return rc, nil
+}
+
 // withoutHub answers a Download whose HEAD failed: a missing file is
 // remembered in .no_exist; otherwise the cache answers as it would offline,
 // and the hub's error stands when it cannot.
-func (c *Client) withoutHub(ref Ref, file string, m metadata, err error) (File, error) {
-	rc := c.cache(ref.Repo)
+func (c *Client) withoutHub(rc repoCache, ref Ref, file string, m metadata, err error) (File, error) {
 	if errors.Is(err, ErrEntryNotFound) {
 		if m.commit != "" {
 			// Remembering is an optimisation for offline use: failing to
@@ -257,7 +337,7 @@ func (c *Client) withoutHub(ref Ref, file string, m metadata, err error) (File, 
 	}
 	f, cerr := rc.lookup(ref.Revision, file)
 	if cerr == nil {
-		c.log.Warn("hub unreachable; using the cached file", "repo", ref.Repo, "revision", ref.Revision, "file", file, "commit", f.Commit, "err", err)
+		c.log.Warn("hub unreachable or its answer unusable; using the cached file", "repo", ref.Repo, "revision", ref.Revision, "file", file, "commit", f.Commit, "err", err)
 		return f, nil
 	}
 	if errors.Is(cerr, ErrEntryNotFound) {
@@ -298,13 +378,16 @@ func (c *Client) metadata(ctx context.Context, ref Ref, file string) (metadata, 
 	var m metadata
 	err := c.retry(ctx, "HEAD "+ref.String()+" "+file, func(ctx context.Context) error {
 		var err error
-		m, err = c.headOnce(ctx, c.resolveURL(ref, file))
+		m, err = c.headOnce(ctx, ref, c.resolveURL(ref, file))
 		return err
 	})
 	return m, err
 }
 
-func (c *Client) headOnce(ctx context.Context, target string) (metadata, error) {
+// headOnce asks once, following relative redirects. Every header that
+// will become a path (X-Repo-Commit, the ETag) is checked here, so that a
+// hub's unusable answer writes nothing.
+func (c *Client) headOnce(ctx context.Context, ref Ref, target string) (metadata, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.MetadataTimeout)
 	defer cancel()
 	u, err := url.Parse(target)
@@ -325,6 +408,9 @@ func (c *Client) headOnce(ctx context.Context, target string) (metadata, error) 
 		}
 		resp.Body.Close()
 		m := metadata{commit: resp.Header.Get("X-Repo-Commit")}
+		if m.commit != "" && !isCommit(m.commit) {
+			return metadata{}, fmt.Errorf("HEAD %s: %s: the hub answered X-Repo-Commit %q, not a commit (40 lowercase hex digits)", u, ref.Repo, m.commit)
+		}
 		if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 			raw := resp.Header.Get("Location")
 			rel, err := url.Parse(raw)
@@ -335,6 +421,9 @@ func (c *Client) headOnce(ctx context.Context, target string) (metadata, error) 
 				// Relative: the repository was renamed. Ask again, token and all.
 				u = u.ResolveReference(rel)
 				continue
+			}
+			if err := c.checkLocation(rel); err != nil {
+				return metadata{}, fmt.Errorf("HEAD %s: HTTP %d: %w", u, resp.StatusCode, err)
 			}
 			m.location = rel.String()
 		} else if resp.StatusCode != http.StatusOK {
@@ -349,6 +438,9 @@ func (c *Client) headOnce(ctx context.Context, target string) (metadata, error) 
 		if m.etag == "" {
 			return metadata{}, fmt.Errorf("HEAD %s: no ETag: the file cannot be cached reliably", u)
 		}
+		if err := checkSegment(m.etag); err != nil {
+			return metadata{}, fmt.Errorf("HEAD %s: %s: the ETag %q cannot name a cache file: %w", u, ref.Repo, m.etag, err)
+		}
 		m.size = -1
 		if s := firstHeader(resp.Header, "X-Linked-Size", "Content-Length"); s != "" {
 			if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
@@ -356,10 +448,25 @@ func (c *Client) headOnce(ctx context.Context, target string) (metadata, error) 
 			}
 		}
 		lu, _ := url.Parse(m.location)
-		m.sameHost = lu != nil && lu.Host == u.Host
+		m.sameHost = lu != nil && lu.Scheme == u.Scheme && lu.Host == u.Host
 		return m, nil
 	}
 	return metadata{}, fmt.Errorf("HEAD %s: more than %d redirects", target, maxRelativeRedirects)
+}
+
+// checkLocation accepts an absolute download location: https, or plain
+// http when it is accepted.
+func (c *Client) checkLocation(loc *url.URL) error {
+	switch {
+	case loc.Scheme == "https" && loc.Host != "":
+		return nil
+	case loc.Scheme == "http" && loc.Host != "":
+		if c.plainOK {
+			return nil
+		}
+		return fmt.Errorf("%w to http://%s: %w (%s)", errRedirect, loc.Host, ErrPlainHTTP, EnvAllowHTTP)
+	}
+	return fmt.Errorf("%w to %s://%s: not an https URL", errRedirect, loc.Scheme, loc.Host)
 }
 
 func firstHeader(h http.Header, names ...string) string {
@@ -376,9 +483,11 @@ func normalizeETag(e string) string {
 	return strings.Trim(strings.TrimPrefix(e, "W/"), `"`)
 }
 
+// authorize adds the token, to an https request only: over plain http any
+// host on the way could read it.
 func (c *Client) authorize(req *http.Request) {
 	req.Header.Set("User-Agent", c.cfg.UserAgent)
-	if c.cfg.Token != "" {
+	if c.cfg.Token != "" && req.URL.Scheme == "https" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	}
 }
@@ -417,6 +526,10 @@ func (c *Client) fetch(ctx context.Context, m metadata, blob string) (err error)
 	if resp.StatusCode != http.StatusOK {
 		return statusError(resp)
 	}
+	limit := c.cfg.MaxFileSize
+	if resp.ContentLength > limit {
+		return fmt.Errorf("GET %s: %w: %d bytes declared, the cap is %d", m.location, ErrTooLarge, resp.ContentLength, limit)
+	}
 	if err := os.MkdirAll(filepath.Dir(blob), 0o755); err != nil {
 		return err
 	}
@@ -426,12 +539,18 @@ func (c *Client) fetch(ctx context.Context, m metadata, blob string) (err error)
 	}
 	defer os.Remove(tmp.Name()) // after the rename there is nothing left to remove
 	sum := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, sum), &stallReader{r: resp.Body, stall: stall, d: c.cfg.ReadTimeout})
+	// The cap counts the bytes that arrive, whatever was declared: one
+	// more than it is enough to know.
+	body := io.LimitReader(&stallReader{r: resp.Body, stall: stall, d: c.cfg.ReadTimeout}, limit+1)
+	n, err := io.Copy(io.MultiWriter(tmp, sum), body)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", m.location, err)
+	}
+	if n > limit {
+		return fmt.Errorf("GET %s: %w: more than %d bytes", m.location, ErrTooLarge, limit)
 	}
 	if m.size >= 0 && n != m.size {
 		return fmt.Errorf("GET %s: %w: %d bytes, the hub said %d", m.location, io.ErrUnexpectedEOF, n, m.size)
@@ -508,7 +627,7 @@ func (c *Client) retry(ctx context.Context, what string, op func(context.Context
 // or corrupt download; not the caller's cancellation, nor a certificate the
 // client refuses.
 func (c *Client) transient(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, errRedirect) || errors.Is(err, ErrTooLarge) {
 		return false
 	}
 	var se *StatusError

@@ -19,6 +19,15 @@
 // A hub that cannot be asked (offline mode, a network failure, a 5xx after
 // the retries, a refused token) leaves the cache as the answer, as
 // huggingface_hub does.
+//
+// The hub is not trusted with the file system or the token: every name that
+// becomes a path (repository, revision, file, the hub's X-Repo-Commit, which
+// must be a commit hash, and its ETag) is checked segment by segment and the
+// path verified to stay inside the cache before anything is written; the
+// token goes over https only, so a plain http endpoint (refused unless on a
+// loopback address or allowed by PREFIXROUTER_HUB_ALLOW_HTTP) and any
+// redirect to plain http (refused unless plain http is accepted) never get
+// it; a file is cut off past Config.MaxFileSize as its bytes arrive.
 package hub
 
 import (
@@ -26,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -40,14 +50,26 @@ const DefaultEndpoint = "https://huggingface.co"
 // DefaultRevision is the revision of a reference that names none.
 const DefaultRevision = "main"
 
+// DefaultMaxFileSize bounds one downloaded file when Config.MaxFileSize is
+// zero: the largest tokenizer.json files published are about 30 MB.
+const DefaultMaxFileSize = 256 << 20
+
 // Config is how the client reaches the hub and where it caches. The zero
 // value of each field takes the default New documents.
 type Config struct {
 	// Endpoint is the hub's base URL (HF_ENDPOINT; DefaultEndpoint).
 	Endpoint string
-	// Token is sent as "Authorization: Bearer" to the endpoint's host and
-	// never to a CDN; it is never logged.
+	// Token is sent as "Authorization: Bearer" to the endpoint's host over
+	// https, never over plain http and never to a CDN; it is never logged.
 	Token string
+	// AllowHTTP accepts a plain http:// Endpoint, and redirects to plain
+	// http (PREFIXROUTER_HUB_ALLOW_HTTP). Without it only an endpoint on a
+	// loopback address may be plain http. The token is not sent over http
+	// either way.
+	AllowHTTP bool
+	// MaxFileSize bounds one file's bytes, counted as they arrive
+	// (PREFIXROUTER_HUB_MAX_FILE_SIZE; DefaultMaxFileSize).
+	MaxFileSize int64
 	// CacheDir is the hub cache directory (HF_HUB_CACHE).
 	CacheDir string
 	// Offline answers from the cache alone (HF_HUB_OFFLINE).
@@ -83,6 +105,9 @@ const (
 	EnvOffline         = "HF_HUB_OFFLINE"
 	EnvEtagTimeout     = "HF_HUB_ETAG_TIMEOUT"
 	EnvDownloadTimeout = "HF_HUB_DOWNLOAD_TIMEOUT"
+	// The router's own: not huggingface_hub's.
+	EnvAllowHTTP   = "PREFIXROUTER_HUB_ALLOW_HTTP"
+	EnvMaxFileSize = "PREFIXROUTER_HUB_MAX_FILE_SIZE"
 )
 
 // ConfigFromEnv reads the hub settings from the environment as
@@ -92,7 +117,10 @@ const (
 // HUGGINGFACE_HUB_CACHE), default HF_HOME/hub with HF_HOME defaulting to
 // $XDG_CACHE_HOME/huggingface or ~/.cache/huggingface; HF_HUB_OFFLINE (or
 // TRANSFORMERS_OFFLINE) true for 1, ON, YES or TRUE; HF_HUB_ETAG_TIMEOUT and
-// HF_HUB_DOWNLOAD_TIMEOUT in whole seconds.
+// HF_HUB_DOWNLOAD_TIMEOUT in whole seconds. Two are the router's own:
+// PREFIXROUTER_HUB_ALLOW_HTTP (true as HF_HUB_OFFLINE is) accepts a plain
+// http HF_ENDPOINT, which is refused otherwise unless it is a loopback
+// address; PREFIXROUTER_HUB_MAX_FILE_SIZE is Config.MaxFileSize in bytes.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	home := expandHome(getenv, getenv(EnvHome))
 	if home == "" {
@@ -103,15 +131,23 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		home = filepath.Join(base, "huggingface")
 	}
 	cfg := Config{
-		Endpoint: strings.TrimRight(firstSet(getenv, EnvEndpoint), "/"),
-		CacheDir: expandHome(getenv, firstSet(getenv, EnvHubCache, "HUGGINGFACE_HUB_CACHE")),
-		Offline:  isTrue(firstSet(getenv, EnvOffline, "TRANSFORMERS_OFFLINE")),
-		Token:    cleanToken(firstSet(getenv, EnvToken, "HUGGING_FACE_HUB_TOKEN")),
+		Endpoint:  strings.TrimRight(firstSet(getenv, EnvEndpoint), "/"),
+		CacheDir:  expandHome(getenv, firstSet(getenv, EnvHubCache, "HUGGINGFACE_HUB_CACHE")),
+		Offline:   isTrue(firstSet(getenv, EnvOffline, "TRANSFORMERS_OFFLINE")),
+		Token:     cleanToken(firstSet(getenv, EnvToken, "HUGGING_FACE_HUB_TOKEN")),
+		AllowHTTP: isTrue(getenv(EnvAllowHTTP)),
 	}
 	if cfg.Endpoint != "" {
-		if u, err := url.Parse(cfg.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return Config{}, fmt.Errorf("%s %q: want an http or https URL", EnvEndpoint, cfg.Endpoint)
+		if _, err := checkEndpoint(cfg.Endpoint, cfg.AllowHTTP); err != nil {
+			return Config{}, err
 		}
+	}
+	if v := getenv(EnvMaxFileSize); v != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n <= 0 {
+			return Config{}, fmt.Errorf("%s %q: want a positive number of bytes", EnvMaxFileSize, v)
+		}
+		cfg.MaxFileSize = n
 	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = filepath.Join(home, "hub")
@@ -142,6 +178,32 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		*t.dst = time.Duration(n) * time.Second
 	}
 	return cfg, nil
+}
+
+// checkEndpoint refuses an endpoint that is not an http or https URL, and
+// a plain http one unless allowed or on a loopback address (a hub in the
+// same pod or a test's): elsewhere the files could be changed on the way.
+// plain reports an http endpoint, to which the token is never sent.
+func checkEndpoint(endpoint string, allowHTTP bool) (plain bool, err error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return false, fmt.Errorf("%s %q: want an http or https URL", EnvEndpoint, endpoint)
+	}
+	if u.Scheme == "https" {
+		return false, nil
+	}
+	if !allowHTTP && !loopback(u.Hostname()) {
+		return true, fmt.Errorf("%s %q: %w: the files would arrive without transport security; use https, or set %s=1 to fetch over http (HF_TOKEN is then not sent)",
+			EnvEndpoint, endpoint, ErrPlainHTTP, EnvAllowHTTP)
+	}
+	return true, nil
+}
+
+// loopback reports whether host is a loopback IP address; a name is not,
+// whatever it resolves to.
+func loopback(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 // firstSet is the value of the first of names that is set and not empty.
@@ -247,8 +309,8 @@ func validRevision(rev string) error {
 		return errors.New("empty revision after '@'")
 	}
 	for seg := range strings.SplitSeq(rev, "/") {
-		if seg == "" || seg == "." || seg == ".." || strings.ContainsAny(seg, "\\\x00") {
-			return fmt.Errorf("revision %q: not a branch, tag or commit", rev)
+		if err := checkSegment(seg); err != nil {
+			return fmt.Errorf("revision %q: not a branch, tag or commit: %w", rev, err)
 		}
 	}
 	return nil

@@ -104,6 +104,15 @@ func TestConfigFromEnv(t *testing.T) {
 			want: Config{CacheDir: "/hf/hub", MetadataTimeout: 3 * time.Second, ReadTimeout: time.Minute}},
 		{name: "bad timeout", env: map[string]string{"HF_HOME": "/hf", "HF_HUB_ETAG_TIMEOUT": "2.5"}, err: "HF_HUB_ETAG_TIMEOUT"},
 		{name: "bad endpoint", env: map[string]string{"HF_HOME": "/hf", "HF_ENDPOINT": "huggingface.co"}, err: "HF_ENDPOINT"},
+		{name: "plain http refused", env: map[string]string{"HF_HOME": "/hf", "HF_ENDPOINT": "http://hf-mirror.example"}, err: "PREFIXROUTER_HUB_ALLOW_HTTP=1"},
+		{name: "plain http allowed", env: map[string]string{"HF_HOME": "/hf", "HF_ENDPOINT": "http://hf-mirror.example", "PREFIXROUTER_HUB_ALLOW_HTTP": "1"},
+			want: Config{Endpoint: "http://hf-mirror.example", CacheDir: "/hf/hub", AllowHTTP: true}},
+		{name: "plain http on loopback", env: map[string]string{"HF_HOME": "/hf", "HF_ENDPOINT": "http://127.0.0.1:8080"},
+			want: Config{Endpoint: "http://127.0.0.1:8080", CacheDir: "/hf/hub"}},
+		{name: "plain http to localhost is a name", env: map[string]string{"HF_HOME": "/hf", "HF_ENDPOINT": "http://localhost:8080"}, err: "HF_ENDPOINT"},
+		{name: "file size cap", env: map[string]string{"HF_HOME": "/hf", "PREFIXROUTER_HUB_MAX_FILE_SIZE": "1048576"},
+			want: Config{CacheDir: "/hf/hub", MaxFileSize: 1 << 20}},
+		{name: "bad file size cap", env: map[string]string{"HF_HOME": "/hf", "PREFIXROUTER_HUB_MAX_FILE_SIZE": "0"}, err: "PREFIXROUTER_HUB_MAX_FILE_SIZE"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,6 +148,9 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func newClient(t *testing.T, s *hubtest.Server, cfg Config) *Client {
 	t.Helper()
 	cfg.Endpoint = s.URL()
+	if cfg.Transport == nil {
+		cfg.Transport = s.Transport()
+	}
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = t.TempDir()
 	}
@@ -152,7 +164,7 @@ func newClient(t *testing.T, s *hubtest.Server, cfg Config) *Client {
 }
 
 func TestDownloadWritesTheHubCacheLayout(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	files := testFiles()
 	repo := s.AddRepo("org/model", files)
 	c := newClient(t, s, Config{Token: "hf_secret"})
@@ -220,7 +232,7 @@ func TestDownloadWritesTheHubCacheLayout(t *testing.T) {
 }
 
 func TestDownloadReusesAnotherToolsCache(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	files := testFiles()
 	repo := s.AddRepo("org/model", files)
 	cache := t.TempDir()
@@ -257,7 +269,7 @@ func TestDownloadErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := hubtest.New(t)
+			s := hubtest.NewTLS(t)
 			repo := s.AddRepo("org/model", testFiles())
 			s.Tag("org/model", "v1")
 			s.AddRepo("org/gated", testFiles())
@@ -292,7 +304,7 @@ func TestDownloadErrors(t *testing.T) {
 }
 
 func TestDownloadFollowsARenamedRepository(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	files := testFiles()
 	s.AddRepo("org/new-name", files)
 	s.Rename("org/old-name", "org/new-name")
@@ -325,7 +337,7 @@ func TestDownloadRetriesTransientFailures(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := hubtest.New(t)
+			s := hubtest.NewTLS(t)
 			s.AddRepo("org/model", testFiles())
 			s.Fail(tc.failures...)
 			c := newClient(t, s, Config{})
@@ -351,7 +363,7 @@ func TestDownloadRetriesTransientFailures(t *testing.T) {
 }
 
 func TestDownloadTimesOut(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	s.AddRepo("org/model", testFiles())
 	c := newClient(t, s, Config{MetadataTimeout: 50 * time.Millisecond, Attempts: 2})
 
@@ -367,7 +379,7 @@ func TestDownloadTimesOut(t *testing.T) {
 }
 
 func TestDownloadStalledBodyIsRetried(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	files := testFiles()
 	s.AddRepo("org/model", files)
 	s.StallCDN(1)
@@ -385,7 +397,7 @@ func TestDownloadStalledBodyIsRetried(t *testing.T) {
 }
 
 func TestOfflineReadsACacheLaidOutByHuggingfaceHub(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	repo := s.AddRepo("org/model", testFiles())
 	cache := t.TempDir()
 	hubtest.FillCache(t, cache, "org/model", "main", repo, "tokenizer.json", "sub/dir/file.txt")
@@ -423,7 +435,7 @@ func TestOfflineReadsACacheLaidOutByHuggingfaceHub(t *testing.T) {
 }
 
 func TestHubDownFallsBackToTheCache(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	files := testFiles()
 	repo := s.AddRepo("org/model", files)
 	cache := t.TempDir()
@@ -448,7 +460,7 @@ func TestHubDownFallsBackToTheCache(t *testing.T) {
 }
 
 func TestTokenIsNeverLogged(t *testing.T) {
-	s := hubtest.New(t)
+	s := hubtest.NewTLS(t)
 	s.AddRepo("org/model", testFiles())
 	var logs bytes.Buffer
 	c := newClient(t, s, Config{Token: "hf_secret", Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

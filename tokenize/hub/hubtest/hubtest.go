@@ -60,15 +60,30 @@ type Request struct {
 	Authorized bool // carried an Authorization header
 }
 
-// New starts the hub and the CDN; they stop with the test.
+// New starts the hub and the CDN over plain http on loopback, which the
+// client accepts without a token; they stop with the test.
 func New(t testing.TB) *Server {
+	return start(t, httptest.NewServer)
+}
+
+// NewTLS starts the hub and the CDN over https, as the real ones are, so
+// that the client sends the token; Transport trusts their certificate.
+func NewTLS(t testing.TB) *Server {
+	return start(t, httptest.NewTLSServer)
+}
+
+func start(t testing.TB, serve func(http.Handler) *httptest.Server) *Server {
 	s := &Server{repos: map[string]*Repo{}, renamed: map[string]string{}, blobs: map[string][]byte{}}
-	s.Hub = httptest.NewServer(http.HandlerFunc(s.serveHub))
-	s.CDN = httptest.NewServer(http.HandlerFunc(s.serveCDN))
+	s.Hub = serve(http.HandlerFunc(s.serveHub))
+	s.CDN = serve(http.HandlerFunc(s.serveCDN))
 	t.Cleanup(s.CDN.Close)
 	t.Cleanup(s.Hub.Close)
 	return s
 }
+
+// Transport reaches both hosts: for NewTLS, trusting their certificate
+// (the two share it).
+func (s *Server) Transport() http.RoundTripper { return s.Hub.Client().Transport }
 
 // URL is the hub's endpoint (HF_ENDPOINT).
 func (s *Server) URL() string { return s.Hub.URL }
