@@ -218,17 +218,19 @@ func (r *Router) readBody(x *exchange) *requestBody {
 	}
 	b := &requestBody{f: f}
 	stream := in.RequestBodyStream()
-	if stream == nil {
+	if stream == nil || declared == 0 {
 		// No body, or one fasthttp read whole (a HEAD, a GET).
-		b.bytes = in.Request.Body()
+		if stream == nil {
+			b.bytes = in.Request.Body()
+		}
 		b.hold(len(b.bytes))
 		return b
 	}
-	size := bodyChunk
-	if declared >= 0 {
+	size := 4 << 10 // a chunked body's first guess
+	if declared > 0 {
 		size = min(declared, bodyChunk)
 	}
-	buf := make([]byte, 0, max(size, 512))
+	buf := make([]byte, 0, size)
 	for {
 		if len(buf) == cap(buf) {
 			// Grow only by what arrived: the next read fills the new room.
@@ -252,7 +254,7 @@ func (r *Router) readBody(x *exchange) *requestBody {
 			in.SetConnectionClose()
 			r.refuse(x, errOverloaded("the router holds too many request bodies", r.retryAfter()), rejectBodyBudget)
 			return nil
-		case errors.Is(err, io.EOF):
+		case errors.Is(err, io.EOF) || len(buf) == declared:
 			_ = in.SetReadDeadline(time.Time{})
 			b.bytes = buf
 			in.Request.SetBodyRaw(buf)
