@@ -2,9 +2,12 @@
 // loopback, and prints what it measured: the router's resident memory
 // under connections that declare huge bodies, how fast slow-header
 // connections are closed, whether a normal request still answers beside
-// them. It starts the simulated pods and the router it attacks (the
-// binary given by -bin) and stops them when it is done. `make hostile`
-// runs it; docs/performance.md records its figures.
+// them; then, on a second router collecting KV events on a bound socket
+// and sharing with peers under a key, what forged and oversized KV
+// events and a rogue peer change (events.go, peers.go). It starts the
+// simulated pods and the routers it attacks (the binary given by -bin)
+// and stops them when it is done. `make hostile` runs it;
+// docs/performance.md records its figures.
 package main
 
 import (
@@ -30,13 +33,27 @@ func main() {
 	conns := flag.Int("body-conns", 40, "connections declaring 32 MiB bodies")
 	slow := flag.Int("slow-conns", 200, "connections sending half a request line")
 	memLimit := flag.String("gomemlimit", "921MiB", "the router's GOMEMLIMIT, as serve sets it in a 1 GiB container (empty: none)")
+	only := flag.String("only", "", "run one part only: front-door (clients) or events (KV events and peers); empty: both")
+	flag.IntVar(&floodMessages, "flood", floodMessages, "KV-event messages just under the bus's 4 MiB bound sent from a forger's address")
 	flag.Parse()
 	if *memLimit != "" {
 		routerEnv = append(routerEnv, "GOMEMLIMIT="+*memLimit)
 	}
-	if err := run(*bin, *conns, *slow); err != nil {
-		fmt.Fprintln(os.Stderr, "hostile:", err)
-		os.Exit(1)
+	if *only != "" && *only != "front-door" && *only != "events" {
+		fmt.Fprintf(os.Stderr, "hostile: -only %q: want front-door or events\n", *only)
+		os.Exit(2)
+	}
+	if *only != "events" {
+		if err := run(*bin, *conns, *slow); err != nil {
+			fmt.Fprintln(os.Stderr, "hostile:", err)
+			os.Exit(1)
+		}
+	}
+	if *only != "front-door" {
+		if err := runEvents(*bin); err != nil {
+			fmt.Fprintln(os.Stderr, "hostile:", err)
+			os.Exit(1)
+		}
 	}
 }
 
@@ -51,9 +68,14 @@ type proc struct {
 }
 
 func start(name, bin string, env []string, args ...string) (*proc, error) {
+	return startLogging(name, bin, env, os.Stderr, args...)
+}
+
+// startLogging starts a child whose standard error goes to stderr.
+func startLogging(name, bin string, env []string, stderr io.Writer, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
