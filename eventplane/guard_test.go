@@ -214,6 +214,22 @@ func TestBusConnectionOwnsItsTopic(t *testing.T) {
 	}
 }
 
+// TestBusTakeoverStartsOver: a connection that takes over a topic its
+// owner left silent does not inherit what the owner stored (the owner may
+// have been a process that published first under the pod's topic from the
+// pod's host): the stream starts over, as after a restart.
+func TestBusTakeoverStartsOver(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.OwnerIdle = 200 * time.Millisecond
+	e := newBusPlane(t, cfg)
+	first := e.publisher(t, "", podTopic)
+	firsts := e.storeUntil(t, first, prompt(1, 8), "the first connection's blocks confirmed", func(keys []kvindex.Key) bool { return e.confirmed(keys) == 8 })
+	time.Sleep(2 * cfg.OwnerIdle) // the owner falls silent
+	pod := e.publisher(t, "", podTopic)
+	e.storeUntil(t, pod, prompt(100, 4), "the new connection's blocks confirmed", func(keys []kvindex.Key) bool { return e.confirmed(keys) == 4 })
+	waitFor(t, "the old owner's blocks cleared", func() bool { return e.confirmed(firsts) == 0 })
+}
+
 // TestBusSecondTopicKeepsTheFirst: another topic naming the same pod
 // (same host:port, another model) does not replace the stream the pod
 // publishes: it is refused and counted, the first topic stays followed.

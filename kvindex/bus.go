@@ -157,6 +157,9 @@ type busStream struct {
 	ownerAddr netip.Addr
 	lastOwned time.Time
 	restartAt time.Time
+	// takenOver says the batch streamFor just routed comes from a new
+	// owner: the stream starts over before it (dispatch marks it).
+	takenOver bool
 }
 
 // refusedTopic is a routed topic whose batches were refused; until
@@ -396,12 +399,19 @@ func (b *Bus) dispatch(ctx context.Context, r int, frames [][]byte, from peer) b
 	if st == nil {
 		return true
 	}
+	if st.takenOver {
+		// Only this goroutine routes the rank's messages: the flag is
+		// read and cleared here, after streamFor set it.
+		msg.startOver = "a new connection took over the topic"
+		st.takenOver = false
+	}
 	select {
 	case st.seq.queue <- msg:
 	default:
 		// One stream's backlog must not stall the rank's other topics:
 		// the batch is missing, a gap the next batch replays.
 		st.seq.refuse(RefusedQueueFull, "the stream's queue is full", "queue", cap(st.seq.queue))
+		st.takenOver = st.takenOver || msg.startOver != "" // the next one starts over
 	}
 	return ctx.Err() == nil
 }
@@ -438,6 +448,11 @@ func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
 				return nil
 			}
 			st.owner, st.ownerAddr = from.conn, from.addr
+			// What the old connection stored is not the new one's to
+			// vouch for, nor are its sequence numbers: the stream starts
+			// over from the pod's replay buffer (replay= is the pod's,
+			// not the connection's), as after a restart.
+			st.takenOver = true
 		}
 		st.lastOwned = now
 		return st

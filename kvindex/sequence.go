@@ -25,7 +25,7 @@ type sequencer struct {
 	status SubscriberStatus
 
 	queue  chan rawMessage
-	resync chan struct{}
+	resync chan string // why the stream starts over
 
 	// The rate windows belong to the apply loop (or Direct's caller).
 	clears, resets, gaps rateWindow
@@ -74,6 +74,10 @@ type rawMessage struct {
 	// connected marks the socket (re)connecting rather than a message:
 	// the moment to catch up through replay.
 	connected bool
+	// startOver, when set, is why the stream starts over before this
+	// message: another connection took the topic over (Bus). In the
+	// queue, so that it comes before the new connection's first batch.
+	startOver string
 }
 
 func newSequencer(cfg sequencerConfig) *sequencer {
@@ -98,7 +102,7 @@ func newSequencer(cfg sequencerConfig) *sequencer {
 		log:    cfg.Logger,
 		status: SubscriberStatus{Target: cfg.Target},
 		queue:  make(chan rawMessage, cfg.QueueSize),
-		resync: make(chan struct{}, 1),
+		resync: make(chan string, 1),
 		clears: rateWindow{n: cfg.Limits.ClearsPerMinute},
 		resets: rateWindow{n: cfg.Limits.ResetsPerMinute},
 		gaps:   rateWindow{n: cfg.Limits.GapsPerMinute},
@@ -145,7 +149,7 @@ func (s *sequencer) update(fn func(*SubscriberStatus)) {
 // from the replay buffer. It does not block.
 func (s *sequencer) Resync() {
 	select {
-	case s.resync <- struct{}{}:
+	case s.resync <- "resync requested: pod restarted":
 	default:
 	}
 }
@@ -171,8 +175,8 @@ func (s *sequencer) apply(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.resync:
-			s.restart(ctx, &st, "resync requested")
+		case why := <-s.resync:
+			s.restart(ctx, &st, why)
 			if s.canReplay() {
 				s.catchUp(ctx, &st)
 			}
@@ -196,6 +200,11 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 		}
 		return
 	}
+	if msg.startOver != "" {
+		// The message itself, the new stream's first, replays what the
+		// pod buffered before it.
+		s.restart(ctx, st, msg.startOver)
+	}
 	switch {
 	case st.dupOpen && msg.seq >= st.dupFrom && msg.seq < st.next:
 		return // live copy of a batch the replay already delivered
@@ -213,7 +222,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 			s.refuse(RefusedResetRate, "the event sequence went backwards more often than the reset limit allows", "expected", st.next, "got", msg.seq)
 			return
 		}
-		s.restart(ctx, st, "event sequence went backwards")
+		s.restart(ctx, st, "event sequence went backwards: pod restarted")
 		if s.canReplay() && msg.seq > 0 {
 			st.next = s.replay(ctx, 0, msg.seq)
 		}
@@ -248,7 +257,7 @@ func (s *sequencer) handle(ctx context.Context, st *stream, msg rawMessage) {
 // restart forgets the old process: its placements are cleared by the
 // Restarted callback and the sequence starts over.
 func (s *sequencer) restart(_ context.Context, st *stream, why string) {
-	s.log.Warn(why+": pod restarted, clearing its placements", "expected", st.next)
+	s.log.Warn(why+"; clearing its placements", "expected", st.next)
 	s.update(func(ss *SubscriberStatus) { ss.Restarts++; ss.HaveSeq = false })
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.restarts.WithLabelValues(s.label).Inc()
