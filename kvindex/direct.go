@@ -81,7 +81,9 @@ func (d *Direct) Connect() {
 // Resync tells the stream that the pod is known to have restarted (a
 // scrape saw its process start time change) although no sequence number
 // showed it yet: its placements are cleared and the sequence starts over.
-func (d *Direct) Resync() { d.s.restart(context.Background(), &d.st, "resync requested: pod restarted") }
+func (d *Direct) Resync() {
+	d.s.restart(context.Background(), &d.st, "resync requested: pod restarted")
+}
 
 // Status is the stream's state and counters.
 func (d *Direct) Status() SubscriberStatus { return d.s.Status() }
