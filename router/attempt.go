@@ -134,7 +134,6 @@ type attempt struct {
 	predicted int
 	label     string // how the request ended: ok, client_error, upstream_error, timeout, canceled
 	usage     usage
-	handedOff bool // a stream relay ends the attempt
 	// writeDeadline moves the client connection's write deadline on; the
 	// stream relay calls it while fasthttp writes the answer, which keeps
 	// the request's context alive until the relay returns.
@@ -216,7 +215,14 @@ func (a *attempt) withdraw() {
 // run sends the request and answers the client, or reports that another
 // target may be tried: only when nothing was written to the client.
 func (a *attempt) run() attemptResult {
-	defer a.endUnlessHandedOff()
+	// handedOff is the handler's own: once the stream relay has the
+	// attempt, the relay ends it.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			a.end()
+		}
+	}()
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
@@ -246,12 +252,14 @@ func (a *attempt) run() attemptResult {
 		a.relayBuffered()
 		return attemptDone
 	}
-	// The relay runs after the handler returns and ends the attempt, and
-	// the request's life, when the stream is over.
-	a.handedOff = true
+	// From SetBodyStreamWriter on, the relay owns the attempt: fasthttp
+	// starts it at once, on a goroutine of its own, beside the rest of
+	// the handler, and it ends the attempt and the request's life when
+	// the stream is over. Nothing touches the attempt after it here.
 	x.life.retain()
 	x.in.Response.Header.Del("Content-Length")
 	a.writeDeadline = x.in.SetWriteDeadline
+	handedOff = true
 	x.in.SetBodyStreamWriter(a.relayStream)
 	return attemptDone
 }
@@ -545,12 +553,6 @@ func (a *attempt) failureLabel() string {
 		return "timeout"
 	}
 	return "upstream_error"
-}
-
-func (a *attempt) endUnlessHandedOff() {
-	if !a.handedOff {
-		a.end()
-	}
 }
 
 // end releases everything the attempt holds, once, and records how the

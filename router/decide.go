@@ -167,6 +167,9 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 		d.reason = fmt.Sprintf("lowest cost; confirmed run of at least %d blocks, which no other target can catch up with",
 			d.cands[d.chosen].ConfirmedBlocks)
 	}
+	// Keyed: the ids are not the decision's to keep (a request's own are
+	// in the parser's pool, reused once the handler returns).
+	d.prompt.ids = nil
 	return d, nil
 }
 
@@ -343,7 +346,7 @@ func (dc *decider) readUntilDecided(d *decision) error {
 		// Finish encodes nothing more here; it records the encode and, in
 		// auto mode, starts the sampled comparison.
 		if ids, err := st.Finish(); err == nil {
-			d.prompt = promptTokens{ids: ids, count: len(ids), source: "local"}
+			d.prompt = promptTokens{ids: ids, counted: true, count: len(ids), source: "local"}
 		} else {
 			d.prompt.stream = nil
 		}
@@ -421,7 +424,7 @@ func (d *decision) predictedFor(c *Candidate, blocks, count int) int {
 // promptBlocks is the number of full blocks of pt, or of the keys read
 // when the router has no count of its own.
 func (d *decision) promptBlocks(pt promptTokens) int {
-	if d.blockSize == 0 || (pt.ids == nil && pt.stream == nil) {
+	if d.blockSize == 0 || (!pt.counted && pt.stream == nil) {
 		return len(d.chain.Keys)
 	}
 	return pt.count / d.blockSize

@@ -102,7 +102,7 @@ func (r *Router) decideSplit(in decisionInput, req *Request, prefill, serving []
 
 // estimate is the prompt's token count as known before reading it.
 func (pt promptTokens) estimate() int {
-	if pt.ids == nil && pt.stream != nil {
+	if !pt.counted && pt.stream != nil {
 		return pt.stream.EstimateCount()
 	}
 	return pt.count

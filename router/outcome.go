@@ -321,7 +321,7 @@ func (o *promptOutcome) record() {
 	u := o.usage
 	v := o.d.view(o.tail, o.d.chosen)
 	prompt := int64(v.prompt.count)
-	if v.prompt.ids == nil && u.known {
+	if !v.prompt.counted && u.known {
 		prompt = u.promptTokens
 	}
 	if o.measure {
@@ -341,7 +341,7 @@ func (o *promptOutcome) record() {
 func (o *promptOutcome) fillLine(v promptView) {
 	l, u := o.line, o.usage
 	switch {
-	case v.prompt.ids != nil:
+	case v.prompt.counted:
 		n := int64(v.prompt.count)
 		l.PromptTokens, l.PromptSource = &n, v.prompt.source
 	case u.known:

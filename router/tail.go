@@ -92,7 +92,7 @@ func (t *promptTail) encode(ix *kvindex.Index) {
 		slog.Debug("tokenization failed after dispatch", "model", d.model, "err", err)
 		return
 	}
-	t.whole = promptTokens{ids: ids, count: len(ids), source: "local"}
+	t.whole = promptTokens{ids: ids, counted: true, count: len(ids), source: "local"}
 	if !d.settled {
 		return
 	}
@@ -188,7 +188,7 @@ type promptView struct {
 func (d *decision) view(t *promptTail, i int) promptView {
 	c := &d.cands[i]
 	v := promptView{prompt: d.prompt, final: t.finished(), confirmed: c.ConfirmedBlocks}
-	if t != nil && v.final && t.whole.ids != nil {
+	if t != nil && v.final && t.whole.counted {
 		v.prompt = t.whole
 		if t.runs != nil {
 			v.confirmed = t.runs[i]

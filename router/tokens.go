@@ -14,9 +14,14 @@ import (
 type promptTokens struct {
 	// ids are the prompt's token ids as the pod computes them; nil when
 	// unknown (no tokenizer, or a load-only policy that does not need them)
-	// or not all encoded yet (stream).
+	// or not all encoded yet (stream). A decision lets go of them once it
+	// has keyed them (they may be the pooled request's): counted says
+	// what they were.
 	ids []uint32
-	// count is len(ids), or an estimate when ids is nil.
+	// counted says count is the router's own count of the prompt's ids,
+	// not an estimate.
+	counted bool
+	// count is len(ids), or an estimate when not counted.
 	count  int
 	source string // ids, local, remote, estimate
 	// stream is the local encoding when the router tokenizes in process: the
@@ -94,7 +99,7 @@ func estimateTokens(req *Request) int {
 // nil) runs before a call that may wait on a pod.
 func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string, beforeCall func()) (promptTokens, *apiError) {
 	if req.HasIDs {
-		return promptTokens{ids: req.PromptIDs, count: len(req.PromptIDs), source: "ids"}, nil
+		return promptTokens{ids: req.PromptIDs, counted: true, count: len(req.PromptIDs), source: "ids"}, nil
 	}
 	est := promptTokens{count: estimateTokens(req), source: "estimate"}
 	chat := req.Endpoint.rendersChat()
@@ -166,5 +171,5 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 	if res.Mode == tokenize.ModeRemote {
 		src = "remote"
 	}
-	return promptTokens{ids: res.IDs, count: len(res.IDs), source: src}, nil
+	return promptTokens{ids: res.IDs, counted: true, count: len(res.IDs), source: src}, nil
 }

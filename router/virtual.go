@@ -216,7 +216,7 @@ func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*he
 	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: sent, failed: failed}
 	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
 	d, err := v.dec.decide(decisionInput{model: v.model, targets: targets,
-		prompt: promptTokens{ids: ids, count: len(ids), source: "ids"}, approxText: text, conversation: conv})
+		prompt: promptTokens{ids: ids, counted: true, count: len(ids), source: "ids"}, approxText: text, conversation: conv})
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*he
 func (d *decision) chosenOnly() *decision {
 	c := *d
 	c.cands, c.chosen = []Candidate{d.cands[d.chosen]}, 0
-	c.prompt.ids = nil
+	c.prompt.ids, c.prompt.counted = nil, false
 	return &c
 }
 
