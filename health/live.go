@@ -1,6 +1,7 @@
 package health
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -77,11 +78,12 @@ type live struct {
 	transitions    atomic.Uint64
 }
 
-// Flight is one dispatched request's accounting. It is a small value: keep
-// it with the request (do not copy it once used) and call FirstByte
-// (optional) then Finish exactly once, from one goroutine at a time; repeated
-// calls are ignored. The zero Flight is a no-op.
+// Flight is one dispatched request's accounting: call FirstByte (optional)
+// then Finish; repeated calls are ignored. It owns its lock, so that the
+// request's goroutines (the attempt, and a router's prompt tail revising
+// it until the first byte) may call it at once. A nil Flight is a no-op.
 type Flight struct {
+	mu       sync.Mutex
 	l        *live
 	prompt   int64
 	uncached int64
@@ -90,10 +92,10 @@ type Flight struct {
 	done     bool
 }
 
-func (l *live) dispatch(prompt, uncached int) Flight {
+func (l *live) dispatch(prompt, uncached int) *Flight {
 	prompt = max(prompt, 0)
 	uncached = min(max(uncached, 0), prompt)
-	f := Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
+	f := &Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
 	if l.breaker.Load() == breakerHalfOpen && l.trialInFlight.CompareAndSwap(false, true) {
 		f.trial = true
 	}
@@ -111,6 +113,11 @@ func (l *live) dispatch(prompt, uncached int) Flight {
 // dispatch: the pod's queue follows the corrected counts, and so does what
 // Tokens reports.
 func (f *Flight) Revise(prompt, uncached int) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.l == nil || f.answered || f.done {
 		return
 	}
@@ -125,11 +132,23 @@ func (f *Flight) Revise(prompt, uncached int) {
 // Tokens reports the request's prompt and uncached tokens as dispatched or
 // last revised: at the first byte, what the pod had to compute as far as
 // the router knows.
-func (f *Flight) Tokens() (prompt, uncached int) { return int(f.prompt), int(f.uncached) }
+func (f *Flight) Tokens() (prompt, uncached int) {
+	if f == nil {
+		return 0, 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return int(f.prompt), int(f.uncached)
+}
 
 // FirstByte records that the target's first response byte arrived: its
 // prefill is done, so its prompt tokens leave the queue.
 func (f *Flight) FirstByte() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.l == nil || f.answered || f.done {
 		return
 	}
@@ -143,6 +162,11 @@ func (f *Flight) FirstByte() {
 
 // Finish records the end of the request and its outcome.
 func (f *Flight) Finish(o Outcome) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.l == nil || f.done {
 		return
 	}

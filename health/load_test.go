@@ -226,26 +226,27 @@ func TestInFlightAccounting(t *testing.T) {
 		}
 	}
 	check("dispatched", 2, 2, 1200, 600)
-	tokens(&a, 1000, 400)
-	tokens(&b, 200, 200)
+	tokens(a, 1000, 400)
+	tokens(b, 200, 200)
 	a.Revise(1100, 100) // the router learned more of the prompt after dispatch
 	check("revised", 2, 2, 1300, 300)
-	tokens(&a, 1100, 100)
+	tokens(a, 1100, 100)
 	a.FirstByte()
 	a.FirstByte()
 	a.Revise(5000, 5000) // too late: ignored
 	check("first byte", 2, 1, 200, 200)
-	tokens(&a, 1100, 100)
+	tokens(a, 1100, 100)
 	a.Finish(OutcomeSuccess)
 	a.Finish(OutcomeSuccess)
 	check("a finished", 1, 1, 200, 200)
 	b.Finish(OutcomeCanceled)
 	check("b cancelled before first byte", 0, 0, 0, 0)
-	var zero Flight
-	zero.FirstByte()
-	zero.Finish(OutcomeUpstreamError)
-	tokens(&zero, 0, 0)
-	if f := env.m.Dispatch(pod.id(7), 1, 1); f.l != nil {
+	var none *Flight
+	none.FirstByte()
+	none.Revise(10, 10)
+	none.Finish(OutcomeUpstreamError)
+	tokens(none, 0, 0)
+	if f := env.m.Dispatch(pod.id(7), 1, 1); f != nil {
 		t.Fatal("unknown target gave a live flight")
 	}
 

@@ -252,10 +252,10 @@ func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
 
 // Dispatch is Snapshot().Target(id) followed by Target.Dispatch; an unknown
 // target yields a no-op Flight.
-func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) Flight {
+func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) *Flight {
 	t, ok := m.Snapshot().Target(id)
 	if !ok {
-		return Flight{}
+		return nil
 	}
 	return t.Dispatch(promptTokens, uncachedTokens)
 }

@@ -222,9 +222,9 @@ func (t *Target) SetPeerFlights(f Flights) {
 // promptTokens tokens, uncachedTokens of which it expects the pod to compute
 // (pass promptTokens when unknown): they queue on the target until its
 // first byte. The returned Flight must be finished.
-func (t *Target) Dispatch(promptTokens, uncachedTokens int) Flight {
+func (t *Target) Dispatch(promptTokens, uncachedTokens int) *Flight {
 	if t == nil {
-		return Flight{}
+		return nil
 	}
 	return t.live.dispatch(promptTokens, uncachedTokens)
 }

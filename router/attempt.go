@@ -109,7 +109,7 @@ type attempt struct {
 	// recorded with the decode stage's (disagg.go).
 	prefillStage bool
 
-	flight health.Flight
+	flight *health.Flight
 	expect eventplane.Expectation
 	// placement is the blocks this attempt's target is predicted to
 	// store (speculative policy); follower says the choice leaned on
@@ -161,7 +161,7 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 		// announced by KV events.
 		a.expect = r.ev.Dispatch(c.Target.ID)
 	}
-	a.tail().hold(&a.flight, d.chosen)
+	a.tail().hold(a.flight, d.chosen)
 	if d.predicting && x.ep.routed() {
 		a.predict(c)
 	}
@@ -372,7 +372,7 @@ func (a *attempt) firstByte() promptView {
 		a.flight.FirstByte()
 		v = a.d.view(nil, a.d.chosen)
 	} else {
-		v = a.x.dec.atFirstByte(a.d, a.x.tail, &a.flight)
+		v = a.x.dec.atFirstByte(a.d, a.x.tail, a.flight)
 	}
 	a.placement.Settle()
 	a.r.mesh.Changed(a.d.target().Target.ID)

@@ -94,8 +94,8 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
 			dispatch := func() *health.Flight {
 				f := winner.Target.Dispatch(atDispatch.prompt.count, atDispatch.prompt.count-atDispatch.predicted)
-				tail.hold(&f, d.chosen)
-				return &f
+				tail.hold(f, d.chosen)
+				return f
 			}
 			early := dispatch()
 			if v := r.dec.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {

@@ -148,7 +148,7 @@ type VirtualRequest struct {
 	v         *Virtual
 	d         *decision
 	id        string
-	flight    health.Flight
+	flight    *health.Flight
 	expect    eventplane.Expectation
 	placement *speculative.Placement
 	follower  *speculative.Follower
@@ -270,7 +270,7 @@ func (r *VirtualRequest) FirstByte() {
 	}
 	r.answered = true
 	r.ttft = r.v.now().Sub(r.sent)
-	r.v.dec.atFirstByte(r.d, nil, &r.flight)
+	r.v.dec.atFirstByte(r.d, nil, r.flight)
 	r.placement.Settle()
 	r.expect.FirstByte(r.flight.Tokens())
 }
