@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/targetid"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 

@@ -19,7 +19,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/targetid"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )

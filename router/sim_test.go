@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
