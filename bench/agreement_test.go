@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // live makes TestEnginesAgree run the live engine liveRuns times first and

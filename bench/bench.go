@@ -13,9 +13,9 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // Engine names.

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // smallRun is a live run small enough for `make test` under -race: two

@@ -10,12 +10,12 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The faults the faults workload injects.
@@ -351,7 +351,7 @@ func (fi *faultInjector) observe(i int, f *report.Fault) (fresh, routable bool) 
 	snap := rt.Monitor().Snapshot()
 	fresh, routable = true, true
 	for r := range fi.fr.fleet.Config().DP {
-		id := target.ID{Endpoint: fi.fr.fleet.Pods[i].URL(), Rank: r}
+		id := targetid.ID{Endpoint: fi.fr.fleet.Pods[i].URL(), Rank: r}
 		v := rt.EventPlane().Verdict(id)
 		saw(string(v))
 		fresh = fresh && v == eventplane.VerdictFresh
@@ -390,13 +390,13 @@ func (fi *faultInjector) matches(ctx context.Context, pod *sim.Pod, dp int) (boo
 		if err != nil {
 			return false, fmt.Sprintf("block keys: %v", err)
 		}
-		held := map[target.ID]int{}
+		held := map[targetid.ID]int{}
 		for _, m := range plane.Index().Lookup(nil, chain) {
 			held[m.Target] = m.Blocks
 		}
 		limit := (len(ids) - 1) / bs
 		for r := range dp {
-			got, want := min(held[target.ID{Endpoint: pod.URL(), Rank: r}], limit), truth[r].CachedTokens/bs
+			got, want := min(held[targetid.ID{Endpoint: pod.URL(), Rank: r}], limit), truth[r].CachedTokens/bs
 			if got != want {
 				return false, fmt.Sprintf("probe %d rank %d: router %d blocks, pod %d", k, r, got, want)
 			}

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 func TestFaultOutcomesSortEveryRequest(t *testing.T) {

@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/router"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/targetid"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -162,7 +162,7 @@ func (fr *fleetRun) startRouter(ctx context.Context, policy string, rs routerSet
 	fr.pods = map[string]string{}
 	for i, p := range fr.fleet.Pods {
 		for r := range fr.fleet.Config().DP {
-			fr.pods[target.ID{Endpoint: p.URL(), Rank: r}.String()] = podName(i)
+			fr.pods[targetid.ID{Endpoint: p.URL(), Rank: r}.String()] = podName(i)
 		}
 	}
 	url := "http://" + rt.Addr() + "/v1/completions"
@@ -225,7 +225,7 @@ func (fr *fleetRun) relayEvents(cleanup *[]func()) error {
 
 // podOfTarget names a router's target by its pod, or by itself when it is
 // none of the fleet's.
-func (fr *fleetRun) podOfTarget(id target.ID) string {
+func (fr *fleetRun) podOfTarget(id targetid.ID) string {
 	if p, ok := fr.pods[id.String()]; ok {
 		return p
 	}

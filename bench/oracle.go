@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // Oracle is the policy that routes on the simulator's truth: the upper

@@ -8,8 +8,8 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // speculativeSummary reads the router's predicted placements once the
@@ -39,7 +39,7 @@ func settled(v *speculative.View) bool {
 
 // summarizeSpeculative is the report's part of the view; scale turns the
 // router's wall seconds into model seconds, pod names a target.
-func summarizeSpeculative(v *speculative.View, scale float64, pod func(target.ID) string) *report.Speculative {
+func summarizeSpeculative(v *speculative.View, scale float64, pod func(targetid.ID) string) *report.Speculative {
 	o := &v.Overall
 	m := o.MatureTotal
 	s := &report.Speculative{
@@ -56,7 +56,7 @@ func summarizeSpeculative(v *speculative.View, scale float64, pod func(target.ID
 		HoldbackFraction: v.Holdback.Fraction,
 	}
 	for _, t := range v.Targets {
-		s.Pods = append(s.Pods, report.SpecPod{Pod: pod(target.ID{Endpoint: t.Endpoint, Rank: t.Rank}), TTLS: t.TTL.S * scale,
+		s.Pods = append(s.Pods, report.SpecPod{Pod: pod(targetid.ID{Endpoint: t.Endpoint, Rank: t.Rank}), TTLS: t.TTL.S * scale,
 			TTLWhy: t.TTL.Why, Trust: t.Trust.Value, BlockRate: t.Mature.Rates.Block})
 	}
 	for _, mv := range v.Holdback.Models {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestSummarizeSpeculative checks that the router's view reaches the
@@ -26,8 +26,8 @@ func TestSummarizeSpeculative(t *testing.T) {
 		Holdback: speculative.HoldbackView{Fraction: 0.25, Models: []speculative.ModelView{{Model: "m", Incremental: f(3000),
 			Arms: []speculative.ArmView{{Arm: "speculative", Requests: 30, CachedPerRequest: f(1500), TTFTP90: f(0.02)}, {Arm: "holdback", Requests: 10, CachedPerRequest: f(1200)}}}}},
 	}
-	pod := func(id target.ID) string {
-		if id == (target.ID{Endpoint: "http://127.0.0.1:1"}) {
+	pod := func(id targetid.ID) string {
+		if id == (targetid.ID{Endpoint: "http://127.0.0.1:1"}) {
 			return "pod-0"
 		}
 		return "?"

@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 

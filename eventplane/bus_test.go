@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestTopicRouting: which target a topic on a bus's rank socket feeds, and
@@ -14,7 +14,7 @@ import (
 func TestTopicRouting(t *testing.T) {
 	env := newTestPlane(t, Config{BlockSize: 16, EventsListen: []string{"tcp://*:5557"}, ReplayPort: 5600})
 	p := env.p
-	bus := func(ep string, rank int) target.ID { return target.ID{Endpoint: ep, Rank: rank} }
+	bus := func(ep string, rank int) targetid.ID { return targetid.ID{Endpoint: ep, Rank: rank} }
 	p.SetTarget(bus("http://10.0.0.7:8000", 0), Source{Events: "tcp://10.0.0.7:5557", EventsImplied: true})
 	p.SetTarget(bus("http://10.0.0.7:8000", 1), Source{Events: "tcp://10.0.0.7:5558", EventsImplied: true, Replay: "tcp://10.0.0.7:7001"})
 	p.SetTarget(bus("http://pod-b.ns:9000", 0), Source{Events: "tcp://pod-b.ns:5557", EventsImplied: true, Topic: "kv@pod-b@m"})
@@ -33,7 +33,7 @@ func TestTopicRouting(t *testing.T) {
 	for _, tt := range []struct {
 		rank   int
 		topic  string
-		target target.ID
+		target targetid.ID
 		replay string
 		err    string
 	}{
@@ -73,7 +73,7 @@ func TestBusFedTargetWaitsForItsFirstBatch(t *testing.T) {
 	env := newTestPlane(t, Config{BlockSize: 16, EventsListen: []string{"tcp://*:5557"}})
 	id := podID(0)
 	env.p.SetTarget(id, Source{Events: "tcp://10.0.0.7:5557", EventsImplied: true})
-	env.p.SetCaches(map[target.ID]Cache{id: {Serving: true}})
+	env.p.SetCaches(map[targetid.ID]Cache{id: {Serving: true}})
 	env.p.evaluate()
 	f := env.p.Freshness(id)
 	if f.Verdict != VerdictFresh || f.Source != "bus" || !strings.Contains(f.Detail, "kv@10.0.0.7:8000@MODEL") || len(f.Faults) != 0 {

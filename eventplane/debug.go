@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // StreamView is a target's KV-event freshness verdict and its evidence, as
@@ -63,7 +63,7 @@ type IndexView struct {
 
 // StreamView returns id's stream view as of its last judgement; a target
 // the plane does not know has no subscriber.
-func (p *Plane) StreamView(id target.ID) StreamView {
+func (p *Plane) StreamView(id targetid.ID) StreamView {
 	f := p.Freshness(id)
 	v := StreamView{
 		Verdict: f.Verdict, Detail: f.Detail, Source: f.Source, Bus: f.Bus, Topic: f.Topic, Connected: f.Connected,

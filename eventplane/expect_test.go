@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestNewFullBlocks: only full blocks are hashed and announced, so the
@@ -179,7 +179,7 @@ func TestExpectationZeroAndRepeat(t *testing.T) {
 // plane's ticker would).
 func BenchmarkRequestPath(b *testing.B) {
 	env := newTestPlane(b, Config{})
-	ids := []target.ID{podID(0), podID(1), podID(2), podID(3)}
+	ids := []targetid.ID{podID(0), podID(1), podID(2), podID(3)}
 	for _, id := range ids {
 		env.events.set(id, func(*kvindex.SubscriberStatus) {})
 		env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestDisconnectedStreamIsAWiringFault: a pod that answers HTTP while
@@ -38,7 +38,7 @@ func TestDisconnectedStreamIsAWiringFault(t *testing.T) {
 			if fs := env.p.Freshness(id).Faults; len(fs) != 0 {
 				t.Fatalf("a pod that does not serve yet: faults %+v", fs)
 			}
-			env.p.SetCaches(map[target.ID]Cache{id: {Serving: true}})
+			env.p.SetCaches(map[targetid.ID]Cache{id: {Serving: true}})
 			env.p.evaluate()
 			if fs := env.p.Freshness(id).Faults; len(fs) != 0 {
 				t.Fatalf("within the grace: faults %+v", fs)
@@ -175,7 +175,7 @@ func TestUnknownBlockKeysIsAWiringFault(t *testing.T) {
 	id := podID(0)
 	env.p.SetTarget(id, Source{Events: "tcp://10.0.0.7:5557"})
 	env.p.statusFn = nil // no subscriber runs without keys
-	env.p.SetCaches(map[target.ID]Cache{id: {Serving: true}})
+	env.p.SetCaches(map[targetid.ID]Cache{id: {Serving: true}})
 	env.clock.Advance(disconnectedGrace)
 	env.p.evaluate()
 	requireFault(t, env.p, id, FaultNoBlockKeys, "set --block-size")

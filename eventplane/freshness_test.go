@@ -10,7 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestEventFreshness plays scenarios second by second against a fake clock
@@ -406,7 +406,7 @@ func TestEventAwaitClock(t *testing.T) {
 			env := newTestPlane(t, Config{StaleAfter: 10 * time.Second, MinUncachedTokens: 1})
 			id := podID(0)
 			if tt.blockSize != 0 {
-				env.p.SetCaches(map[target.ID]Cache{id: {Reported: true, BlockSize: tt.blockSize, HashAlgo: "sha256"}})
+				env.p.SetCaches(map[targetid.ID]Cache{id: {Reported: true, BlockSize: tt.blockSize, HashAlgo: "sha256"}})
 			}
 			env.events.set(id, func(*kvindex.SubscriberStatus) {})
 			env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
@@ -502,12 +502,12 @@ func TestRestartForgetsAwaitedEvents(t *testing.T) {
 	batch, _ := storedBatch(t, h, tokens)
 	for _, tc := range []struct {
 		name    string
-		restart func(p *Plane, id target.ID)
+		restart func(p *Plane, id targetid.ID)
 		want    Verdict
 	}{
-		{"no restart", func(*Plane, target.ID) {}, VerdictStale},
-		{"sequence backwards", func(p *Plane, id target.ID) { p.Deliver(id, 0, &batch) }, VerdictFresh},
-		{"process start time", func(p *Plane, id target.ID) { p.TargetRestarted(id) }, VerdictFresh},
+		{"no restart", func(*Plane, targetid.ID) {}, VerdictStale},
+		{"sequence backwards", func(p *Plane, id targetid.ID) { p.Deliver(id, 0, &batch) }, VerdictFresh},
+		{"process start time", func(p *Plane, id targetid.ID) { p.TargetRestarted(id) }, VerdictFresh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := manualclock.New()
@@ -517,7 +517,7 @@ func TestRestartForgetsAwaitedEvents(t *testing.T) {
 				t.Fatal(err)
 			}
 			id := podID(0)
-			p.SetCaches(map[target.ID]Cache{id: {Serving: true, Reported: true, BlockSize: 16}})
+			p.SetCaches(map[targetid.ID]Cache{id: {Serving: true, Reported: true, BlockSize: 16}})
 			p.SetTarget(id, Source{InProcess: true})
 			for seq := range uint64(4) {
 				p.Deliver(id, seq, &batch)

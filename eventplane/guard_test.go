@@ -12,9 +12,9 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // busPlane is a running plane with one bus on loopback, a pod at
@@ -26,7 +26,7 @@ type busPlane struct {
 	h      *kvindex.Hasher
 	listen string
 	port   int
-	id     target.ID
+	id     targetid.ID
 }
 
 const podTopic = "kv@127.0.0.1:8000@m"
@@ -49,7 +49,7 @@ func newBusPlane(t *testing.T, cfg Config) *busPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := target.ID{Endpoint: "http://127.0.0.1:8000"}
+	id := targetid.ID{Endpoint: "http://127.0.0.1:8000"}
 	p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557", EventsImplied: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := p.Listen(ctx); err != nil {

@@ -14,17 +14,17 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // fakeEvents is a settable subscriber status per target, standing in for
 // the subscribers (Plane.statusFn).
 type fakeEvents struct {
 	mu sync.Mutex
-	st map[target.ID]kvindex.SubscriberStatus
+	st map[targetid.ID]kvindex.SubscriberStatus
 }
 
-func (f *fakeEvents) status(id target.ID) (kvindex.SubscriberStatus, bool) {
+func (f *fakeEvents) status(id targetid.ID) (kvindex.SubscriberStatus, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.st[id]
@@ -32,7 +32,7 @@ func (f *fakeEvents) status(id target.ID) (kvindex.SubscriberStatus, bool) {
 }
 
 // set edits id's status, creating a connected one first.
-func (f *fakeEvents) set(id target.ID, fn func(*kvindex.SubscriberStatus)) {
+func (f *fakeEvents) set(id targetid.ID, fn func(*kvindex.SubscriberStatus)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.st[id]
@@ -58,7 +58,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // manual clock and fake subscriber statuses; evaluate judges on demand.
 func newTestPlane(t testing.TB, cfg Config) *testEnv {
 	t.Helper()
-	env := &testEnv{clock: manualclock.New(), events: &fakeEvents{st: map[target.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
+	env := &testEnv{clock: manualclock.New(), events: &fakeEvents{st: map[targetid.ID]kvindex.SubscriberStatus{}}, reg: prometheus.NewRegistry(),
 		logs: &logbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p, err := New(cfg, Deps{Registerer: env.reg, Logger: log, Now: env.clock.Now})
@@ -71,11 +71,11 @@ func newTestPlane(t testing.TB, cfg Config) *testEnv {
 }
 
 // podID is a target id for tests.
-func podID(rank int) target.ID { return target.ID{Endpoint: "http://10.0.0.7:8000", Rank: rank} }
+func podID(rank int) targetid.ID { return targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: rank} }
 
 // verdictMetric checks that prefixrouter_health_events_verdict reports
 // exactly v for id.
-func (e *testEnv) verdictMetric(t *testing.T, id target.ID, v Verdict) {
+func (e *testEnv) verdictMetric(t *testing.T, id targetid.ID, v Verdict) {
 	t.Helper()
 	want := `# HELP prefixrouter_health_events_verdict 1 for the current verdict on the target's KV-event stream.
 # TYPE prefixrouter_health_events_verdict gauge
@@ -105,7 +105,7 @@ func storedBatch(t testing.TB, h *kvindex.Hasher, tokens []uint32) (events.Batch
 
 // requireFault returns id's fault of kind k and checks that its detail
 // says every one of wants.
-func requireFault(t *testing.T, p *Plane, id target.ID, k FaultKind, wants ...string) Fault {
+func requireFault(t *testing.T, p *Plane, id targetid.ID, k FaultKind, wants ...string) Fault {
 	t.Helper()
 	for _, f := range p.Freshness(id).Faults {
 		if f.Kind != k {

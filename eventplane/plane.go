@@ -15,7 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Source is where a target publishes its KV events.
@@ -86,7 +86,7 @@ type Deps struct {
 	Observer kvindex.Observer
 	// Replay reads an InProcess target's replay buffer (nil, or nil for
 	// a target: its gaps are unrecovered).
-	Replay func(target.ID) kvindex.ReplayBuffer
+	Replay func(targetid.ID) kvindex.ReplayBuffer
 	// Lookup resolves the host names of bus-fed pods to the addresses
 	// their publishers connect from (nil: DNS); a test seam.
 	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -122,7 +122,7 @@ type Plane struct {
 	// publishLocked.
 	view atomic.Pointer[view]
 	// statusFn replaces the subscribers' status in tests.
-	statusFn func(target.ID) (kvindex.SubscriberStatus, bool)
+	statusFn func(targetid.ID) (kvindex.SubscriberStatus, bool)
 
 	// buses are the bound collection sockets (Config.EventsListen), bound
 	// by Listen.
@@ -132,17 +132,17 @@ type Plane struct {
 	ctx      context.Context // while Run runs; nil otherwise
 	ingestor *kvindex.Ingestor
 	learnErr bool // the pods' configuration could not be used; logged once
-	streams  map[target.ID]*stream
-	caches   map[target.ID]Cache
-	caps     map[target.ID]int
+	streams  map[targetid.ID]*stream
+	caches   map[targetid.ID]Cache
+	caps     map[targetid.ID]int
 	// replay reads InProcess targets' replay buffers (Deps.Replay).
-	replay func(target.ID) kvindex.ReplayBuffer
+	replay func(targetid.ID) kvindex.ReplayBuffer
 }
 
 // stream is one target's event stream: its subscription and the state
 // freshness is judged from. Guarded by Plane.mu, except live.
 type stream struct {
-	id  target.ID
+	id  targetid.ID
 	src Source
 	sub *subscription
 	// direct is the in-process stream of a Source.InProcess target.
@@ -184,7 +184,7 @@ type subscription struct {
 }
 
 // view is an immutable per-target picture for the request path.
-type view map[target.ID]*viewEntry
+type view map[targetid.ID]*viewEntry
 
 type viewEntry struct {
 	fresh Freshness
@@ -205,9 +205,9 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 		log:     deps.Logger,
 		now:     deps.Now,
 		index:   kvindex.NewIndex(kvindex.IndexConfig{}),
-		streams: make(map[target.ID]*stream),
-		caches:  make(map[target.ID]Cache),
-		caps:    make(map[target.ID]int),
+		streams: make(map[targetid.ID]*stream),
+		caches:  make(map[targetid.ID]Cache),
+		caps:    make(map[targetid.ID]int),
 
 		observer: deps.Observer,
 		replay:   deps.Replay,
@@ -259,7 +259,7 @@ func (p *Plane) Keys() *Keys { return p.keys.Load() }
 
 // Verdict is the verdict on id's event stream; a target the plane does not
 // know is disconnected. Lock-free.
-func (p *Plane) Verdict(id target.ID) Verdict {
+func (p *Plane) Verdict(id targetid.ID) Verdict {
 	if e := (*p.view.Load())[id]; e != nil {
 		return e.fresh.Verdict
 	}
@@ -268,7 +268,7 @@ func (p *Plane) Verdict(id target.ID) Verdict {
 
 // Trust is how far routing may lean on id's event stream: its verdict,
 // unless a wiring fault makes its keys worthless. Lock-free.
-func (p *Plane) Trust(id target.ID) Trust {
+func (p *Plane) Trust(id targetid.ID) Trust {
 	if e := (*p.view.Load())[id]; e != nil {
 		return e.trust
 	}
@@ -277,7 +277,7 @@ func (p *Plane) Trust(id target.ID) Trust {
 
 // Freshness is the verdict on id's event stream with its evidence.
 // Lock-free.
-func (p *Plane) Freshness(id target.ID) Freshness {
+func (p *Plane) Freshness(id targetid.ID) Freshness {
 	if e := (*p.view.Load())[id]; e != nil {
 		return e.fresh
 	}
@@ -288,7 +288,7 @@ func (p *Plane) Freshness(id target.ID) Freshness {
 // target's routing volume, and the request's KV event is awaited from now
 // once its first byte says what the pod computed (Expectation.FirstByte).
 // Lock-free.
-func (p *Plane) Dispatch(id target.ID) Expectation {
+func (p *Plane) Dispatch(id targetid.ID) Expectation {
 	e := (*p.view.Load())[id]
 	if e == nil {
 		return Expectation{}
@@ -301,7 +301,7 @@ func (p *Plane) Dispatch(id target.ID) Expectation {
 // restarts the target's subscriber and resets its event translation. It
 // must not block for long: starting a subscriber only spawns its goroutine;
 // stopping one waits for it, which takes at most one receive poll.
-func (p *Plane) SetTarget(id target.ID, src Source) {
+func (p *Plane) SetTarget(id targetid.ID, src Source) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.streams[id]
@@ -355,7 +355,7 @@ func (p *Plane) bindRankLocked(s *stream) {
 	}
 }
 
-func (p *Plane) dropFromBusesLocked(id target.ID) {
+func (p *Plane) dropFromBusesLocked(id targetid.ID) {
 	for _, b := range p.buses {
 		b.Drop(id)
 	}
@@ -363,7 +363,7 @@ func (p *Plane) dropFromBusesLocked(id target.ID) {
 
 // RemoveTarget stops the target's subscriber and drops its placements and
 // state.
-func (p *Plane) RemoveTarget(id target.ID) {
+func (p *Plane) RemoveTarget(id targetid.ID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s, ok := p.streams[id]; ok {
@@ -384,7 +384,7 @@ func (p *Plane) RemoveTarget(id target.ID) {
 // TargetRestarted rebuilds a target's placements from its events after its
 // pod process restarted. The sequence numbers may not show it (an idle pod
 // publishes nothing after restarting).
-func (p *Plane) TargetRestarted(id target.ID) {
+func (p *Plane) TargetRestarted(id targetid.ID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.streams[id]
@@ -412,7 +412,7 @@ func (p *Plane) TargetRestarted(id target.ID) {
 // its verdict, and bounds the index's placements per pod by its GPU block
 // count, so that missed removals cannot make it claim far more than the pod
 // can hold.
-func (p *Plane) SetCaches(caches map[target.ID]Cache) {
+func (p *Plane) SetCaches(caches map[targetid.ID]Cache) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.caches = maps.Clone(caches)
@@ -444,7 +444,7 @@ func (p *Plane) SetCaches(caches map[target.ID]Cache) {
 // blockSizeOf is the block size a target's requests are counted in: the
 // pod's own report, else the configured one, else the size its model's pods
 // agree on; 0 when none is known (expectations then assume vLLM's default).
-func (p *Plane) blockSizeOf(id target.ID) int {
+func (p *Plane) blockSizeOf(id targetid.ID) int {
 	c := p.caches[id]
 	if c.Reported && c.BlockSize > 0 {
 		return c.BlockSize
@@ -517,7 +517,7 @@ func (p *Plane) Evaluate() { p.evaluate() }
 // SetConnected marks an InProcess target's stream connected or not (a
 // network cut and its end): reconnected, it catches up from the replay
 // buffer as a subscriber does.
-func (p *Plane) SetConnected(id target.ID, connected bool) {
+func (p *Plane) SetConnected(id targetid.ID, connected bool) {
 	p.mu.Lock()
 	var d *kvindex.Direct
 	if s := p.streams[id]; s != nil {
@@ -537,7 +537,7 @@ func (p *Plane) SetConnected(id target.ID, connected bool) {
 // (Source.InProcess), in sequence order, before it returns; a batch for a
 // target that is not in process, or before block keys are known, is
 // dropped. Calls for one target must not overlap.
-func (p *Plane) Deliver(id target.ID, seq uint64, b *events.Batch) {
+func (p *Plane) Deliver(id targetid.ID, seq uint64, b *events.Batch) {
 	p.mu.Lock()
 	var d *kvindex.Direct
 	if s := p.streams[id]; s != nil {
@@ -704,7 +704,7 @@ func placementCap(numGPUBlocks int) int {
 // fleetCacheConfig picks the block size and algorithm most pods report.
 // Disagreements are health's to report (debug view and metric); the index
 // has one key space, so the majority wins.
-func fleetCacheConfig(caches map[target.ID]Cache) (int, string) {
+func fleetCacheConfig(caches map[targetid.ID]Cache) (int, string) {
 	type cfgKey struct {
 		bs   int
 		algo string

@@ -12,8 +12,8 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestConfigErrorsNameTheFlag: every rejected value says which flag.
@@ -81,31 +81,31 @@ func TestKeysLearnedFromThePods(t *testing.T) {
 	tests := []struct {
 		name   string
 		cfg    Config
-		caches map[target.ID]Cache
+		caches map[targetid.ID]Cache
 		want   *Keys // Keyer not compared
 	}{
 		{name: "configured block size, token-derived: at once", cfg: Config{BlockSize: 32},
 			want: &Keys{Mode: kvindex.ModeTokenDerived, BlockSize: 32, Algo: "token-derived"}},
 		{name: "configured block size wins over the pods", cfg: Config{BlockSize: 32},
-			caches: map[target.ID]Cache{podID(0): rep(16, "sha256")},
+			caches: map[targetid.ID]Cache{podID(0): rep(16, "sha256")},
 			want:   &Keys{Mode: kvindex.ModeTokenDerived, BlockSize: 32, Algo: "token-derived"}},
 		{name: "nothing known: not configured"},
-		{name: "unreported pods do not count", caches: map[target.ID]Cache{podID(0): {BlockSize: 16}}},
+		{name: "unreported pods do not count", caches: map[targetid.ID]Cache{podID(0): {BlockSize: 16}}},
 		{name: "the majority's block size",
-			caches: map[target.ID]Cache{podID(0): rep(16, "sha256"), podID(1): rep(32, "sha256"), podID(2): rep(32, "sha256")},
+			caches: map[targetid.ID]Cache{podID(0): rep(16, "sha256"), podID(1): rep(32, "sha256"), podID(2): rep(32, "sha256")},
 			want:   &Keys{Mode: kvindex.ModeTokenDerived, BlockSize: 32, Algo: "token-derived"}},
 		{name: "a tie goes to the smaller block size",
-			caches: map[target.ID]Cache{podID(0): rep(64, "sha256"), podID(1): rep(16, "sha256")},
+			caches: map[targetid.ID]Cache{podID(0): rep(64, "sha256"), podID(1): rep(16, "sha256")},
 			want:   &Keys{Mode: kvindex.ModeTokenDerived, BlockSize: 16, Algo: "token-derived"}},
 		{name: "exact mode takes the pods' algorithm", cfg: Config{HashSeed: "0", HasHashSeed: true},
-			caches: map[target.ID]Cache{podID(0): rep(16, "xxhash")},
+			caches: map[targetid.ID]Cache{podID(0): rep(16, "xxhash")},
 			want:   &Keys{Mode: kvindex.ModeExact, BlockSize: 16, Algo: "xxhash"}},
 		{name: "exact mode: the configured algorithm wins", cfg: Config{HashSeed: "0", HasHashSeed: true, HashAlgo: "sha256_cbor"},
-			caches: map[target.ID]Cache{podID(0): rep(16, "xxhash")},
+			caches: map[targetid.ID]Cache{podID(0): rep(16, "xxhash")},
 			want:   &Keys{Mode: kvindex.ModeExact, BlockSize: 16, Algo: "sha256_cbor"}},
 		{name: "exact mode without any algorithm waits", cfg: Config{HashSeed: "0", HasHashSeed: true, BlockSize: 16}},
 		{name: "exact mode: an algorithm nobody knows is not used", cfg: Config{HashSeed: "0", HasHashSeed: true},
-			caches: map[target.ID]Cache{podID(0): rep(16, "md5")}},
+			caches: map[targetid.ID]Cache{podID(0): rep(16, "md5")}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -134,8 +134,8 @@ func TestKeysLearnedFromThePods(t *testing.T) {
 	// Once configured, later reports change nothing: the index has one key
 	// space for the process's life.
 	env := newTestPlane(t, Config{})
-	env.p.SetCaches(map[target.ID]Cache{podID(0): rep(16, "sha256")})
-	env.p.SetCaches(map[target.ID]Cache{podID(0): rep(64, "sha256"), podID(1): rep(64, "sha256")})
+	env.p.SetCaches(map[targetid.ID]Cache{podID(0): rep(16, "sha256")})
+	env.p.SetCaches(map[targetid.ID]Cache{podID(0): rep(64, "sha256"), podID(1): rep(64, "sha256")})
 	if ks := env.p.Keys(); ks == nil || ks.BlockSize != 16 {
 		t.Fatalf("keys after a later report: %+v", ks)
 	}
@@ -161,7 +161,7 @@ func TestExpectedBlockSize(t *testing.T) {
 			env := newTestPlane(t, Config{BlockSize: tt.cfgBS})
 			id := podID(0)
 			env.p.SetTarget(id, Source{})
-			env.p.SetCaches(map[target.ID]Cache{id: tt.cache})
+			env.p.SetCaches(map[targetid.ID]Cache{id: tt.cache})
 			e := env.p.Dispatch(id)
 			e.FirstByte(1024, 1024)
 			env.p.evaluate()
@@ -180,12 +180,12 @@ func TestPrefixCachingDisabledIsStale(t *testing.T) {
 	id := podID(0)
 	env.events.set(id, func(*kvindex.SubscriberStatus) {})
 	env.p.SetTarget(id, Source{Events: "tcp://127.0.0.1:5557"})
-	env.p.SetCaches(map[target.ID]Cache{id: {Reported: true, BlockSize: 16, PrefixCachingDisabled: true, PrefixCaching: "False"}})
+	env.p.SetCaches(map[targetid.ID]Cache{id: {Reported: true, BlockSize: 16, PrefixCachingDisabled: true, PrefixCaching: "False"}})
 	env.p.evaluate()
 	if f := env.p.Freshness(id); f.Verdict != VerdictStale || !strings.Contains(f.Detail, "prefix caching is disabled on the pod (enable_prefix_caching=False)") {
 		t.Fatalf("verdict %s (%s), want stale saying why", f.Verdict, f.Detail)
 	}
-	env.p.SetCaches(map[target.ID]Cache{id: {Reported: true, BlockSize: 16, PrefixCaching: "True"}})
+	env.p.SetCaches(map[targetid.ID]Cache{id: {Reported: true, BlockSize: 16, PrefixCaching: "True"}})
 	env.p.evaluate()
 	if f := env.p.Freshness(id); f.Verdict != VerdictFresh {
 		t.Fatalf("after enabling: %s (%s)", f.Verdict, f.Detail)
@@ -203,7 +203,7 @@ func TestPlacementCap(t *testing.T) {
 		keys[i] = kvindex.Key(i + 1)
 	}
 	env.p.Index().Store(id, kvindex.TierGPU, keys)
-	env.p.SetCaches(map[target.ID]Cache{id: {Reported: true, BlockSize: 16, NumGPUBlocks: 100}})
+	env.p.SetCaches(map[targetid.ID]Cache{id: {Reported: true, BlockSize: 16, NumGPUBlocks: 100}})
 	st, _ := env.p.Index().StatsFor(id)
 	if want := placementCap(100); want != 1424 || st.Placements != want || st.Evicted != uint64(len(keys)-want) {
 		t.Fatalf("placements %d, evicted %d; want cap %d", st.Placements, st.Evicted, want)
@@ -367,7 +367,7 @@ func TestWiring(t *testing.T) {
 		}
 		return keys
 	}
-	holds := func(id target.ID, keys []kvindex.Key) bool {
+	holds := func(id targetid.ID, keys []kvindex.Key) bool {
 		for _, k := range keys {
 			if !p.Index().Has(id, k) {
 				return false

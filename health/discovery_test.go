@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // recorder collects registry changes as "kind name" strings.
@@ -67,7 +67,7 @@ func TestDNSDiscovery(t *testing.T) {
 	}; !slices.Equal(got, want) {
 		t.Fatalf("changes %v, want %v", got, want)
 	}
-	tg := env.target(t, target.ID{Endpoint: "http://10.1.0.1:8000", Rank: 1})
+	tg := env.target(t, targetid.ID{Endpoint: "http://10.1.0.1:8000", Rank: 1})
 	if tg.Spec.Events != "tcp://10.1.0.1:5558" || tg.Spec.Replay != "tcp://10.1.0.1:5559" || tg.Source != SourceDNS {
 		t.Fatalf("dns target spec %+v source %s", tg.Spec, tg.Source)
 	}
@@ -87,7 +87,7 @@ func TestDNSDiscovery(t *testing.T) {
 	if old.State != StateDraining || old.CanRoute() {
 		t.Fatalf("removed target %s routable=%v", old.State, old.CanRoute())
 	}
-	if _, ok := env.m.Snapshot().Target(target.ID{Endpoint: "http://10.1.0.1:8000"}); ok {
+	if _, ok := env.m.Snapshot().Target(targetid.ID{Endpoint: "http://10.1.0.1:8000"}); ok {
 		t.Fatal("removed target without requests in flight still listed")
 	}
 	for _, tg := range env.m.Snapshot().ForModel("x") {
@@ -151,7 +151,7 @@ func TestSourcePrecedence(t *testing.T) {
 		DiscoverDNS: []string{"vllm:8000"},
 	}, Deps{Resolver: res})
 	env.m.resolveAll(env.ctx)
-	tg := env.target(t, target.ID{Endpoint: "http://10.1.0.1:8000"})
+	tg := env.target(t, targetid.ID{Endpoint: "http://10.1.0.1:8000"})
 	if tg.Source != SourceFlag || !slices.Equal(tg.Spec.Models, []string{"pinned"}) {
 		t.Fatalf("source %s models %v", tg.Source, tg.Spec.Models)
 	}

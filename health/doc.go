@@ -25,7 +25,7 @@
 //     prefix caching;
 //   - health's part of the router's per-target debug view, and the
 //     prefixrouter_health_* Prometheus metrics apart from the event-stream
-//     ones, labelled by target.ID.String() like every other per-target
+//     ones, labelled by targetid.ID.String() like every other per-target
 //     series.
 //
 // What a target's KV-event stream says and how far to trust it (subscribers,

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // fakePod is a vLLM-shaped HTTP server: /health, /v1/models, /metrics.
@@ -92,8 +92,8 @@ func (p *fakePod) spec(opts string) string {
 	return p.srv.URL + "?" + opts
 }
 
-func (p *fakePod) id(rank int) target.ID {
-	return target.ID{Endpoint: p.srv.URL, Rank: rank}
+func (p *fakePod) id(rank int) targetid.ID {
+	return targetid.ID{Endpoint: p.srv.URL, Rank: rank}
 }
 
 // name is the target label of one rank: the same string every package uses.
@@ -181,7 +181,7 @@ func (e *testEnv) tick() {
 	e.m.evaluate()
 }
 
-func (e *testEnv) target(t *testing.T, id target.ID) *Target {
+func (e *testEnv) target(t *testing.T, id targetid.ID) *Target {
 	t.Helper()
 	tg, ok := e.m.Snapshot().Target(id)
 	if !ok {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestScrapedLoadGoesStale: load comes from /metrics; when scrapes fail the
@@ -294,7 +294,7 @@ func TestProcessRestartIsAChange(t *testing.T) {
 	base := vllmExposition(map[int][3]float64{0: {0, 0, 0}}, 16, "sha256")
 	pod.setMetrics(base + "process_start_time_seconds 1000.5\n")
 	env := newTestMonitor(t, Config{Endpoints: []string{pod.spec("")}, ScrapeInterval: time.Second}, Deps{})
-	var restarted []target.ID
+	var restarted []targetid.ID
 	cancel := env.m.Subscribe(func(c Change) {
 		if c.Kind == Restarted {
 			restarted = append(restarted, c.Target.ID)

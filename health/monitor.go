@@ -15,7 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Resolver resolves discovery names to addresses; *net.Resolver is one.
@@ -252,7 +252,7 @@ func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
 
 // Dispatch is Snapshot().Target(id) followed by Target.Dispatch; an unknown
 // target yields a no-op Flight.
-func (m *Monitor) Dispatch(id target.ID, promptTokens, uncachedTokens int) *Flight {
+func (m *Monitor) Dispatch(id targetid.ID, promptTokens, uncachedTokens int) *Flight {
 	t, ok := m.Snapshot().Target(id)
 	if !ok {
 		return nil
@@ -489,7 +489,7 @@ func (m *Monitor) rebuildLocked() {
 	snap := &Snapshot{
 		Version: m.version,
 		Built:   now,
-		byID:    map[target.ID]*Target{},
+		byID:    map[targetid.ID]*Target{},
 		byModel: map[string][]*Target{},
 	}
 	eps := m.sortedEndpointsLocked()

@@ -162,7 +162,7 @@ func mustSpec(t *testing.T, s string) Spec {
 }
 
 // TestTargetLabelIsIDString: every per-target series, the snapshot name
-// and the debug view use target.ID.String() ("endpoint#rank", rank 0
+// and the debug view use targetid.ID.String() ("endpoint#rank", rank 0
 // included), the label kvindex's subscriber puts on prefixrouter_kv_*, so
 // the two families join on target.
 func TestTargetLabelIsIDString(t *testing.T) {
@@ -171,7 +171,7 @@ func TestTargetLabelIsIDString(t *testing.T) {
 	env.tick()
 	want := map[string]bool{pod.id(0).String(): true, pod.id(1).String(): true}
 	if !want[pod.srv.URL+"#0"] {
-		t.Fatalf("target.ID renders rank 0 as %q", pod.id(0).String())
+		t.Fatalf("targetid.ID renders rank 0 as %q", pod.id(0).String())
 	}
 	for _, tg := range env.m.Snapshot().Targets {
 		if tg.Name != tg.ID.String() {
@@ -180,7 +180,7 @@ func TestTargetLabelIsIDString(t *testing.T) {
 	}
 	for _, tv := range env.m.Debug().Targets {
 		if !want[tv.Target] {
-			t.Errorf("debug view target %q is not a target.ID label", tv.Target)
+			t.Errorf("debug view target %q is not a targetid.ID label", tv.Target)
 		}
 	}
 	fams, err := env.reg.Gather()
@@ -192,7 +192,7 @@ func TestTargetLabelIsIDString(t *testing.T) {
 		for _, m := range f.GetMetric() {
 			if v := label(m, "target"); v != "" {
 				if !want[v] {
-					t.Errorf("%s{target=%q} is not a target.ID label", f.GetName(), v)
+					t.Errorf("%s{target=%q} is not a targetid.ID label", f.GetName(), v)
 				}
 				seen[v] = true
 			}

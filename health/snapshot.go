@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // State says whether a target can take new work.
@@ -104,7 +104,7 @@ type ModelConfig struct {
 // Target is one target in a Snapshot. Its fields are immutable; Load and
 // the in-flight accounting read live atomics.
 type Target struct {
-	ID     target.ID
+	ID     targetid.ID
 	Spec   TargetSpec
 	Name   string // ID.String(), the target label of every package
 	Source string // "flag", "file" or "dns"
@@ -240,12 +240,12 @@ type Snapshot struct {
 	// Models maps each served model to its cache configuration.
 	Models map[string]ModelConfig
 
-	byID    map[target.ID]*Target
+	byID    map[targetid.ID]*Target
 	byModel map[string][]*Target
 }
 
 // Target returns the target with the given id.
-func (s *Snapshot) Target(id target.ID) (*Target, bool) {
+func (s *Snapshot) Target(id targetid.ID) (*Target, bool) {
 	if s == nil {
 		return nil, false
 	}

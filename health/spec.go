@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/prefixrouter/prefixrouter/internal/hostname"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Role says which phase of a disaggregated fleet a target serves.
@@ -55,7 +55,7 @@ const maxSpecLen = 4096
 //	role    prefill, decode or both (default both)
 type Spec struct {
 	// Endpoint is the normalized base URL without query (scheme and host in
-	// lower case, no trailing slash). It is the Endpoint of every target.ID
+	// lower case, no trailing slash). It is the Endpoint of every targetid.ID
 	// the spec yields.
 	Endpoint string
 	// Events is rank 0's KV-event publisher address.
@@ -79,7 +79,7 @@ type Spec struct {
 
 // TargetSpec is one event source and routing destination: one rank of a Spec.
 type TargetSpec struct {
-	ID     target.ID
+	ID     targetid.ID
 	Events string // this rank's publisher address
 	// EventsImplied: Events was not given (Spec.EventsImplied).
 	EventsImplied bool
@@ -258,7 +258,7 @@ func (s Spec) Targets() ([]TargetSpec, error) {
 			role = RoleBoth
 		}
 		out = append(out, TargetSpec{
-			ID:            target.ID{Endpoint: s.Endpoint, Rank: r},
+			ID:            targetid.ID{Endpoint: s.Endpoint, Rank: r},
 			Events:        ev,
 			EventsImplied: s.EventsImplied,
 			Topic:         s.Topic,

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -86,14 +86,14 @@ func TestSpecTargetsPerRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []TargetSpec{
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 0}, Events: "tcp://10.0.0.7:5557", EventsImplied: true, Replay: "tcp://10.0.0.7:6000", DP: 3, Models: []string{"m"}, Role: RoleDecode},
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}, Events: "tcp://10.0.0.7:5558", EventsImplied: true, Replay: "tcp://10.0.0.7:6001", DP: 3, Models: []string{"m"}, Role: RoleDecode},
-		{ID: target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 2}, Events: "tcp://10.0.0.7:5559", EventsImplied: true, Replay: "tcp://10.0.0.7:6002", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: 0}, Events: "tcp://10.0.0.7:5557", EventsImplied: true, Replay: "tcp://10.0.0.7:6000", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}, Events: "tcp://10.0.0.7:5558", EventsImplied: true, Replay: "tcp://10.0.0.7:6001", DP: 3, Models: []string{"m"}, Role: RoleDecode},
+		{ID: targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: 2}, Events: "tcp://10.0.0.7:5559", EventsImplied: true, Replay: "tcp://10.0.0.7:6002", DP: 3, Models: []string{"m"}, Role: RoleDecode},
 	}
 	if !reflect.DeepEqual(ts, want) {
 		t.Fatalf("Targets() =\n%+v\nwant\n%+v", ts, want)
 	}
-	// The label is target.ID's, rank always present, so health and kv
+	// The label is targetid.ID's, rank always present, so health and kv
 	// series join.
 	for i, want := range []string{"http://10.0.0.7:8000#0", "http://10.0.0.7:8000#1", "http://10.0.0.7:8000#2"} {
 		if got := ts[i].ID.String(); got != want {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Standalone returns a routable target that no Monitor watches: its load
@@ -14,7 +14,7 @@ import (
 // its simulated fleet's targets with it, on its virtual clock, and hands
 // each scrape of a pod's gauges to WithLoad, as a Monitor rebuilds its
 // snapshot after a scrape.
-func Standalone(id target.ID, model string, cfg Config, now func() time.Time) (*Target, error) {
+func Standalone(id targetid.ID, model string, cfg Config, now func() time.Time) (*Target, error) {
 	cfg.fill()
 	if errs := cfg.positive().Check(); len(errs) > 0 {
 		return nil, fmt.Errorf("health: %w", errors.Join(errs...))

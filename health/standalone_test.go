@@ -5,12 +5,12 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 func TestStandaloneTargetKeepsItsLedgerAcrossScrapes(t *testing.T) {
 	clk := manualclock.New()
-	id := target.ID{Endpoint: "http://pod:8000"}
+	id := targetid.ID{Endpoint: "http://pod:8000"}
 	tg, err := Standalone(id, "m", Config{BreakerFailures: 2, BreakerCooldown: time.Second}, clk.Now)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestStandaloneTargetKeepsItsLedgerAcrossScrapes(t *testing.T) {
 }
 
 func TestStandaloneRefusesABadConfig(t *testing.T) {
-	if _, err := Standalone(target.ID{Endpoint: "http://pod:8000"}, "m", Config{BreakerCooldown: -time.Second}, time.Now); err == nil {
+	if _, err := Standalone(targetid.ID{Endpoint: "http://pod:8000"}, "m", Config{BreakerCooldown: -time.Second}, time.Now); err == nil {
 		t.Fatal("a negative breaker cooldown was accepted")
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/internal/hostname"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // BusConfig describes one bound collection socket: every pod's publisher
@@ -68,7 +68,7 @@ type BusConfig struct {
 
 // BusRoute is where one topic's batches go.
 type BusRoute struct {
-	Target target.ID
+	Target targetid.ID
 	// Sources are the hosts (IP addresses or names) whose addresses may
 	// publish this route's batches: the topic's host and the target's
 	// endpoint host. A batch from any other address is refused.
@@ -123,14 +123,14 @@ type Bus struct {
 	sockets  map[int]*zmq.Socket // rank → bound SUB socket
 	wanted   map[int]bool        // ranks to bind at Start
 	streams  map[busKey]*busStream
-	byTarget map[target.ID]*busStream
+	byTarget map[targetid.ID]*busStream
 	unknown  map[busKey]*unknownTopic
 	// refusedTopics are routed topics none of whose batches was accepted
 	// yet, kept so that a refused publisher is not routed anew per batch.
 	refusedTopics map[busKey]*refusedTopic
 	// refusals are each target's refusals the bus itself made (its
 	// stream's sequencer counts its own).
-	refusals map[target.ID]*busRefusals
+	refusals map[targetid.ID]*busRefusals
 	// unlisted counts batches of unknown topics past maxUnknownTopics.
 	unlisted       int
 	unknownBatches uint64
@@ -208,11 +208,11 @@ func NewBus(cfg BusConfig) (*Bus, error) {
 		sockets:  make(map[int]*zmq.Socket),
 		wanted:   make(map[int]bool),
 		streams:  make(map[busKey]*busStream),
-		byTarget: make(map[target.ID]*busStream),
+		byTarget: make(map[targetid.ID]*busStream),
 		unknown:  make(map[busKey]*unknownTopic),
 
 		refusedTopics: make(map[busKey]*refusedTopic),
-		refusals:      make(map[target.ID]*busRefusals),
+		refusals:      make(map[targetid.ID]*busRefusals),
 		resolver:      newSourceResolver(cfg.Lookup),
 	}, nil
 }
@@ -581,7 +581,7 @@ func (b *Bus) forgetUnknownLocked(now time.Time) {
 	}
 }
 
-func (b *Bus) refuseTarget(id target.ID, r Refusal, detail string) {
+func (b *Bus) refuseTarget(id targetid.ID, r Refusal, detail string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refuseTargetLocked(id, r, detail)
@@ -589,7 +589,7 @@ func (b *Bus) refuseTarget(id target.ID, r Refusal, detail string) {
 
 // refuseTargetLocked counts a refusal of a batch routed to id, logged at
 // most once per refusalLogEvery per reason.
-func (b *Bus) refuseTargetLocked(id target.ID, r Refusal, detail string) {
+func (b *Bus) refuseTargetLocked(id targetid.ID, r Refusal, detail string) {
 	now := time.Now()
 	c := b.refusals[id]
 	if c == nil {
@@ -614,7 +614,7 @@ func (b *Bus) countBus(reason string) {
 
 // Refused is what the bus refused of id's batches, its stream's
 // refusals included.
-func (b *Bus) Refused(id target.ID) RefusalCounts {
+func (b *Bus) Refused(id targetid.ID) RefusalCounts {
 	b.mu.Lock()
 	var c RefusalCounts
 	if r := b.refusals[id]; r != nil {
@@ -630,7 +630,7 @@ func (b *Bus) Refused(id target.ID) RefusalCounts {
 
 // Drop stops following id's stream, if any: the target was removed or its
 // topic or replay address changed. The topic's next batch is routed anew.
-func (b *Bus) Drop(id target.ID) {
+func (b *Bus) Drop(id targetid.ID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if st := b.byTarget[id]; st != nil {
@@ -652,7 +652,7 @@ func (b *Bus) dropLocked(st *busStream) {
 
 // Status is id's stream's status and the topic it arrives under; ok is
 // false while none of its batches arrived on this bus.
-func (b *Bus) Status(id target.ID) (status SubscriberStatus, topic string, ok bool) {
+func (b *Bus) Status(id targetid.ID) (status SubscriberStatus, topic string, ok bool) {
 	b.mu.Lock()
 	st := b.byTarget[id]
 	b.mu.Unlock()
@@ -664,7 +664,7 @@ func (b *Bus) Status(id target.ID) (status SubscriberStatus, topic string, ok bo
 
 // Resync clears id's placements and rebuilds them from the pod's replay
 // buffer (its process restarted without the sequence showing it).
-func (b *Bus) Resync(id target.ID) bool {
+func (b *Bus) Resync(id targetid.ID) bool {
 	b.mu.Lock()
 	st := b.byTarget[id]
 	if st != nil {

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestBusFollowsEachTopic: publishers connect to the bus as vLLM's do with
@@ -40,9 +40,9 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	replays := []string{rank0.ReplayEndpoint(), rank1.ReplayEndpoint()}
 
 	var mu sync.Mutex
-	applied := map[target.ID][]uint64{}
-	restarts := map[target.ID]int{}
-	seen := func(id target.ID) []uint64 { mu.Lock(); defer mu.Unlock(); return slices.Clone(applied[id]) }
+	applied := map[targetid.ID][]uint64{}
+	restarts := map[targetid.ID]int{}
+	seen := func(id targetid.ID) []uint64 { mu.Lock(); defer mu.Unlock(); return slices.Clone(applied[id]) }
 	route := func(rank int, topic string) (BusRoute, error) {
 		tp, err := ParseTopic(topic)
 		if err != nil {
@@ -51,7 +51,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 		if tp.HostPort() != "10.0.0.7:8000" {
 			return BusRoute{}, fmt.Errorf("no target at %s", tp.HostPort())
 		}
-		id := target.ID{Endpoint: "http://10.0.0.7:8000", Rank: rank}
+		id := targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: rank}
 		return BusRoute{Target: id, Replay: replays[rank], Sources: []string{"127.0.0.1"},
 			Handle: func(seq uint64, _ *events.Batch, _ bool) {
 				mu.Lock()
@@ -73,7 +73,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	if err := bus.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a, b := target.ID{Endpoint: "http://10.0.0.7:8000"}, target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}
+	a, b := targetid.ID{Endpoint: "http://10.0.0.7:8000"}, targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}
 	publishUntil := func(p *publish.Publisher, what string, done func() bool) {
 		t.Helper()
 		waitFor(t, what, func() bool {

@@ -6,13 +6,13 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // DirectConfig is what an in-process stream needs; the fields mean what
 // SubscriberConfig's of the same names do.
 type DirectConfig struct {
-	Target    target.ID
+	Target    targetid.ID
 	Handle    func(seq uint64, b *events.Batch, replayed bool)
 	Restarted func()
 	Logger    *slog.Logger

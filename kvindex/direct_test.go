@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 func TestDirectSequences(t *testing.T) {
@@ -29,7 +29,7 @@ func TestDirectSequences(t *testing.T) {
 			var handled []uint64
 			restarts := 0
 			d := NewDirect(DirectConfig{
-				Target:    target.ID{Endpoint: "http://pod:8000"},
+				Target:    targetid.ID{Endpoint: "http://pod:8000"},
 				Handle:    func(seq uint64, _ *events.Batch, _ bool) { handled = append(handled, seq) },
 				Restarted: func() { restarts++ },
 				Now:       clk.Now,
@@ -93,7 +93,7 @@ func TestDirectReplay(t *testing.T) {
 			clk := manualclock.New()
 			var handled []uint64
 			d := NewDirect(DirectConfig{
-				Target: target.ID{Endpoint: "http://pod:8000"},
+				Target: targetid.ID{Endpoint: "http://pod:8000"},
 				Handle: func(seq uint64, _ *events.Batch, _ bool) { handled = append(handled, seq) },
 				Now:    clk.Now, Replay: buffer,
 			})

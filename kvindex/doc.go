@@ -14,7 +14,7 @@
 // It provides the parts, one target at a time; which targets to follow,
 // when the keys are known, and how far each stream can be trusted is the
 // event plane's (package eventplane), which wires them together. Targets are
-// named by target.ID; beyond that package and its own sub-packages, kvindex
+// named by targetid.ID; beyond that package and its own sub-packages, kvindex
 // imports nothing of the project.
 //
 // The wire format of KV events lives in the sub-package kvindex/events so that

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // storedPayload is a BlockStored batch of blocks blocks of 4 tokens.
@@ -91,7 +91,7 @@ func TestOversizedMessagesDropped(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		m := NewMetrics(reg)
 		a := &applied{seqs: map[uint64]int{}}
-		id := target.ID{Endpoint: "http://127.0.0.1:8000"}
+		id := targetid.ID{Endpoint: "http://127.0.0.1:8000"}
 		// The reconnected publisher is a new connection: it takes the
 		// topic over once the old one was silent for OwnerIdle.
 		bus, err := NewBus(BusConfig{Listen: listen, Logger: quietLogger(), Metrics: m, MaxMessageBytes: maxBytes, OwnerIdle: 200 * time.Millisecond,
@@ -153,7 +153,7 @@ func TestStreamRateLimits(t *testing.T) {
 	var restarts atomic.Int64
 	now := time.Unix(1000, 0)
 	s := newSequencer(sequencerConfig{
-		Target: target.ID{Endpoint: "http://p"}, Logger: quietLogger(), Now: func() time.Time { return now },
+		Target: targetid.ID{Endpoint: "http://p"}, Logger: quietLogger(), Now: func() time.Time { return now },
 		Handle:    func(seq uint64, _ *events.Batch, _ bool) { mu.Lock(); applied = append(applied, seq); mu.Unlock() },
 		Restarted: func() { restarts.Add(1) },
 		Limits:    StreamLimits{ResetsPerMinute: 1, GapsPerMinute: 1},
@@ -206,10 +206,10 @@ func TestDecodeAllocatesForBytesNotDeclarations(t *testing.T) {
 // TestBusQueueBounded: a stream whose queue is full refuses the batch
 // rather than stall the socket's other topics.
 func TestBusQueueBounded(t *testing.T) {
-	seq := newSequencer(sequencerConfig{Target: target.ID{Endpoint: "http://p"}, QueueSize: 1, Logger: quietLogger(), Handle: func(uint64, *events.Batch, bool) {}})
+	seq := newSequencer(sequencerConfig{Target: targetid.ID{Endpoint: "http://p"}, QueueSize: 1, Logger: quietLogger(), Handle: func(uint64, *events.Batch, bool) {}})
 	st := &busStream{seq: seq, route: BusRoute{Target: seq.cfg.Target, Sources: []string{"127.0.0.1"}}, owner: "c1", ctx: context.Background()}
-	b := &Bus{log: quietLogger(), streams: map[busKey]*busStream{{topic: "t"}: st}, byTarget: map[target.ID]*busStream{st.route.Target: st},
-		resolver: newSourceResolver(nil), refusals: map[target.ID]*busRefusals{}, cfg: BusConfig{OwnerIdle: time.Hour}}
+	b := &Bus{log: quietLogger(), streams: map[busKey]*busStream{{topic: "t"}: st}, byTarget: map[targetid.ID]*busStream{st.route.Target: st},
+		resolver: newSourceResolver(nil), refusals: map[targetid.ID]*busRefusals{}, cfg: BusConfig{OwnerIdle: time.Hour}}
 	from := peerOf(map[string]string{"Peer-Address": "127.0.0.1", "User-Id": "c1"})
 	frames := [][]byte{[]byte("t"), events.SeqFrame(0), emptyBatch(t)}
 	for range 3 {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/internal/flatmap"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Tier is where a placement lives. vLLM's offloading connectors publish the
@@ -69,7 +69,7 @@ const DefaultMaxPlacementsPerTarget = 1 << 20
 type Index struct {
 	mu      sync.RWMutex
 	cfg     IndexConfig
-	slots   map[target.ID]int
+	slots   map[targetid.ID]int
 	targets []*targetState // by slot; nil when free
 	// masks[tier][group] maps a key to the bitmask of the group's 64 slots
 	// that hold it in that tier.
@@ -140,7 +140,7 @@ func (r *refCounts) reset() {
 }
 
 type targetState struct {
-	id   target.ID
+	id   targetid.ID
 	slot int
 	// count is the number of distinct (tier, key) placements.
 	count     int
@@ -183,18 +183,18 @@ func NewIndex(cfg IndexConfig) *Index {
 	if cfg.TierWeights == ([numTiers]float64{}) {
 		cfg.TierWeights = DefaultTierWeights
 	}
-	return &Index{cfg: cfg, slots: make(map[target.ID]int)}
+	return &Index{cfg: cfg, slots: make(map[targetid.ID]int)}
 }
 
 // AddTarget registers a target; placements for unknown targets are added
 // implicitly, so calling it is optional.
-func (ix *Index) AddTarget(id target.ID) {
+func (ix *Index) AddTarget(id targetid.ID) {
 	ix.mu.Lock()
 	ix.slotFor(id)
 	ix.mu.Unlock()
 }
 
-func (ix *Index) slotFor(id target.ID) *targetState {
+func (ix *Index) slotFor(id targetid.ID) *targetState {
 	if s, ok := ix.slots[id]; ok {
 		return ix.targets[s]
 	}
@@ -221,7 +221,7 @@ func (ix *Index) slotFor(id target.ID) *targetState {
 }
 
 // RemoveTarget drops a target and every placement it had.
-func (ix *Index) RemoveTarget(id target.ID) {
+func (ix *Index) RemoveTarget(id targetid.ID) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	s, ok := ix.slots[id]
@@ -234,21 +234,21 @@ func (ix *Index) RemoveTarget(id target.ID) {
 }
 
 // Store adds one reference per key in the given tier.
-func (ix *Index) Store(id target.ID, tier Tier, keys []Key) {
+func (ix *Index) Store(id targetid.ID, tier Tier, keys []Key) {
 	ix.mu.Lock()
 	ix.storeLocked(ix.slotFor(id), tier, keys)
 	ix.mu.Unlock()
 }
 
 // Remove drops one reference per key in the given tier.
-func (ix *Index) Remove(id target.ID, tier Tier, keys []Key) {
+func (ix *Index) Remove(id targetid.ID, tier Tier, keys []Key) {
 	ix.mu.Lock()
 	ix.removeLocked(ix.slotFor(id), tier, keys)
 	ix.mu.Unlock()
 }
 
 // Clear drops every placement of the target (AllBlocksCleared, restart).
-func (ix *Index) Clear(id target.ID) {
+func (ix *Index) Clear(id targetid.ID) {
 	ix.mu.Lock()
 	if s, ok := ix.slots[id]; ok {
 		ix.clearLocked(ix.targets[s])
@@ -258,7 +258,7 @@ func (ix *Index) Clear(id target.ID) {
 
 // Update applies several operations for one target under a single write
 // lock, in order. Ingestion uses it to apply a whole event batch at once.
-func (ix *Index) Update(id target.ID, fn func(w *IndexWriter)) {
+func (ix *Index) Update(id targetid.ID, fn func(w *IndexWriter)) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := IndexWriter{ix: ix, ts: ix.slotFor(id)}
@@ -326,7 +326,7 @@ func (ix *Index) removeLocked(ts *targetState, tier Tier, keys []Key) {
 // reported cache size (num_gpu_blocks plus any offloading tiers), so that
 // missed removals cannot make the index claim far more than the pod holds.
 // n <= 0 restores the index-wide default.
-func (ix *Index) SetTargetCap(id target.ID, n int) {
+func (ix *Index) SetTargetCap(id targetid.ID, n int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ts := ix.slotFor(id)
@@ -445,7 +445,7 @@ func (ix *Index) compactLocked(ts *targetState) {
 
 // Match is one target's confirmed prefix for a lookup.
 type Match struct {
-	Target target.ID
+	Target targetid.ID
 	// Blocks is the length of the longest run of consecutive keys from
 	// block 0 that the target holds in any tier.
 	Blocks int
@@ -655,7 +655,7 @@ func (ix *Index) Extend(r *Reach, keys []Key) bool {
 
 // Holders appends the targets that hold every key r has been extended by:
 // the only ones whose run a later key can still lengthen.
-func (ix *Index) Holders(r *Reach, dst []target.ID) []target.ID {
+func (ix *Index) Holders(r *Reach, dst []targetid.ID) []targetid.ID {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for slot, ts := range ix.targets {
@@ -754,7 +754,7 @@ func (ix *Index) lookupGroup(dst []Match, g int, keys []Key, inUse [numTiers]boo
 
 // TargetStats is one target's index bookkeeping.
 type TargetStats struct {
-	Target          target.ID
+	Target          targetid.ID
 	Placements      int
 	ByTier          [numTiers]int
 	Evicted         uint64
@@ -776,7 +776,7 @@ func (ix *Index) Stats() []TargetStats {
 }
 
 // StatsFor reports one target's placement counts.
-func (ix *Index) StatsFor(id target.ID) (TargetStats, bool) {
+func (ix *Index) StatsFor(id targetid.ID) (TargetStats, bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	s, ok := ix.slots[id]
@@ -788,7 +788,7 @@ func (ix *Index) StatsFor(id target.ID) (TargetStats, bool) {
 }
 
 // Has reports whether the target holds key in any tier (tests and debugging).
-func (ix *Index) Has(id target.ID, key Key) bool {
+func (ix *Index) Has(id targetid.ID, key Key) bool {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	s, ok := ix.slots[id]

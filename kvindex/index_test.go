@@ -8,10 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
-func tid(i int) target.ID { return target.ID{Endpoint: fmt.Sprintf("http://10.0.0.%d:8000", i)} }
+func tid(i int) targetid.ID { return targetid.ID{Endpoint: fmt.Sprintf("http://10.0.0.%d:8000", i)} }
 
 func keysN(base, n int) []Key {
 	out := make([]Key, n)
@@ -21,8 +21,8 @@ func keysN(base, n int) []Key {
 	return out
 }
 
-func matchesByTarget(ms []Match) map[target.ID]Match {
-	out := map[target.ID]Match{}
+func matchesByTarget(ms []Match) map[targetid.ID]Match {
+	out := map[targetid.ID]Match{}
 	for _, m := range ms {
 		out[m.Target] = m
 	}
@@ -37,7 +37,7 @@ func TestLookupLongestRunFromBlockZero(t *testing.T) {
 	ix.Store(tid(3), TierGPU, append(k[:2:2], k[3:]...)) // hole at 2: run 2
 	ix.Store(tid(4), TierGPU, k)                         // full run
 	got := matchesByTarget(ix.Lookup(nil, k))
-	want := map[target.ID]int{tid(1): 5, tid(3): 2, tid(4): 8}
+	want := map[targetid.ID]int{tid(1): 5, tid(3): 2, tid(4): 8}
 	if len(got) != len(want) {
 		t.Fatalf("got %v", got)
 	}
@@ -101,68 +101,68 @@ func TestLookupAsOf(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		before, after func(ix *Index)
-		want          map[target.ID]run
+		want          map[targetid.ID]run
 	}{
 		{"nothing placed since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) {},
-			map[target.ID]run{tid(1): {10, false}}},
+			map[targetid.ID]run{tid(1): {10, false}}},
 		{"the rest of the prompt placed since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:4]) },
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[4:]) },
-			map[target.ID]run{tid(1): {4, false}}},
+			map[targetid.ID]run{tid(1): {4, false}}},
 		{"other prompts placed since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:6]) },
 			func(ix *Index) { ix.Store(tid(1), TierGPU, keysN(2, 50)) },
-			map[target.ID]run{tid(1): {6, false}}},
+			map[targetid.ID]run{tid(1): {6, false}}},
 		{"a second reference since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[2:5]) },
-			map[target.ID]run{tid(1): {10, false}}},
+			map[targetid.ID]run{tid(1): {10, false}}},
 		{"a held block offloaded since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) { ix.Store(tid(1), TierCPU, k[3:]) },
-			map[target.ID]run{tid(1): {10, false}}},
+			map[targetid.ID]run{tid(1): {10, false}}},
 		{"blocks held only in a tier placed since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:3]) },
 			func(ix *Index) { ix.Store(tid(1), TierCPU, k[3:]) },
-			map[target.ID]run{tid(1): {3, false}}},
+			map[targetid.ID]run{tid(1): {3, false}}},
 		{"a block removed since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) { ix.Remove(tid(1), TierGPU, k[5:6]) },
-			map[target.ID]run{tid(1): {5, false}}},
+			map[targetid.ID]run{tid(1): {5, false}}},
 		{"a block removed and placed again since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) {
 				ix.Remove(tid(1), TierGPU, k[5:6])
 				ix.Store(tid(1), TierGPU, k[5:6])
 			},
-			map[target.ID]run{tid(1): {5, false}}},
+			map[targetid.ID]run{tid(1): {5, false}}},
 		{"only the target placing since is cut",
 			func(ix *Index) {
 				ix.Store(tid(1), TierGPU, k[:2])
 				ix.Store(tid(2), TierGPU, k[:7])
 			},
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[2:]) },
-			map[target.ID]run{tid(1): {2, false}, tid(2): {7, false}}},
+			map[targetid.ID]run{tid(1): {2, false}, tid(2): {7, false}}},
 		{"a target added since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:2]) },
 			func(ix *Index) { ix.Store(tid(2), TierGPU, k) },
-			map[target.ID]run{tid(1): {2, false}}},
+			map[targetid.ID]run{tid(1): {2, false}}},
 		{"a target removed and added again since",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) {
 				ix.RemoveTarget(tid(1))
 				ix.Store(tid(1), TierGPU, k)
 			},
-			map[target.ID]run{}},
+			map[targetid.ID]run{}},
 		{"cleared since: lost",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k[:3]) },
 			func(ix *Index) {
 				ix.Clear(tid(1))
 				ix.Store(tid(1), TierGPU, k)
 			},
-			map[target.ID]run{tid(1): {10, true}}},
+			map[targetid.ID]run{tid(1): {10, true}}},
 		{"compacted since: lost",
 			func(ix *Index) { ix.Store(tid(1), TierGPU, k) },
 			func(ix *Index) {
@@ -171,7 +171,7 @@ func TestLookupAsOf(t *testing.T) {
 				ix.Remove(tid(1), TierGPU, churn)
 				ix.Store(tid(1), TierGPU, keysN(4, 1)) // compacts
 			},
-			map[target.ID]run{tid(1): {10, true}}},
+			map[targetid.ID]run{tid(1): {10, true}}},
 		{"evictions consumed the placements since: lost",
 			func(ix *Index) {
 				ix.SetTargetCap(tid(1), 2)
@@ -181,7 +181,7 @@ func TestLookupAsOf(t *testing.T) {
 				ix.Store(tid(1), TierGPU, keysN(5, 2))
 				ix.Store(tid(1), TierGPU, k[:2])
 			},
-			map[target.ID]run{tid(1): {2, true}}},
+			map[targetid.ID]run{tid(1): {2, true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(IndexConfig{})

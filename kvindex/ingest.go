@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // KeyMode says how block keys relate to the hashes pods publish.
@@ -56,9 +56,9 @@ type IngestConfig struct {
 // the speculative layer uses it to confirm or invalidate predictions. Any
 // field may be nil.
 type Observer struct {
-	Stored  func(id target.ID, tier Tier, keys []Key)
-	Removed func(id target.ID, tier Tier, keys []Key)
-	Cleared func(id target.ID)
+	Stored  func(id targetid.ID, tier Tier, keys []Key)
+	Removed func(id targetid.ID, tier Tier, keys []Key)
+	Cleared func(id targetid.ID)
 }
 
 // Ingestor turns decoded event batches into index updates for each target,
@@ -70,7 +70,7 @@ type Ingestor struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	targets map[target.ID]*ingestState
+	targets map[targetid.ID]*ingestState
 }
 
 // ingestState is one target's translation state. Only that target's
@@ -187,10 +187,10 @@ func NewIngestor(ix *Index, cfg IngestConfig, obs Observer) (*Ingestor, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[target.ID]*ingestState)}, nil
+	return &Ingestor{ix: ix, cfg: cfg, obs: obs, log: log, targets: make(map[targetid.ID]*ingestState)}, nil
 }
 
-func (in *Ingestor) state(t target.ID) *ingestState {
+func (in *Ingestor) state(t targetid.ID) *ingestState {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	st, ok := in.targets[t]
@@ -204,7 +204,7 @@ func (in *Ingestor) state(t target.ID) *ingestState {
 
 // Reset forgets everything about a target's placements: the pod restarted
 // (its new process holds nothing the old one announced) or it was removed.
-func (in *Ingestor) Reset(t target.ID) {
+func (in *Ingestor) Reset(t targetid.ID) {
 	st := in.state(t)
 	st.mu.Lock()
 	st.engine.reset()
@@ -219,7 +219,7 @@ func (in *Ingestor) Reset(t target.ID) {
 }
 
 // Forget drops a removed target entirely, including its metric series.
-func (in *Ingestor) Forget(t target.ID) {
+func (in *Ingestor) Forget(t targetid.ID) {
 	in.Reset(t)
 	in.ix.RemoveTarget(t)
 	in.mu.Lock()
@@ -230,14 +230,14 @@ func (in *Ingestor) Forget(t target.ID) {
 
 // HashHealth reports how many verifications of a target's block keys were
 // made and how many failed (see KeyHealth).
-func (in *Ingestor) HashHealth(t target.ID) (checks, mismatches uint64) {
+func (in *Ingestor) HashHealth(t targetid.ID) (checks, mismatches uint64) {
 	kh := in.KeyHealth(t)
 	return kh.Checks, kh.Mismatches
 }
 
 // KeyHealth reports what a target's events said about the router's block
 // keys so far.
-func (in *Ingestor) KeyHealth(t target.ID) KeyHealth {
+func (in *Ingestor) KeyHealth(t targetid.ID) KeyHealth {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -245,7 +245,7 @@ func (in *Ingestor) KeyHealth(t target.ID) KeyHealth {
 }
 
 // Apply applies one batch to the index, in event order.
-func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
+func (in *Ingestor) Apply(t targetid.ID, b *events.Batch) {
 	st := in.state(t)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -331,7 +331,7 @@ func (in *Ingestor) Apply(t target.ID, b *events.Batch) {
 	}
 }
 
-func (in *Ingestor) updateIndexGauges(t target.ID, st *ingestState) {
+func (in *Ingestor) updateIndexGauges(t targetid.ID, st *ingestState) {
 	if st.metrics == nil {
 		return
 	}

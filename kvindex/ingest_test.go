@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // storedEvent builds the BlockStored event a vLLM pod publishes for blocks
@@ -300,9 +300,9 @@ func TestIngestObserverAndTiers(t *testing.T) {
 	var stored, removed []Key
 	cleared := 0
 	in, err := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{
-		Stored:  func(_ target.ID, tier Tier, k []Key) { stored = append(stored, k...) },
-		Removed: func(_ target.ID, tier Tier, k []Key) { removed = append(removed, k...) },
-		Cleared: func(target.ID) { cleared++ },
+		Stored:  func(_ targetid.ID, tier Tier, k []Key) { stored = append(stored, k...) },
+		Removed: func(_ targetid.ID, tier Tier, k []Key) { removed = append(removed, k...) },
+		Cleared: func(targetid.ID) { cleared++ },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -441,14 +441,14 @@ func TestIngestOffloadedCopies(t *testing.T) {
 func TestIngestRankMismatchIsLoud(t *testing.T) {
 	var log bytes.Buffer
 	_, in, m, _ := newTestIngestor(t, ModeExact, nil, &log)
-	in.Apply(target.ID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
+	in.Apply(targetid.ID{Endpoint: "pod", Rank: 1}, &events.Batch{HasDPRank: true, DPRank: 0})
 	if v := testutil.ToFloat64(m.rankMismatches.WithLabelValues("pod#1")); v != 1 || !strings.Contains(log.String(), "wrong data-parallel rank") {
 		t.Fatalf("metric %v log %q", v, log.String())
 	}
 }
 
 // engineEntries counts the engine hashes the ingestor remembers for id.
-func engineEntries(in *Ingestor, id target.ID) int {
+func engineEntries(in *Ingestor, id targetid.ID) int {
 	st := in.state(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestExtendMatchesKeys keys prompts piece by piece, at random cut points,
@@ -79,8 +79,8 @@ func TestReachAgreesWithLookup(t *testing.T) {
 		}
 		return best
 	}
-	covering := func(keys []Key) []target.ID {
-		var ids []target.ID
+	covering := func(keys []Key) []targetid.ID {
+		var ids []targetid.ID
 		for _, m := range ix.Lookup(nil, keys) {
 			if m.Blocks == len(keys) {
 				ids = append(ids, m.Target)
@@ -88,8 +88,8 @@ func TestReachAgreesWithLookup(t *testing.T) {
 		}
 		return ids
 	}
-	sorted := func(ids []target.ID) []target.ID {
-		return slices.SortedFunc(slices.Values(ids), func(a, b target.ID) int { return strings.Compare(a.String(), b.String()) })
+	sorted := func(ids []targetid.ID) []targetid.ID {
+		return slices.SortedFunc(slices.Values(ids), func(a, b targetid.ID) int { return strings.Compare(a.String(), b.String()) })
 	}
 	for trial := range 20 {
 		var r Reach

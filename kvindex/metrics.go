@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Metrics are the event-ingestion and index numbers kvindex owns. Labels are
@@ -82,7 +82,7 @@ var (
 // AddTarget creates a new target's counters at zero, so that an alert on
 // their rate (hash mismatches, batches lost for good, gaps) sees the series
 // before the first occurrence. ForgetTarget deletes them.
-func (m *Metrics) AddTarget(id target.ID) {
+func (m *Metrics) AddTarget(id targetid.ID) {
 	if m == nil {
 		return
 	}
@@ -110,7 +110,7 @@ func (m *Metrics) AddTarget(id target.ID) {
 
 // ForgetTarget drops a removed target's series so the label set stays
 // bounded by the live fleet.
-func (m *Metrics) ForgetTarget(id target.ID) { m.forgetTarget(id.String()) }
+func (m *Metrics) ForgetTarget(id targetid.ID) { m.forgetTarget(id.String()) }
 
 // forgetTarget drops a removed target's series so the label set stays bounded
 // by the live fleet.

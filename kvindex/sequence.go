@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // sequencer owns one event stream's sequence: it applies the messages a
@@ -36,7 +36,7 @@ type sequencer struct {
 // sequencerConfig is what a stream's sequence tracking needs; the fields
 // mean what SubscriberConfig's of the same names do.
 type sequencerConfig struct {
-	Target        target.ID
+	Target        targetid.ID
 	Replay        string
 	Handle        func(seq uint64, b *events.Batch, replayed bool)
 	Restarted     func()

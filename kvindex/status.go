@@ -3,13 +3,13 @@ package kvindex
 import (
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // SubscriberStatus is a point-in-time view of one target's event stream,
 // read by the event plane to judge freshness.
 type SubscriberStatus struct {
-	Target    target.ID
+	Target    targetid.ID
 	Connected bool // SUB socket connected and receiving is possible
 	// EverConnected is set once the SUB socket first connected.
 	EverConnected bool

@@ -13,12 +13,12 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // SubscriberConfig describes one target's event stream.
 type SubscriberConfig struct {
-	Target target.ID
+	Target targetid.ID
 	// Endpoint is the pod's PUB socket, e.g. tcp://10.0.0.7:5557.
 	Endpoint string
 	// Replay is the pod's ROUTER replay socket; empty disables replay (gaps

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // goldenPayloads returns the msgpack payloads of testdata/vllm/kv_events.json
@@ -105,7 +105,7 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{})
-	id := target.ID{Endpoint: "http://10.0.0.7:8000"}
+	id := targetid.ID{Endpoint: "http://10.0.0.7:8000"}
 	var mu sync.Mutex
 	var seen []uint64
 	sub, err := NewSubscriber(SubscriberConfig{
@@ -320,7 +320,7 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 	endpoint, replayEndpoint := first.Endpoint(), first.ReplayEndpoint()
 	ix := NewIndex(IndexConfig{})
 	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact}, Observer{})
-	id := target.ID{Endpoint: "pod"}
+	id := targetid.ID{Endpoint: "pod"}
 	sub, _ := NewSubscriber(SubscriberConfig{Target: id, Endpoint: endpoint, Replay: replayEndpoint,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
 		Handle:    func(_ uint64, b *events.Batch, _ bool) { in.Apply(id, b) },

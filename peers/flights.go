@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // In-flight work ("flights"): what each replica has dispatched to a pod and
@@ -24,12 +24,12 @@ import (
 type flightsOut struct {
 	mu      sync.Mutex
 	full    bool
-	changed map[target.ID]struct{}
+	changed map[targetid.ID]struct{}
 	kick    chan struct{} // capacity 1: wakes the sender
 }
 
 func newFlightsOut() *flightsOut {
-	return &flightsOut{changed: map[target.ID]struct{}{}, kick: make(chan struct{}, 1)}
+	return &flightsOut{changed: map[targetid.ID]struct{}{}, kick: make(chan struct{}, 1)}
 }
 
 func (f *flightsOut) wake() {
@@ -40,7 +40,7 @@ func (f *flightsOut) wake() {
 }
 
 // take returns what is due and clears it.
-func (f *flightsOut) take() (full bool, ids []target.ID) {
+func (f *flightsOut) take() (full bool, ids []targetid.ID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	full, f.full = f.full, false
@@ -58,7 +58,7 @@ func (f *flightsOut) take() (full bool, ids []target.ID) {
 // the same target before the sender wakes make one message. The router
 // calls it when a request is dispatched, gets its first byte and ends.
 // Safe for concurrent use; it never waits.
-func (m *Mesh) Changed(id target.ID) {
+func (m *Mesh) Changed(id targetid.ID) {
 	if m == nil {
 		return
 	}
@@ -88,7 +88,7 @@ func (m *Mesh) flightsDue() *Message {
 		}
 		return &Message{Kind: KindFlights, Flights: own}
 	case len(ids) > 0 && m.h.OwnOf != nil:
-		slices.SortFunc(ids, func(a, b target.ID) int {
+		slices.SortFunc(ids, func(a, b targetid.ID) int {
 			return cmp.Or(cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Rank, b.Rank))
 		})
 		list := make([]TargetFlights, 0, len(ids))
@@ -105,7 +105,7 @@ func (m *Mesh) flightsDue() *Message {
 // originFlights is one peer replica's last known in-flight work.
 type originFlights struct {
 	at      time.Time // its last report of any kind
-	targets map[target.ID]TargetFlights
+	targets map[targetid.ID]TargetFlights
 }
 
 func (f TargetFlights) isZero() bool {
@@ -116,14 +116,14 @@ func (f TargetFlights) isZero() bool {
 // targets whose sum may have changed: a full report's every target before
 // and after (so that a target the router learned of since is set too), an
 // update's listed ones.
-func (m *Mesh) applyFlightsLocked(origin string, msg *Message, now time.Time) []target.ID {
+func (m *Mesh) applyFlightsLocked(origin string, msg *Message, now time.Time) []targetid.ID {
 	of := m.flights[origin]
 	if of == nil {
-		of = &originFlights{targets: map[target.ID]TargetFlights{}}
+		of = &originFlights{targets: map[targetid.ID]TargetFlights{}}
 		m.flights[origin] = of
 	}
 	of.at = now
-	var ids []target.ID
+	var ids []targetid.ID
 	if msg.Kind == KindFlights {
 		ids = slices.Collect(maps.Keys(of.targets))
 		clear(of.targets)
@@ -141,7 +141,7 @@ func (m *Mesh) applyFlightsLocked(origin string, msg *Message, now time.Time) []
 
 // dropOriginLocked forgets origin's in-flight work (it went silent, said
 // bye or left the list) and returns the targets it had work on.
-func (m *Mesh) dropOriginLocked(origin string) []target.ID {
+func (m *Mesh) dropOriginLocked(origin string) []targetid.ID {
 	of := m.flights[origin]
 	if of == nil {
 		return nil
@@ -153,13 +153,13 @@ func (m *Mesh) dropOriginLocked(origin string) []target.ID {
 // handOver hands the router the sum over the live peers of the in-flight
 // work on ids. Calls are serialized and each computes its sums inside, so
 // that the last one handed over for a target is its latest.
-func (m *Mesh) handOver(ids []target.ID) {
+func (m *Mesh) handOver(ids []targetid.ID) {
 	if len(ids) == 0 || m.h.Flights == nil {
 		return
 	}
 	m.handMu.Lock()
 	defer m.handMu.Unlock()
-	sums := make(map[target.ID]TargetFlights, len(ids))
+	sums := make(map[targetid.ID]TargetFlights, len(ids))
 	m.mu.Lock()
 	for _, id := range ids {
 		s := TargetFlights{Target: id}

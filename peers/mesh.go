@@ -17,7 +17,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Config is what the serve command's --peer-* flags set.
@@ -103,12 +103,12 @@ type Handlers struct {
 	// peer's report, a peer gone silent or saying bye), the sum of the
 	// in-flight work of every live peer (zero included). Calls do not
 	// overlap, and the last one for a target holds its latest sum.
-	Flights func(map[target.ID]TargetFlights)
+	Flights func(map[targetid.ID]TargetFlights)
 	// Own is this replica's in-flight work on every target that has some,
 	// sent every flights interval; OwnOf its work on one target, sent
 	// after Changed. Both are called by the sending goroutine.
 	Own   func() []TargetFlights
-	OwnOf func(target.ID) TargetFlights
+	OwnOf func(targetid.ID) TargetFlights
 }
 
 // Mesh is this replica's side of prediction sharing: a PUB socket the
@@ -403,7 +403,7 @@ const connectGrace = 6 * time.Second
 // peer's state.
 func (m *Mesh) sweep() {
 	now := m.now()
-	var ids []target.ID
+	var ids []targetid.ID
 	m.mu.Lock()
 	for origin, f := range m.flights {
 		if now.Sub(f.at) > m.silentAfter() {
@@ -459,7 +459,7 @@ func (m *Mesh) resolve(ctx context.Context) {
 // follow subscribes to every address in want not followed yet and stops
 // following those no longer in it.
 func (m *Mesh) follow(ctx context.Context, want map[string]string) {
-	var dropped []target.ID
+	var dropped []targetid.ID
 	defer func() { m.handOver(dropped) }()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -588,7 +588,7 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 		m.mu.Unlock()
 		return false
 	}
-	var changed []target.ID
+	var changed []targetid.ID
 	if p.origin != msg.Origin {
 		if p.origin != "" {
 			changed = m.dropOriginLocked(p.origin)
@@ -604,7 +604,7 @@ func (m *Mesh) receive(p *peer, b []byte) bool {
 	p.lastSeq, p.lastMessage = msg.Seq, now
 	p.messages++
 	p.lag.observe(now.Sub(msg.Sent))
-	var known map[target.ID]TargetFlights
+	var known map[targetid.ID]TargetFlights
 	if of := m.flights[msg.Origin]; of != nil {
 		known = of.targets
 	}

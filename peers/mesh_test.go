@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 func freeAddr(t *testing.T) string {
@@ -56,7 +56,7 @@ type recorder struct {
 	predictions []Prediction
 	origins     []string
 	withdrawals []uint64
-	flights     map[target.ID]TargetFlights
+	flights     map[targetid.ID]TargetFlights
 	own         []TargetFlights
 }
 
@@ -73,11 +73,11 @@ func (r *recorder) handlers() Handlers {
 			defer r.mu.Unlock()
 			r.withdrawals = append(r.withdrawals, placement)
 		},
-		Flights: func(m map[target.ID]TargetFlights) {
+		Flights: func(m map[targetid.ID]TargetFlights) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if r.flights == nil {
-				r.flights = map[target.ID]TargetFlights{}
+				r.flights = map[targetid.ID]TargetFlights{}
 			}
 			for id, f := range m {
 				if f.isZero() {
@@ -92,7 +92,7 @@ func (r *recorder) handlers() Handlers {
 			defer r.mu.Unlock()
 			return r.own
 		},
-		OwnOf: func(id target.ID) TargetFlights {
+		OwnOf: func(id targetid.ID) TargetFlights {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			for _, f := range r.own {
@@ -218,7 +218,7 @@ func TestMeshSharesPredictionsAndFlights(t *testing.T) {
 	if p := b.peer(t, addrA); p.Origin != "router-a" {
 		t.Fatalf("peer A's origin %q", p.Origin)
 	}
-	pred := Prediction{Placement: 9, Target: target.ID{Endpoint: "http://pod:8000"}, Deadline: time.Now().Add(time.Second),
+	pred := Prediction{Placement: 9, Target: targetid.ID{Endpoint: "http://pod:8000"}, Deadline: time.Now().Add(time.Second),
 		Model: "m", BlockSize: 16, Keys: []kvindex.Key{1, 2, 3}}
 	a.m.Publish(pred)
 	a.m.Withdraw(9)
@@ -239,7 +239,7 @@ func TestMeshSharesPredictionsAndFlights(t *testing.T) {
 		}
 	})
 
-	pod := target.ID{Endpoint: "http://pod:8000"}
+	pod := targetid.ID{Endpoint: "http://pod:8000"}
 	a.rec.read(func() {
 		a.rec.own = []TargetFlights{{Target: pod, InFlight: 2, Prefilling: 1, QueuedUncachedTokens: 1500}}
 	})
@@ -284,12 +284,12 @@ func TestChangedFlightsLeaveAtOnce(t *testing.T) {
 	a := startReplicaConfig(t, cfg, nil)
 	cfg.ID, cfg.Listen, cfg.Peers = "router-b", addrB, []string{addrA}
 	b := startReplicaConfig(t, cfg, nil)
-	pod, other := target.ID{Endpoint: "http://pod:8000"}, target.ID{Endpoint: "http://other:8000"}
+	pod, other := targetid.ID{Endpoint: "http://pod:8000"}, targetid.ID{Endpoint: "http://other:8000"}
 	// The first update also says A is there: no heartbeat for an hour.
 	a.rec.read(func() {
 		a.rec.own = []TargetFlights{{Target: pod, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 2000}}
 	})
-	flightsAt := func(id target.ID) (f TargetFlights) {
+	flightsAt := func(id targetid.ID) (f TargetFlights) {
 		b.rec.read(func() { f = b.rec.flights[id] })
 		return f
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // What one replica can plausibly report. A peer holding the key is a
@@ -57,7 +57,7 @@ var rejectNames = [numRejectReasons]string{"malformed", "version", "clock", "in_
 // implausible returns why msg, arriving at now from an origin whose
 // work this replica holds on known's targets, is beyond what a replica
 // reports, and the detail for the peer's reason; -1 when it is not.
-func implausible(msg *Message, now time.Time, known map[target.ID]TargetFlights) (int, string) {
+func implausible(msg *Message, now time.Time, known map[targetid.ID]TargetFlights) (int, string) {
 	if d := now.Sub(msg.Sent); d > maxPeerSkew || d < -maxPeerSkew {
 		return rejectClock, fmt.Sprintf("sent %s from this replica's clock (at most %s): check the replicas' clocks", d.Round(time.Millisecond), maxPeerSkew)
 	}

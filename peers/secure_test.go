@@ -16,7 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // rawPub binds a PUB socket on addr as a process that is no replica: a
@@ -98,7 +98,7 @@ func otherKey(t *testing.T) Key {
 }
 
 var (
-	rogueTarget = target.ID{Endpoint: "http://pod-a:8000"}
+	rogueTarget = targetid.ID{Endpoint: "http://pod-a:8000"}
 	rogueKeys   = func() []kvindex.Key {
 		k := make([]kvindex.Key, 64)
 		for i := range k {
@@ -119,12 +119,12 @@ func rogueMessages(t *testing.T, seq *uint64, queued int64) [][]byte {
 		encode(t, Message{Origin: "rogue", Sent: now, Seq: *seq - 1, Kind: KindFlights,
 			Flights: []TargetFlights{{Target: rogueTarget, InFlight: 64, Prefilling: 64, QueuedUncachedTokens: queued}}}),
 		encode(t, Message{Origin: "rogue", Sent: now, Seq: *seq, Kind: KindPrediction, Prediction: Prediction{
-			Placement: *seq, Target: target.ID{Endpoint: "http://pod-b:8000"}, Deadline: now.Add(2 * time.Second),
+			Placement: *seq, Target: targetid.ID{Endpoint: "http://pod-b:8000"}, Deadline: now.Add(2 * time.Second),
 			Model: "m", BlockSize: 16, Keys: rogueKeys}}),
 	}
 }
 
-func (r *recorder) heardOf(id target.ID) (flights TargetFlights, predictions int) {
+func (r *recorder) heardOf(id targetid.ID) (flights TargetFlights, predictions int) {
 	r.read(func() { flights, predictions = r.flights[id], len(r.predictions) })
 	return flights, predictions
 }
@@ -146,7 +146,7 @@ func TestRoguePublisherChangesNothing(t *testing.T) {
 	cfg.ResolveInterval, cfg.FlightsInterval = 100*time.Millisecond, 20*time.Millisecond
 	c := startReplicaConfig(t, cfg, nil)
 
-	legit := target.ID{Endpoint: "http://pod-c:8000"}
+	legit := targetid.ID{Endpoint: "http://pod-c:8000"}
 	b.rec.read(func() {
 		b.rec.own = []TargetFlights{{Target: legit, InFlight: 1, Prefilling: 1, QueuedUncachedTokens: 100}}
 	})
@@ -277,11 +277,11 @@ func value(m *dto.Metric) float64 {
 // the peer shows the fault rejected with it. A plausible message from it
 // is then applied, and the fault stays for the hold.
 func TestImplausiblePeerIsRejected(t *testing.T) {
-	pod := target.ID{Endpoint: "http://pod:8000"}
+	pod := targetid.ID{Endpoint: "http://pod:8000"}
 	flights := func(f ...TargetFlights) Message { return Message{Kind: KindFlights, Flights: f} }
 	many := make([]TargetFlights, maxPeerTargets+1)
 	for i := range many {
-		many[i] = TargetFlights{Target: target.ID{Endpoint: "http://pod:8000", Rank: i}, InFlight: 1}
+		many[i] = TargetFlights{Target: targetid.ID{Endpoint: "http://pod:8000", Rank: i}, InFlight: 1}
 	}
 	pred := func(blockSize, keys int, ahead time.Duration) func(time.Time) Message {
 		return func(now time.Time) Message {
@@ -479,10 +479,10 @@ func TestZapAnswer(t *testing.T) {
 // what the origin's work would span once applied.
 func TestImplausibleBounds(t *testing.T) {
 	now := time.Unix(1000, 0)
-	pod := target.ID{Endpoint: "http://pod:8000"}
-	known := map[target.ID]TargetFlights{}
+	pod := targetid.ID{Endpoint: "http://pod:8000"}
+	known := map[targetid.ID]TargetFlights{}
 	for i := range maxPeerTargets {
-		id := target.ID{Endpoint: "http://pod:8000", Rank: i}
+		id := targetid.ID{Endpoint: "http://pod:8000", Rank: i}
 		known[id] = TargetFlights{Target: id, InFlight: 1}
 	}
 	fl := func(kind Kind, f ...TargetFlights) Message { return Message{Sent: now, Kind: kind, Flights: f} }
@@ -492,17 +492,17 @@ func TestImplausibleBounds(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		msg   Message
-		known map[target.ID]TargetFlights
+		known map[targetid.ID]TargetFlights
 		want  int
 	}{
 		{"queued at the bound", fl(KindFlights, TargetFlights{Target: pod, QueuedUncachedTokens: maxPeerQueuedTokens}), nil, -1},
 		{"queued past it", fl(KindFlights, TargetFlights{Target: pod, QueuedUncachedTokens: maxPeerQueuedTokens + 1}), nil, rejectQueuedTokens},
 		{"in flight at the bound", fl(KindFlightsUpdate, TargetFlights{Target: pod, InFlight: maxPeerInFlight, Prefilling: maxPeerInFlight}), nil, -1},
 		{"prefilling past it", fl(KindFlightsUpdate, TargetFlights{Target: pod, Prefilling: maxPeerInFlight + 1}), nil, rejectInFlight},
-		{"an update of a known target when full", fl(KindFlightsUpdate, TargetFlights{Target: target.ID{Endpoint: "http://pod:8000", Rank: 3}, InFlight: 2}), known, -1},
+		{"an update of a known target when full", fl(KindFlightsUpdate, TargetFlights{Target: targetid.ID{Endpoint: "http://pod:8000", Rank: 3}, InFlight: 2}), known, -1},
 		{"an update ending work when full", fl(KindFlightsUpdate, TargetFlights{Target: pod}), known, -1},
-		{"an update adding a target when full", fl(KindFlightsUpdate, TargetFlights{Target: target.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, rejectTargets},
-		{"a full report replaces what is known", fl(KindFlights, TargetFlights{Target: target.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, -1},
+		{"an update adding a target when full", fl(KindFlightsUpdate, TargetFlights{Target: targetid.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, rejectTargets},
+		{"a full report replaces what is known", fl(KindFlights, TargetFlights{Target: targetid.ID{Endpoint: "http://other:8000"}, InFlight: 1}), known, -1},
 		{"tokens predicted at the bound", pr(16, maxPredictedTokens/16, now.Add(time.Second)), nil, -1},
 		{"past it", pr(16, maxPredictedTokens/16+1, now.Add(time.Second)), nil, rejectKeys},
 		{"deadline at the horizon", pr(16, 1, now.Add(maxPredictionAhead)), nil, -1},

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // View is the mesh as GET /debug/targets shows it ("peers").
@@ -126,7 +126,7 @@ func (m *Mesh) View() View {
 		if p.lag.n > 0 {
 			pv.Lag.MeanS = p.lag.sum / float64(p.lag.n)
 		}
-		var flights map[target.ID]TargetFlights
+		var flights map[targetid.ID]TargetFlights
 		if of := m.flights[p.origin]; of != nil && p.origin != "" {
 			flights = of.targets
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The wire format: every message is one ZeroMQ frame holding one msgpack
@@ -112,7 +112,7 @@ type Message struct {
 // Prediction is one request's predicted placements on one target.
 type Prediction struct {
 	Placement uint64
-	Target    target.ID
+	Target    targetid.ID
 	Deadline  time.Time
 	Model     string
 	LoRA      string
@@ -122,7 +122,7 @@ type Prediction struct {
 
 // TargetFlights is the sender's in-flight work on one target.
 type TargetFlights struct {
-	Target               target.ID
+	Target               targetid.ID
 	InFlight             int64
 	Prefilling           int64
 	QueuedUncachedTokens int64
@@ -353,7 +353,7 @@ func (d *decoder) str(what string, limit int) (string, error) {
 	return s, nil
 }
 
-func (d *decoder) target(id *target.ID) error {
+func (d *decoder) target(id *targetid.ID) error {
 	var err error
 	if id.Endpoint, err = d.str("endpoint", maxString); err != nil {
 		return err

@@ -15,13 +15,13 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden wire bytes under testdata/")
 
 var (
-	podA   = target.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}
+	podA   = targetid.ID{Endpoint: "http://10.0.0.7:8000", Rank: 1}
 	sentAt = time.Unix(1764614400, 123456789)
 )
 
@@ -37,11 +37,11 @@ var goldenMessages = []struct {
 	{"withdrawal", Message{Origin: "router-0", Sent: sentAt, Seq: 8, Kind: KindWithdrawal, Withdrawal: 42}},
 	{"flights", Message{Origin: "router-0", Sent: sentAt, Seq: 9, Kind: KindFlights, Flights: []TargetFlights{
 		{Target: podA, InFlight: 3, Prefilling: 1, QueuedUncachedTokens: 2000},
-		{Target: target.ID{Endpoint: "http://10.0.0.8:8000"}, InFlight: 1}}}},
+		{Target: targetid.ID{Endpoint: "http://10.0.0.8:8000"}, InFlight: 1}}}},
 	{"bye", Message{Origin: "router-0", Sent: sentAt, Seq: 10, Kind: KindBye}},
 	{"flights-update", Message{Origin: "router-0", Sent: sentAt, Seq: 11, Kind: KindFlightsUpdate, Flights: []TargetFlights{
 		{Target: podA, InFlight: 3, QueuedUncachedTokens: 0},
-		{Target: target.ID{Endpoint: "http://10.0.0.8:8000"}}}}},
+		{Target: targetid.ID{Endpoint: "http://10.0.0.8:8000"}}}}},
 }
 
 // TestWireGolden: each kind encodes to the bytes pinned under testdata/
@@ -163,7 +163,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0x96, 0x01, 0xa1, 'r', 0x00, 0x01, 0x01, 0x98, 0x01, 0xa1, 'e', 0x00, 0x00, 0xa0, 0xa0, 0x10, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x96, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff})
 	// Readable, but beyond what a replica reports (plausible.go).
-	pod := target.ID{Endpoint: "http://pod:8000"}
+	pod := targetid.ID{Endpoint: "http://pod:8000"}
 	for _, m := range []Message{
 		{Origin: "r", Sent: sentAt, Seq: 1, Kind: KindFlights, Flights: []TargetFlights{{Target: pod, InFlight: 1, QueuedUncachedTokens: 1 << 60}}},
 		{Origin: "r", Sent: sentAt, Seq: 1, Kind: KindFlightsUpdate, Flights: []TargetFlights{{Target: pod, InFlight: 1 << 40}}},

@@ -13,7 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/peers"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The admin listener serves operators, not clients: /metrics, the target
@@ -229,7 +229,7 @@ func (r *Router) handleDebugTargets(w http.ResponseWriter, _ *http.Request) {
 		v.Peers = &pv
 	}
 	for _, tv := range hv.Targets {
-		id := target.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
+		id := targetid.ID{Endpoint: tv.Endpoint, Rank: tv.Rank}
 		dt := debugTarget{TargetView: tv, State: tv.State, Reason: string(tv.Reason), Detail: tv.Detail,
 			HealthState: tv.State, HealthReason: tv.Reason, EventStream: r.ev.StreamView(id), LastUpstreamError: r.lastFailure(id)}
 		if t, ok := snap.Target(id); ok {

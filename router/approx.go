@@ -6,7 +6,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The approximate policy is how Kubernetes inference gateways do prefix
@@ -26,13 +26,13 @@ const (
 type approxTable struct {
 	mu    sync.Mutex
 	cap   int
-	m     map[uint64][]target.ID
+	m     map[uint64][]targetid.ID
 	order []uint64 // ring of inserted hashes, oldest at head
 	head  int
 }
 
 func newApproxTable(capacity int) *approxTable {
-	return &approxTable{cap: capacity, m: make(map[uint64][]target.ID)}
+	return &approxTable{cap: capacity, m: make(map[uint64][]targetid.ID)}
 }
 
 // approxChunks appends the chained chunk hashes of text (full chunks only).
@@ -91,7 +91,7 @@ func (a *approxTable) match(cands []Candidate, chunks []uint64) {
 }
 
 // record remembers that the chunks were routed to id.
-func (a *approxTable) record(id target.ID, chunks []uint64) {
+func (a *approxTable) record(id targetid.ID, chunks []uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, h := range chunks {
@@ -124,7 +124,7 @@ func (a *approxTable) record(id target.ID, chunks []uint64) {
 }
 
 // forget drops a removed target.
-func (a *approxTable) forget(id target.ID) {
+func (a *approxTable) forget(id targetid.ID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for h, ts := range a.m {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // benchTokenizer is the real qwen3 tokenizer when `make testdata` fetched it
@@ -147,8 +147,8 @@ func benchmarkOverhead(b *testing.B, pods []*fakePod, endpoints []string, pol Po
 	r := startRouter(b, cfg, spec)
 	waitFor(b, "pods fresh", func() bool { return freshCount(r, "m") == len(pods) })
 	waitFor(b, "block keys", func() bool { return r.ev.Keys() != nil })
-	var holder target.ID
-	var others []target.ID
+	var holder targetid.ID
+	var others []targetid.ID
 	for _, t := range r.mon.Snapshot().Targets {
 		if t.ID.Endpoint == pod.srv.URL {
 			holder = t.ID

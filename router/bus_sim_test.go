@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestSimEventBus: pods publishing into the router's bus and a pod with a
@@ -61,7 +61,7 @@ func TestSimEventBus(t *testing.T) {
 	// Rank 1 publishes to the bus port + 1, under the same topic. A batch
 	// sent before the bus's subscription reached the publisher is lost
 	// until the next one reveals the gap: send until one arrives.
-	rank1 := target.ID{Endpoint: pod.URL(), Rank: 1}.String()
+	rank1 := targetid.ID{Endpoint: pod.URL(), Rank: 1}.String()
 	rank1Prompt := ""
 	waitFor(t, "rank 1's prompts confirmed on rank 1", func() bool {
 		rank1Prompt = prompt(fmt.Sprintf("rank 1's prompt %d", len(rank1Prompt)))
@@ -138,7 +138,7 @@ func TestSimEventBus(t *testing.T) {
 	direct(pod, prompt("the new process's prompt"))
 	waitFor(t, "the new process's blocks confirmed", func() bool { return confirmed(prompt("the new process's prompt")) > 0 })
 	waitFor(t, "the restart judged on the pod's bus stream", func() bool {
-		f := r.ev.Freshness(target.ID{Endpoint: pod.URL()})
+		f := r.ev.Freshness(targetid.ID{Endpoint: pod.URL()})
 		return f.Source == "bus" && f.Bus == bus && f.Topic == topic.Topic && f.Restarts > 0 && f.Verdict == eventplane.VerdictFresh
 	})
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Policy is how the router picks a target among the routable candidates.
@@ -436,6 +436,6 @@ func matchInto(cands []Candidate, matches []kvindex.Match) {
 }
 
 // candidateOf is the index of the candidate for target id, or -1.
-func candidateOf(cands []Candidate, id target.ID) int {
+func candidateOf(cands []Candidate, id targetid.ID) int {
 	return slices.IndexFunc(cands, func(c Candidate) bool { return c.Target.ID == id })
 }

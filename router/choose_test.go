@@ -11,12 +11,12 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 func cand(name string, confirmed int, verdict eventplane.Verdict, l LoadView) Candidate {
 	return Candidate{
-		Target:          &health.Target{ID: target.ID{Endpoint: name}},
+		Target:          &health.Target{ID: targetid.ID{Endpoint: name}},
 		Routable:        true,
 		ConfirmedBlocks: confirmed, Weighted: float64(confirmed),
 		Trust: verdict.ConfirmedWeight(),

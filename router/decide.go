@@ -10,7 +10,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // decider is the routing brain: from a request's prompt, the targets the
@@ -366,7 +366,7 @@ func (dc *decider) readUntilDecided(d *decision) error {
 // looked.
 func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, looked bool) {
 	ix := dc.plane.Index()
-	var hbuf [8]target.ID
+	var hbuf [8]targetid.ID
 	holders := ix.Holders(reach, hbuf[:0])
 	routableHolders := 0
 	for i := range d.cands {

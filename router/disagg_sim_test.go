@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // TestSimDisaggregatedPredictsThePrefillPod: on simulated pods split into

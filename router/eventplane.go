@@ -6,7 +6,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The router composes health and the event plane, and data flows one way:
@@ -55,8 +55,8 @@ func (r *Router) feedCaches(ctx context.Context) {
 // cachesOf translates health's view of each pod for the event plane. A pod
 // that did not report its block size takes the one its model's pods agree
 // on.
-func cachesOf(s *health.Snapshot) map[target.ID]eventplane.Cache {
-	out := make(map[target.ID]eventplane.Cache, len(s.Targets))
+func cachesOf(s *health.Snapshot) map[targetid.ID]eventplane.Cache {
+	out := make(map[targetid.ID]eventplane.Cache, len(s.Targets))
 	for _, t := range s.Targets {
 		c := eventplane.Cache{
 			Serving:               t.State == health.StateRoutable || t.State == health.StateDegraded,

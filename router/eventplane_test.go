@@ -7,14 +7,14 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestCachesOf: what health scraped reaches the event plane as the plane
 // needs it; a pod that did not report its block size takes the one its
 // model's pods agree on, and counts for nothing in the fleet's choice.
 func TestCachesOf(t *testing.T) {
-	id := func(ep string) target.ID { return target.ID{Endpoint: ep} }
+	id := func(ep string) targetid.ID { return targetid.ID{Endpoint: ep} }
 	snap := &health.Snapshot{
 		Models: map[string]health.ModelConfig{"m": {Model: "m", BlockSize: 32, Agreed: true}},
 		Targets: []*health.Target{
@@ -24,7 +24,7 @@ func TestCachesOf(t *testing.T) {
 			{ID: id("unknown-model"), Models: []string{"other"}},
 		},
 	}
-	want := map[target.ID]eventplane.Cache{
+	want := map[targetid.ID]eventplane.Cache{
 		id("reported"):      {Serving: true, Reported: true, BlockSize: 64, HashAlgo: "xxhash", NumGPUBlocks: 900, PrefixCaching: "True"},
 		id("no-block-size"): {BlockSize: 32, HashAlgo: "sha256", PrefixCachingDisabled: true, PrefixCaching: "False"},
 		id("unknown"):       {BlockSize: 32},
@@ -54,7 +54,7 @@ func TestSilentPodTurnsStale(t *testing.T) {
 	cfg.Events.MinUncachedTokens = 1
 	r := startRouter(t, cfg)
 	waitFor(t, "pod routable with a fresh event stream", func() bool { return freshCount(r, "m") == 1 && r.KeysReady() })
-	id := target.ID{Endpoint: p.srv.URL}
+	id := targetid.ID{Endpoint: p.srv.URL}
 
 	_, list := tokenPrompt(64) // four full blocks, none cached anywhere
 	if code, _, out := post(t, "http://"+r.Addr()+"/v1/completions", `{"model":"m","prompt":`+list+`,"max_tokens":1}`); code != 200 {

@@ -3,7 +3,7 @@ package router
 import (
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // upstreamFailure is the last failure the proxy saw on a target. A client
@@ -26,7 +26,7 @@ func (a *attempt) upstreamFailed(reason, detail string) {
 }
 
 // lastFailure is target id's last upstream failure, or nil.
-func (r *Router) lastFailure(id target.ID) *upstreamFailure {
+func (r *Router) lastFailure(id targetid.ID) *upstreamFailure {
 	if f, ok := r.failures.Load(id); ok {
 		return f.(*upstreamFailure)
 	}

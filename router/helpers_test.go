@@ -19,8 +19,8 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
+	"github.com/prefixrouter/prefixrouter/targetid"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -309,17 +309,17 @@ func candidate(d DryRun, endpoint string) DryCandidate {
 // targetName is the name the router gives rank 0 of an endpoint (debug
 // headers, metric labels).
 func targetName(endpoint string) string {
-	return target.ID{Endpoint: endpoint}.String()
+	return targetid.ID{Endpoint: endpoint}.String()
 }
 
 // decisionName is the dry run's chosen target by name.
 func decisionName(d DryRun) string {
-	return target.ID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank}.String()
+	return targetid.ID{Endpoint: d.Decision.Target, Rank: d.Decision.Rank}.String()
 }
 
 func candidateByName(d DryRun, name string) DryCandidate {
 	for _, c := range d.Candidates {
-		if (target.ID{Endpoint: c.Target, Rank: c.Rank}).String() == name {
+		if (targetid.ID{Endpoint: c.Target, Rank: c.Rank}).String() == name {
 			return c
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Prediction sharing between replicas (--peer-listen, --peers): the peers
@@ -172,7 +172,7 @@ func (l *peerLinks) withdrawn(origin string, placement uint64) {
 }
 
 // flights sets the peers' in-flight work on the targets it names.
-func (l *peerLinks) flights(sums map[target.ID]peers.TargetFlights) {
+func (l *peerLinks) flights(sums map[targetid.ID]peers.TargetFlights) {
 	snap := l.r.mon.Snapshot()
 	for id, f := range sums {
 		if t, ok := snap.Target(id); ok {
@@ -193,18 +193,18 @@ func (l *peerLinks) own() []peers.TargetFlights {
 }
 
 // ownOf is this replica's in-flight work on one target.
-func (l *peerLinks) ownOf(id target.ID) peers.TargetFlights {
+func (l *peerLinks) ownOf(id targetid.ID) peers.TargetFlights {
 	t, _ := l.r.mon.Snapshot().Target(id)
 	return peerFlights(id, t.Flights())
 }
 
-func peerFlights(id target.ID, f health.Flights) peers.TargetFlights {
+func peerFlights(id targetid.ID, f health.Flights) peers.TargetFlights {
 	return peers.TargetFlights{Target: id, InFlight: f.InFlight, Prefilling: f.Prefilling, QueuedUncachedTokens: f.QueuedUncachedTokens}
 }
 
 // share publishes a placement this replica recorded and returns its
 // number on the wire (0: not shared).
-func (l *peerLinks) share(h *speculative.Placement, id target.ID, ns speculative.Namespace, keys []kvindex.Key) uint64 {
+func (l *peerLinks) share(h *speculative.Placement, id targetid.ID, ns speculative.Namespace, keys []kvindex.Key) uint64 {
 	if l == nil || h == nil || len(keys) == 0 {
 		return 0
 	}

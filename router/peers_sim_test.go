@@ -12,10 +12,10 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
 	"github.com/prefixrouter/prefixrouter/peers"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 )
 
 // replicaRun is what one arrangement of router replicas made of the

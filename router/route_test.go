@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // TestSettledTailCountsOnlyBlocksHeldBeforeDispatch: a plan that settled
@@ -23,18 +23,18 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// report stores the request's own blocks as the pod's events do.
-		report func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int)
+		report func(ix *kvindex.Index, holder targetid.ID, keys []kvindex.Key, held int)
 		// want is the final run given the holder's run before dispatch
 		// and the blocks the plan read.
 		want func(held, read int) int
 	}{
 		{"the pod reports the rest",
-			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder targetid.ID, keys []kvindex.Key, held int) {
 				ix.Store(holder, kvindex.TierGPU, keys[held:])
 			},
 			func(held, read int) int { return held }},
 		{"the pod restarted and reports the whole prompt",
-			func(ix *kvindex.Index, holder target.ID, keys []kvindex.Key, held int) {
+			func(ix *kvindex.Index, holder targetid.ID, keys []kvindex.Key, held int) {
 				ix.Clear(holder)
 				ix.Store(holder, kvindex.TierGPU, keys)
 			},
@@ -49,7 +49,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			r := startRouter(t, cfg, "m=bytes")
 			waitFor(t, "pods fresh", func() bool { return freshCount(r, "m") == 2 })
 			waitFor(t, "block keys", func() bool { return r.ev.Keys() != nil })
-			var holder, other target.ID
+			var holder, other targetid.ID
 			for _, tg := range r.mon.Snapshot().Targets {
 				if tg.ID.Endpoint == a.srv.URL {
 					holder = tg.ID

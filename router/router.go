@@ -18,7 +18,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
 
@@ -71,7 +71,7 @@ type Router struct {
 	alog *accessLog
 	// cred holds the API keys, the upstream key and the admin token.
 	cred *credentials
-	// failures holds each target's last upstream failure (target.ID ->
+	// failures holds each target's last upstream failure (targetid.ID ->
 	// *upstreamFailure), shown on the admin listener.
 	failures sync.Map
 	// reqCtx parents every request's life: it outlives the servers'
@@ -103,7 +103,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if cfg.Policy == PolicySpeculative {
 		// The store reads each stream's state from the plane, made next;
 		// the plane tells the store of every placement change.
-		stream := func(id target.ID) speculative.Stream {
+		stream := func(id targetid.ID) speculative.Stream {
 			return speculative.Stream{Fresh: r.ev.Trust(id).Predictions}
 		}
 		if r.spec, err = speculative.New(cfg.Speculative, speculative.Deps{Registerer: reg, Logger: log, Stream: stream}); err != nil {

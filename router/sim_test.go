@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // startFleet starts simulated vLLM pods (real HTTP and ZMQ on loopback).
@@ -102,7 +102,7 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 			waitFor(t, "block keys learned from the pods", func() bool { return r.ev.Keys() != nil })
 			waitFor(t, "the adapter known as one", func() bool { return r.cat.isAdapter("sql-adapter") })
 			for _, p := range f.Pods {
-				if src := r.ev.Freshness(target.ID{Endpoint: p.URL()}).Source; src != map[bool]string{true: "bus", false: "subscriber"}[mode.bus] {
+				if src := r.ev.Freshness(targetid.ID{Endpoint: p.URL()}).Source; src != map[bool]string{true: "bus", false: "subscriber"}[mode.bus] {
 					t.Fatalf("pod %s's events come from %q", p.URL(), src)
 				}
 			}

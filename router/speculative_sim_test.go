@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 

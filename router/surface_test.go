@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // forwardedPaths are the POST endpoints the router forwards by load, every
@@ -289,7 +289,7 @@ func TestResponsesRoutedByPrefix(t *testing.T) {
 }
 
 // targetIDOf is the router's target id of rank 0 of an endpoint.
-func targetIDOf(t *testing.T, r *Router, url string) (id target.ID) {
+func targetIDOf(t *testing.T, r *Router, url string) (id targetid.ID) {
 	t.Helper()
 	for _, tg := range r.mon.Snapshot().Targets {
 		if tg.ID.Endpoint == url {

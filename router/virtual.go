@@ -14,7 +14,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // VirtualConfig is a Virtual router: the serve command's policy, cost,
@@ -32,13 +32,13 @@ type VirtualConfig struct {
 	// Targets are the fleet, fixed for the router's life; NumGPUBlocks is
 	// each one's KV cache (vllm:cache_config_info), which bounds its
 	// placements in the index.
-	Targets      []target.ID
+	Targets      []targetid.ID
 	NumGPUBlocks int
 	// Now is the clock of the plane, the predictions and the load ledger.
 	Now func() time.Time
 	// Replay reads a target's replay buffer, from which its stream
 	// recovers a gap, a restart and a reconnection (nil: it cannot).
-	Replay func(target.ID) kvindex.ReplayBuffer
+	Replay func(targetid.ID) kvindex.ReplayBuffer
 	// TieSeed seeds the draws that break cost ties, so that a run
 	// repeats (the API's routers draw from the process's generator).
 	TieSeed uint64
@@ -65,7 +65,7 @@ type Virtual struct {
 	// targets are the fleet's as of their last scrape; slot maps an id to
 	// its place.
 	targets []*health.Target
-	slot    map[target.ID]int
+	slot    map[targetid.ID]int
 	now     func() time.Time
 	nextID  uint64
 	// started is each target's process start as its last scrape read it
@@ -73,7 +73,7 @@ type Virtual struct {
 	started    []time.Time
 	maxRetries int
 	health     health.Config
-	caches     map[target.ID]eventplane.Cache
+	caches     map[targetid.ID]eventplane.Cache
 	// probes are each target's probe outcomes in a row (Probe); unlisted
 	// marks the targets out of the fleet (Unlist), which no request goes
 	// to, and nUnlisted counts them.
@@ -100,12 +100,12 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	v := &Virtual{model: cfg.Model, slot: make(map[target.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries,
+	v := &Virtual{model: cfg.Model, slot: make(map[targetid.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries,
 		health: cfg.Health, probes: make([]probeRun, len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets)),
 		started: make([]time.Time, len(cfg.Targets))}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
-		stream := func(id target.ID) speculative.Stream {
+		stream := func(id targetid.ID) speculative.Stream {
 			return speculative.Stream{Fresh: v.plane.Trust(id).Predictions}
 		}
 		var err error
@@ -118,7 +118,7 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	if v.plane, err = eventplane.New(cfg.Events, eventplane.Deps{Logger: log, Now: cfg.Now, Observer: observer, Replay: cfg.Replay}); err != nil {
 		return nil, fmt.Errorf("virtual router: %w", err)
 	}
-	v.caches = make(map[target.ID]eventplane.Cache, len(cfg.Targets))
+	v.caches = make(map[targetid.ID]eventplane.Cache, len(cfg.Targets))
 	for i, id := range cfg.Targets {
 		t, err := health.Standalone(id, cfg.Model, cfg.Health, cfg.Now)
 		if err != nil {
@@ -160,7 +160,7 @@ type VirtualRequest struct {
 	ttft      time.Duration
 	answered  bool
 	// failed are the targets earlier attempts of the request failed on.
-	failed []target.ID
+	failed []targetid.ID
 }
 
 // Route decides where a prompt of token ids goes and dispatches it there,
@@ -211,7 +211,7 @@ func (r *VirtualRequest) Retry(ids []uint32, text []byte, session string) (*Virt
 
 // route decides among targets and dispatches; sent is when the client
 // sent the request, failed the targets earlier attempts failed on.
-func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []target.ID) (*VirtualRequest, error) {
+func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []targetid.ID) (*VirtualRequest, error) {
 	v.nextID++
 	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: sent, failed: failed}
 	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
@@ -252,7 +252,7 @@ func (d *decision) chosenOnly() *decision {
 }
 
 // Target is where the request went.
-func (r *VirtualRequest) Target() target.ID { return r.d.target().Target.ID }
+func (r *VirtualRequest) Target() targetid.ID { return r.d.target().Target.ID }
 
 // PredictedCached is the prompt tokens the router expects the target to
 // serve from its cache.
@@ -304,7 +304,7 @@ func (r *VirtualRequest) Cancel() {
 // dispatch's predicted placements (the live replicas' peers.Prediction):
 // the blocks it expects the target to compute, until Deadline.
 type VirtualPrediction struct {
-	Target    target.ID
+	Target    targetid.ID
 	Namespace speculative.Namespace
 	Keys      []kvindex.Key
 	Deadline  time.Time
@@ -346,7 +346,7 @@ func (v *Virtual) PredictFrom(origin string, p VirtualPrediction) (*speculative.
 // Flights is the router's own in-flight work on target id, what a live
 // replica shares with its peers whenever it changes: when a request is
 // routed, gets its first byte and ends.
-func (v *Virtual) Flights(id target.ID) health.Flights {
+func (v *Virtual) Flights(id targetid.ID) health.Flights {
 	i, ok := v.slot[id]
 	if !ok {
 		return health.Flights{}
@@ -356,7 +356,7 @@ func (v *Virtual) Flights(id target.ID) health.Flights {
 
 // SetPeerFlights replaces the peer replicas' in-flight work on target id
 // (their sum), which joins the router's own in the target's load.
-func (v *Virtual) SetPeerFlights(id target.ID, f health.Flights) {
+func (v *Virtual) SetPeerFlights(id targetid.ID, f health.Flights) {
 	if i, ok := v.slot[id]; ok {
 		v.targets[i].SetPeerFlights(f)
 	}
@@ -364,14 +364,14 @@ func (v *Virtual) SetPeerFlights(id target.ID, f health.Flights) {
 
 // Deliver applies batch seq of target id's KV-event stream, as the
 // target's subscriber does once it received and decoded it.
-func (v *Virtual) Deliver(id target.ID, seq uint64, b *events.Batch) { v.plane.Deliver(id, seq, b) }
+func (v *Virtual) Deliver(id targetid.ID, seq uint64, b *events.Batch) { v.plane.Deliver(id, seq, b) }
 
 // Scrape records what a scrape of target id's /metrics read now:
 // requests running and waiting, the KV-cache usage and the process start
 // time, whose change is a restart (as health's probe reads
 // process_start_time_seconds): the event plane forgets the old process's
 // placements although its stream has not shown it yet.
-func (v *Virtual) Scrape(id target.ID, running, waiting int, kvUsage float64, processStart time.Time) {
+func (v *Virtual) Scrape(id targetid.ID, running, waiting int, kvUsage float64, processStart time.Time) {
 	i, ok := v.slot[id]
 	if !ok {
 		return
@@ -406,18 +406,18 @@ func (v *Virtual) Speculative() (speculative.View, bool) {
 
 // Routable reports whether the router would send new work to target id
 // now: it is in the fleet and its state and circuit breaker allow it.
-func (v *Virtual) Routable(id target.ID) bool {
+func (v *Virtual) Routable(id targetid.ID) bool {
 	i, ok := v.slot[id]
 	return ok && !v.unlisted[i] && v.targets[i].CanRoute()
 }
 
 // Verdict is the verdict on target id's event stream.
-func (v *Virtual) Verdict(id target.ID) eventplane.Verdict { return v.plane.Verdict(id) }
+func (v *Virtual) Verdict(id targetid.ID) eventplane.Verdict { return v.plane.Verdict(id) }
 
 // restarted is health's Restarted change as the router follows it: the
 // plane rebuilds the target's placements, and a new process generation
 // never confirms the old one's predictions.
-func (v *Virtual) restarted(id target.ID) {
+func (v *Virtual) restarted(id targetid.ID) {
 	v.plane.TargetRestarted(id)
 	if v.spec != nil {
 		v.spec.Invalidate(id, speculative.ReasonRestarted)
@@ -431,7 +431,7 @@ type probeRun struct{ ok, failed int }
 // health's prober does: Health.FailureThreshold failures in a row take the
 // target down (probe_failed), Health.SuccessThreshold answers bring it
 // back.
-func (v *Virtual) Probe(id target.ID, ok bool) {
+func (v *Virtual) Probe(id targetid.ID, ok bool) {
 	i, found := v.slot[id]
 	if !found {
 		return
@@ -453,7 +453,7 @@ func (v *Virtual) Probe(id target.ID, ok bool) {
 // Unlist takes target id out of the fleet, as an endpoints file without
 // it does: no request goes there, the plane forgets its placements and
 // its predictions end (removed). List brings it back.
-func (v *Virtual) Unlist(id target.ID) {
+func (v *Virtual) Unlist(id targetid.ID) {
 	i, ok := v.slot[id]
 	if !ok || v.unlisted[i] {
 		return
@@ -472,7 +472,7 @@ func (v *Virtual) Unlist(id target.ID) {
 // List adds an unlisted target back as a new one: it awaits its first
 // probe, its stream starts over and catches up from the replay buffer,
 // and its load ledger and breaker start empty.
-func (v *Virtual) List(id target.ID) error {
+func (v *Virtual) List(id targetid.ID) error {
 	i, ok := v.slot[id]
 	if !ok || !v.unlisted[i] {
 		return nil
@@ -497,11 +497,11 @@ func (v *Virtual) List(id target.ID) error {
 // SetConnected cuts target id's event stream off (false) or lets it
 // reconnect and catch up from the replay buffer (true), as a network cut
 // between the router and the pod's publisher does.
-func (v *Virtual) SetConnected(id target.ID, connected bool) { v.plane.SetConnected(id, connected) }
+func (v *Virtual) SetConnected(id targetid.ID, connected bool) { v.plane.SetConnected(id, connected) }
 
 // Reason is why the router would not route to target id now ("" when it
 // would): health's reason, or the open breaker.
-func (v *Virtual) Reason(id target.ID) string {
+func (v *Virtual) Reason(id targetid.ID) string {
 	i, ok := v.slot[id]
 	switch {
 	case !ok || v.unlisted[i]:
@@ -516,7 +516,7 @@ func (v *Virtual) Reason(id target.ID) string {
 
 // ConfirmedBlocks is the run of ids' blocks from block 0 the router's
 // index says target id holds.
-func (v *Virtual) ConfirmedBlocks(id target.ID, ids []uint32) (int, error) {
+func (v *Virtual) ConfirmedBlocks(id targetid.ID, ids []uint32) (int, error) {
 	keys := v.plane.Keys()
 	if keys == nil {
 		return 0, errors.New("virtual router: no block keys")

@@ -4,10 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // virtualFleet is a Virtual router in front of ranks it steps by hand.
@@ -15,9 +15,9 @@ type virtualFleet struct {
 	t     *testing.T
 	clk   *manualclock.Clock
 	v     *Virtual
-	ids   []target.ID
-	ranks map[target.ID]*sim.Rank
-	seqs  map[target.ID]uint64
+	ids   []targetid.ID
+	ranks map[targetid.ID]*sim.Rank
+	seqs  map[targetid.ID]uint64
 	now   time.Duration
 }
 
@@ -27,9 +27,9 @@ func newVirtualFleet(t *testing.T, p Policy, pods int) *virtualFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &virtualFleet{t: t, clk: manualclock.New(), ranks: map[target.ID]*sim.Rank{}, seqs: map[target.ID]uint64{}}
+	f := &virtualFleet{t: t, clk: manualclock.New(), ranks: map[targetid.ID]*sim.Rank{}, seqs: map[targetid.ID]uint64{}}
 	for i := range pods {
-		id := target.ID{Endpoint: "http://pod-" + itoa(i) + ":8000"}
+		id := targetid.ID{Endpoint: "http://pod-" + itoa(i) + ":8000"}
 		f.ids = append(f.ids, id)
 		if f.ranks[id], err = sim.NewRank(sim.Config{Profile: prof}, i); err != nil {
 			t.Fatal(err)
@@ -150,7 +150,7 @@ func TestVirtualSpeculativeFollowsItsPredictions(t *testing.T) {
 
 func TestVirtualRoundRobinAndLoad(t *testing.T) {
 	f := newVirtualFleet(t, PolicyRoundRobin, 3)
-	seen := map[target.ID]int{}
+	seen := map[targetid.ID]int{}
 	for range 6 {
 		vr, err := f.v.Route(promptOf(50, 1), nil, "")
 		if err != nil {
@@ -178,7 +178,7 @@ func TestVirtualRoundRobinAndLoad(t *testing.T) {
 }
 
 func TestNewVirtualRefusesAnIncompleteConfig(t *testing.T) {
-	ids := []target.ID{{Endpoint: "http://a:8000"}}
+	ids := []targetid.ID{{Endpoint: "http://a:8000"}}
 	for name, cfg := range map[string]VirtualConfig{
 		"no clock":      {Policy: PolicyPrecise, Events: eventplane.Config{BlockSize: 16}, Targets: ids},
 		"no block size": {Policy: PolicyPrecise, Targets: ids, Now: time.Now},
@@ -263,7 +263,7 @@ func TestVirtualFleetChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tried := map[target.ID]bool{vr.Target(): true}
+	tried := map[targetid.ID]bool{vr.Target(): true}
 	for n := range DefaultConfig().MaxRetries + 1 {
 		vr.Finish(false, 0)
 		next, err := vr.Retry(prompt, nil, "")

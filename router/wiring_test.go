@@ -8,11 +8,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/logbuf"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // has reports whether a logged line contains every one of parts.
@@ -78,7 +78,7 @@ func TestWiringFaultBarePodURL(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Health = fastHealth(pod)
 	r := startRouterLogging(t, cfg, slog.New(slog.NewTextHandler(&logs, nil)), "sim-tiny=bytes")
-	name := target.ID{Endpoint: pod}.String()
+	name := targetid.ID{Endpoint: pod}.String()
 	waitFor(t, "the pod routable", func() bool { return routableCount(r, "sim-tiny") == 1 })
 	for range 3 {
 		if code, _, b := post(t, "http://"+r.Addr()+"/v1/completions", `{"model":"sim-tiny","prompt":"hello there","max_tokens":2}`); code != 200 {

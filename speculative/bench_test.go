@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // The request path's costs: a lookup per candidate of every decision, a
@@ -165,7 +165,7 @@ func BenchmarkAssign(b *testing.B) {
 func BenchmarkTrust(b *testing.B) {
 	r := newRig(b, DefaultConfig())
 	r.AddTarget(podA)
-	ids := []target.ID{podA, podB}
+	ids := []targetid.ID{podA, podB}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {

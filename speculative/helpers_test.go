@@ -10,17 +10,17 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // fakeStreams is what the router would report of each target's stream:
 // fresh unless set otherwise.
 type fakeStreams struct {
 	mu sync.Mutex
-	m  map[target.ID]Stream
+	m  map[targetid.ID]Stream
 }
 
-func (f *fakeStreams) get(id target.ID) Stream {
+func (f *fakeStreams) get(id targetid.ID) Stream {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if st, ok := f.m[id]; ok {
@@ -29,11 +29,11 @@ func (f *fakeStreams) get(id target.ID) Stream {
 	return Stream{Fresh: true}
 }
 
-func (f *fakeStreams) set(id target.ID, st Stream) {
+func (f *fakeStreams) set(id targetid.ID, st Stream) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.m == nil {
-		f.m = map[target.ID]Stream{}
+		f.m = map[targetid.ID]Stream{}
 	}
 	f.m[id] = st
 }
@@ -73,9 +73,9 @@ func (r *rig) settle(d time.Duration) {
 }
 
 // confirm confirms keys on id now.
-func (r *rig) confirm(id target.ID, keys []kvindex.Key) { r.Confirm(id, keys, r.clock.Now()) }
+func (r *rig) confirm(id targetid.ID, keys []kvindex.Key) { r.Confirm(id, keys, r.clock.Now()) }
 
-func (r *rig) targetView(t testing.TB, id target.ID) TargetView {
+func (r *rig) targetView(t testing.TB, id targetid.ID) TargetView {
 	t.Helper()
 	for _, tv := range r.View().Targets {
 		if tv.Target == id.String() {
@@ -87,8 +87,8 @@ func (r *rig) targetView(t testing.TB, id target.ID) TargetView {
 }
 
 var (
-	podA = target.ID{Endpoint: "http://10.0.0.1:8000"}
-	podB = target.ID{Endpoint: "http://10.0.0.2:8000"}
+	podA = targetid.ID{Endpoint: "http://10.0.0.1:8000"}
+	podB = targetid.ID{Endpoint: "http://10.0.0.2:8000"}
 )
 
 // keyRange is n distinct keys starting at from.
@@ -100,7 +100,7 @@ func keyRange(from, n int) []kvindex.Key {
 	return keys
 }
 
-func dispatch(id target.ID, req string) Dispatch {
+func dispatch(id targetid.ID, req string) Dispatch {
 	return Dispatch{Target: id, RequestID: req, Namespace: Namespace{Model: "m", BlockSize: 16}}
 }
 

@@ -4,7 +4,7 @@ import (
 	"math"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Extension is a target's predicted run beyond its confirmed run: Blocks
@@ -42,7 +42,7 @@ type Ref struct {
 // predictions costs a map read. The router calls it for each candidate of
 // a decision made with predictions (the speculative policy's arm); the
 // predicted run weighs Trust(target).
-func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extension {
+func (s *Store) Lookup(id targetid.ID, keys []kvindex.Key, confirmed int) Extension {
 	t := s.target(id)
 	if t == nil || confirmed < 0 || confirmed >= len(keys) || t.live.Load() == 0 {
 		return Extension{}
@@ -85,7 +85,7 @@ func (s *Store) Lookup(id target.ID, keys []kvindex.Key, confirmed int) Extensio
 // event stream is not fresh (Deps.Stream), else its block-confirmation
 // rate over recent mature cohorts under the prior (priorMean,
 // priorStrength). Lock-free. The router calls it for each candidate.
-func (s *Store) Trust(id target.ID) float64 {
+func (s *Store) Trust(id targetid.ID) float64 {
 	if !s.stream(id).Fresh {
 		return 0
 	}
@@ -93,7 +93,7 @@ func (s *Store) Trust(id target.ID) float64 {
 }
 
 // posterior is a target's trust before its stream's state.
-func (s *Store) posterior(id target.ID) float64 {
+func (s *Store) posterior(id targetid.ID) float64 {
 	if t := s.target(id); t != nil {
 		return math.Float64frombits(t.posterior.Load())
 	}

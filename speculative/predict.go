@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // state is where a prediction stands. Every state but pending is terminal.
@@ -73,7 +73,7 @@ type Namespace struct {
 // the prompt's prefill (the prefill pod of a disaggregated pair), the
 // request's correlation id and its namespace.
 type Dispatch struct {
-	Target    target.ID
+	Target    targetid.ID
 	RequestID string
 	Namespace Namespace
 	// Settles says that the caller will call Placement.Settle at the
@@ -303,7 +303,7 @@ func (s *Store) insertLocked(t *targetState, h *Placement, keys []kvindex.Key, n
 // before becomes an early expiry (its latency recorded as late). A
 // prediction of the target's previous generation is never confirmed. The
 // kvindex.Observer from Observer calls it for every stored batch.
-func (s *Store) Confirm(id target.ID, keys []kvindex.Key, at time.Time) {
+func (s *Store) Confirm(id targetid.ID, keys []kvindex.Key, at time.Time) {
 	t := s.target(id)
 	if t == nil || t.live.Load() == 0 && t.lateable.Load() == 0 {
 		return

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // evalInterval paces what changes slowly: cohort maturity, trust, the TTL
@@ -44,7 +44,7 @@ type Deps struct {
 	// path (Trust) and with a target's lock held, so it must be cheap and
 	// must not call back into the store. Nil: every stream fresh, no
 	// backlog.
-	Stream func(target.ID) Stream
+	Stream func(targetid.ID) Stream
 }
 
 // Store owns every target's predicted placements: the blocks a routing
@@ -58,14 +58,14 @@ type Store struct {
 	cfg    Config
 	log    *slog.Logger
 	now    func() time.Time
-	stream func(target.ID) Stream
+	stream func(targetid.ID) Stream
 	// epoch anchors the store's clock: times are nanoseconds since it, read
 	// through time.Time's monotonic clock.
 	epoch time.Time
 
 	// targets is copied on write so that the request path reads it
 	// without a lock.
-	targets atomic.Pointer[map[target.ID]*targetState]
+	targets atomic.Pointer[map[targetid.ID]*targetState]
 	mu      sync.Mutex // serializes writers of targets
 
 	arms *holdback
@@ -95,11 +95,11 @@ func New(cfg Config, deps Deps) (*Store, error) {
 		s.now = time.Now
 	}
 	if s.stream == nil {
-		s.stream = func(target.ID) Stream { return Stream{Fresh: true} }
+		s.stream = func(targetid.ID) Stream { return Stream{Fresh: true} }
 	}
 	s.epoch = s.now()
 	s.origins = map[string]*Origin{}
-	s.targets.Store(&map[target.ID]*targetState{})
+	s.targets.Store(&map[targetid.ID]*targetState{})
 	s.arms = newHoldback(cfg.Holdback)
 	if deps.Registerer != nil {
 		if err := deps.Registerer.Register(&collector{s: s}); err != nil {
@@ -120,7 +120,7 @@ func (s *Store) grace() int64 { return int64(s.cfg.MaxStale) }
 
 // targetState is one target's predictions and their accounting.
 type targetState struct {
-	id   target.ID
+	id   targetid.ID
 	name string
 	log  *slog.Logger
 
@@ -167,7 +167,7 @@ type targetState struct {
 	latHist       [2]histogram // in time, late
 }
 
-func (s *Store) newTargetState(id target.ID) *targetState {
+func (s *Store) newTargetState(id targetid.ID) *targetState {
 	t := &targetState{
 		id: id, name: id.String(), log: s.log,
 		pending:   make(map[kvindex.Key]*prediction),
@@ -185,10 +185,10 @@ func (s *Store) newTargetState(id target.ID) *targetState {
 }
 
 // target is id's state, nil when unknown. Lock-free.
-func (s *Store) target(id target.ID) *targetState { return (*s.targets.Load())[id] }
+func (s *Store) target(id targetid.ID) *targetState { return (*s.targets.Load())[id] }
 
 // targetOrAdd is id's state, created when unknown.
-func (s *Store) targetOrAdd(id target.ID) *targetState {
+func (s *Store) targetOrAdd(id targetid.ID) *targetState {
 	if t := s.target(id); t != nil {
 		return t
 	}
@@ -199,7 +199,7 @@ func (s *Store) targetOrAdd(id target.ID) *targetState {
 		return t
 	}
 	t := s.newTargetState(id)
-	m := make(map[target.ID]*targetState, len(old)+1)
+	m := make(map[targetid.ID]*targetState, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
@@ -208,14 +208,14 @@ func (s *Store) targetOrAdd(id target.ID) *targetState {
 	return t
 }
 
-func (s *Store) forget(id target.ID) {
+func (s *Store) forget(id targetid.ID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := *s.targets.Load()
 	if _, ok := old[id]; !ok {
 		return
 	}
-	m := make(map[target.ID]*targetState, len(old))
+	m := make(map[targetid.ID]*targetState, len(old))
 	for k, v := range old {
 		if k != id {
 			m[k] = v
@@ -227,12 +227,12 @@ func (s *Store) forget(id target.ID) {
 // AddTarget makes a target known, so that the debug view and the metrics
 // show it before its first prediction. The router calls it when health
 // reports a target added; Predict adds unknown targets too.
-func (s *Store) AddTarget(id target.ID) { s.targetOrAdd(id) }
+func (s *Store) AddTarget(id targetid.ID) { s.targetOrAdd(id) }
 
 // TTL is the target's current prediction lifetime (the initial one for a
 // target it does not know). Lock-free. The router's dry run shows it
 // beside each candidate's predicted run.
-func (s *Store) TTL(id target.ID) time.Duration {
+func (s *Store) TTL(id targetid.ID) time.Duration {
 	if t := s.target(id); t != nil {
 		return time.Duration(t.ttl.Load())
 	}
@@ -275,7 +275,7 @@ func (r Reason) String() string {
 // calls it on AllBlocksCleared and placement resets (Observer,
 // ReasonCleared). Followers of invalidated predictions are not false-warm:
 // the cache was lost, not mispredicted.
-func (s *Store) Invalidate(id target.ID, reason Reason) {
+func (s *Store) Invalidate(id targetid.ID, reason Reason) {
 	t := s.target(id)
 	if t == nil {
 		return
@@ -309,8 +309,8 @@ func (s *Store) Invalidate(id target.ID, reason Reason) {
 // placement resets invalidate them.
 func (s *Store) Observer() kvindex.Observer {
 	return kvindex.Observer{
-		Stored:  func(id target.ID, _ kvindex.Tier, keys []kvindex.Key) { s.Confirm(id, keys, s.now()) },
-		Cleared: func(id target.ID) { s.Invalidate(id, ReasonCleared) },
+		Stored:  func(id targetid.ID, _ kvindex.Tier, keys []kvindex.Key) { s.Confirm(id, keys, s.now()) },
+		Cleared: func(id targetid.ID) { s.Invalidate(id, ReasonCleared) },
 	}
 }
 

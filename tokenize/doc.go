@@ -6,7 +6,7 @@
 // built-in "bytes" model. It knows nothing about routing: a remote call
 // takes the base URL of the pod the caller picked.
 //
-// # API contract (stable; router and bench/sim depend on it)
+// # API contract (stable; router and sim depend on it)
 //
 //	reg := tokenize.NewRegistry(tokenize.Options{Registerer: promReg, Logger: log, Hub: hubClient})
 //	m, err := reg.AddSpec("qwen3:auto=/models/qwen3")   // --tokenizer flag value (mode local unless named)

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 

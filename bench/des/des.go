@@ -11,15 +11,15 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // Oracle is the policy that routes on the pods' true state.
@@ -151,8 +151,8 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func PodName(i int) string { return "pod-" + strconv.Itoa(i) }
 
 // TargetOf is pod i's target id, as the routers know it.
-func TargetOf(i int) target.ID {
-	return target.ID{Endpoint: "http://" + PodName(i) + podDomain}
+func TargetOf(i int) targetid.ID {
+	return targetid.ID{Endpoint: "http://" + PodName(i) + podDomain}
 }
 
 // podDomain ends every des target's endpoint.
@@ -160,7 +160,7 @@ const podDomain = ".des:8000"
 
 // PodNameOf names the pod of a des target (TargetOf), or the target
 // itself when it is none.
-func PodNameOf(id target.ID) string {
+func PodNameOf(id targetid.ID) string {
 	if name, ok := strings.CutSuffix(strings.TrimPrefix(id.Endpoint, "http://"), podDomain); ok {
 		return name
 	}
@@ -187,7 +187,7 @@ type run struct {
 // pod is one simulated pod and its event stream.
 type pod struct {
 	i       int
-	id      target.ID
+	id      targetid.ID
 	rank    *sim.Rank
 	busy    bool // a step is in progress
 	nextSeq uint64
@@ -365,7 +365,7 @@ func (r *run) startRouters() error {
 		return fmt.Errorf("des: %w", err)
 	}
 	prof := r.cfg.Fleet.Profile
-	ids := make([]target.ID, len(r.pods))
+	ids := make([]targetid.ID, len(r.pods))
 	for i, p := range r.pods {
 		ids[i] = p.id
 	}
@@ -393,7 +393,7 @@ func (r *run) startRouters() error {
 		// As the live bench's router: one good probe brings a pod back.
 		vc.Health.SuccessThreshold = 1
 		if r.cfg.ReplayBuffer > 0 {
-			vc.Replay = func(id target.ID) kvindex.ReplayBuffer { return r.pods[r.podOf(id)].replay }
+			vc.Replay = func(id targetid.ID) kvindex.ReplayBuffer { return r.pods[r.podOf(id)].replay }
 		}
 		v, err := router.NewVirtual(vc)
 		if err != nil {
@@ -613,7 +613,7 @@ func (r *run) retry(q *request) bool {
 	return true
 }
 
-func (r *run) podOf(id target.ID) int {
+func (r *run) podOf(id targetid.ID) int {
 	for i, p := range r.pods {
 		if p.id == id {
 			return i

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // smallRun is a shared-prefix or multi-turn workload on three small pods,

@@ -3,7 +3,7 @@
 // socket and no wall clock.
 //
 // What runs is the real code, stepped instead of scheduled:
-//   - the pods are bench/sim's engine (sim.Rank): continuous batching,
+//   - the pods are the simulator's engine (sim.Rank): continuous batching,
 //     chunked prefill, the paged prefix cache with vLLM's hashing,
 //     reference counts and LRU, BlockStored when blocks fill;
 //   - the routers are router.Virtual: the decider, chooser, event plane

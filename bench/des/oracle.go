@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // oracleRouter sends each request to the pod whose true state

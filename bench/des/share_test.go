@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // burstConfig is bursts of four siblings sharing a 2,000-token prefix, a

@@ -19,9 +19,9 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench"
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // eventsSettings is what the events command's flags set.
@@ -135,7 +135,7 @@ func runEvents(ctx context.Context, stdout io.Writer, s *eventsSettings) error {
 		printed uint64
 	)
 	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
-		Target:   target.ID{Endpoint: endpoint},
+		Target:   targetid.ID{Endpoint: endpoint},
 		Endpoint: endpoint,
 		Replay:   replay,
 		Topic:    s.Topic,

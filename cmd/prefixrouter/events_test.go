@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
 )
 
 // syncBuffer lets the test read what the command wrote so far.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 func TestServeUsageErrors(t *testing.T) {

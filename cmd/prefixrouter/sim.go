@@ -12,9 +12,9 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // simSettings is what the sim command's flags set: the fleet's config and

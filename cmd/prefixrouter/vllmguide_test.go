@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/bench/sim"
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/sim"
 )
 
 // TestVLLMGuide follows docs/vllm.md: simulated pods are started as its

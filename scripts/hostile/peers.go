@@ -8,7 +8,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/prefixrouter/prefixrouter/peers"
-	"github.com/prefixrouter/prefixrouter/target"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // roguePeers: a process at a --peers address publishing in the peer wire
@@ -22,7 +22,7 @@ func (e *eventRun) roguePeers(rogue, keyed *monitored) error {
 	if err != nil {
 		return err
 	}
-	tgt := target.ID{Endpoint: d.Candidates[0].Target, Rank: d.Candidates[0].Rank}
+	tgt := targetid.ID{Endpoint: d.Candidates[0].Target, Rank: d.Candidates[0].Rank}
 	fmt.Printf("  before: the dry run's load on the pod: queued_uncached_tokens %d, in_flight %d, cost %.0f\n",
 		d.Candidates[0].Load.QueuedUncachedTokens, d.Candidates[0].Load.InFlight, d.Candidates[0].Cost)
 	ss, err := scrape(e.admin)
@@ -143,7 +143,7 @@ func (e *eventRun) roguePeers(rogue, keyed *monitored) error {
 // claiming queued uncached tokens on tgt, and returns the most the dry
 // run showed queued on the pod meanwhile (and for 300 ms after), and the
 // socket's monitor events.
-func (e *eventRun) claim(pub *monitored, origin string, tgt target.ID, queued int64, n int) (int64, map[zmq.Event]int, error) {
+func (e *eventRun) claim(pub *monitored, origin string, tgt targetid.ID, queued int64, n int) (int64, map[zmq.Event]int, error) {
 	probe := e.prompt("load probe")
 	var most int64
 	look := func() error {

@@ -11,7 +11,7 @@ import (
 // by `make testdata`). Locally it is skipped when the files are absent; under
 // CI=true their absence is a failure, so CI cannot pass without running it.
 func TestRealTokenizer(t *testing.T) {
-	dir := filepath.Join("..", "..", "testdata", "tokenizers", "models", "qwen3")
+	dir := filepath.Join("..", "testdata", "tokenizers", "models", "qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s missing under CI: run make testdata", dir)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 )
 
 // recordingSink collects an engine's batches in place of a publisher.

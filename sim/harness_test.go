@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 )
 
 // startTestFleet starts pods on OS-chosen loopback ports and closes them
@@ -114,7 +114,7 @@ type vllmVector struct {
 
 func loadVectors(t *testing.T) vllmVectors {
 	t.Helper()
-	dir := filepath.Join("..", "..", "testdata", "vllm")
+	dir := filepath.Join("..", "testdata", "vllm")
 	var bh struct {
 		BaseTokens []uint32 `json:"base_tokens"`
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish/publishtest"
+	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 )
 
 // eventShape lists, per event of a payload, its map keys in order (map

@@ -17,8 +17,9 @@
 // Restart models a new pod process on the same ports: queued batches are
 // lost, the sequence starts again at 0 and the replay buffer is empty.
 //
-// The simulator (bench/sim) publishes through this package and tests use it
-// as a stand-in pod; it is the only KV-event publisher in the repository.
+// The simulator (package sim, its parent) publishes through this package
+// and tests use it as a stand-in pod; it is the only KV-event publisher in
+// the repository.
 package publish
 
 import (

@@ -15,7 +15,7 @@ import (
 // BenchmarkPodRequests drives one pod over real loopback HTTP with 32
 // concurrent clients (shared-prefix prompts of 256 tokens, 8 output tokens)
 // and reports requests/s. Run it on one core to check the simulator's own
-// cost: GOMAXPROCS=1 go test -run '^$' -bench PodRequests ./bench/sim.
+// cost: GOMAXPROCS=1 go test -run '^$' -bench PodRequests ./sim.
 // lag_ms is the largest wall-clock lag of the model clock seen at the end:
 // 0 means the engine kept up with its profile and the HTTP work, not the
 // simulation, set the pace.

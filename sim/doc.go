@@ -30,7 +30,7 @@
 // sliding window over the same block hashes); it can keep a CPU offloading
 // tier whose blocks are reported with medium "CPU"; and it can hash from a
 // random root per process, as vLLM does without PYTHONHASHSEED. Events leave
-// through kvindex/publish, the repository's one ZMQ publisher.
+// through sim/publish, the repository's one ZMQ publisher.
 //
 // Every pod can serve either half of a prefill/decode disaggregated request,
 // as vLLM with a kv_both NixlConnector: a do_remote_decode prefill answers

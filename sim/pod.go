@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/kvindex/publish"
+	"github.com/prefixrouter/prefixrouter/sim/publish"
 )
 
 // Pod is one simulated vLLM server: an HTTP listener, one engine and one

@@ -110,7 +110,7 @@ const (
 	msgSync
 )
 
-// eventSink receives one batch per engine step (kvindex/publish.Publisher;
+// eventSink receives one batch per engine step (publish.Publisher;
 // nil in engine-only tests).
 type eventSink interface {
 	Submit(b events.Batch, enc events.Encoding) error
