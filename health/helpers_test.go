@@ -11,11 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
+	"github.com/prefixrouter/prefixrouter/internal/poll"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -219,14 +219,8 @@ func (e *testEnv) gauge(t *testing.T, name string, labels map[string]string) (fl
 	return 0, false
 }
 
-// eventually polls cond (for tests of the real Run loop).
+// eventually waits for cond (internal/poll).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, what, cond)
 }

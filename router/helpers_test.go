@@ -18,6 +18,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/internal/poll"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -102,17 +103,10 @@ func startRouterLogging(t testing.TB, cfg Config, log *slog.Logger, tokenizers .
 	return r
 }
 
-// waitFor polls cond until it holds; the deadline only turns a hang into a
-// failure, it asserts nothing about speed.
+// waitFor waits for cond (internal/poll).
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, what, cond)
 }
 
 // routableCount is the number of targets of model that can take work.

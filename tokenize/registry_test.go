@@ -15,10 +15,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixrouter/prefixrouter/internal/poll"
 )
 
 // tinyTokenizerJSON is a byte-level BPE with one merge ("a b") and one
@@ -207,15 +208,10 @@ func TestRemoteAuthorization(t *testing.T) {
 	}
 }
 
+// waitFor waits for cond (internal/poll).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, what, cond)
 }
 
 func TestAutoMode(t *testing.T) {

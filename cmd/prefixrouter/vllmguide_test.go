@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/poll"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
@@ -403,14 +404,8 @@ func shellWords(s string) ([]string, error) {
 	return words, nil
 }
 
-// waitUntil polls cond; the bound only turns a hang into a failure.
+// waitUntil waits for cond, at most within (internal/poll).
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Within(t, within, what, cond)
 }
