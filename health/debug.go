@@ -113,7 +113,7 @@ func (m *Monitor) Debug() DebugView {
 	for name, ep := range m.endpoints {
 		eps[name] = epInfo{
 			probe: ProbeView{
-				Up: ep.up, ConsecutiveSuccesses: ep.consecOK, ConsecutiveFailures: ep.consecFail,
+				Up: ep.run.Up, ConsecutiveSuccesses: ep.run.OK, ConsecutiveFailures: ep.run.Failed,
 				LastProbe: ep.lastProbe, LastUp: ep.lastUp,
 				LatencyMs: float64(ep.probeLatency.Microseconds()) / 1000, LastError: ep.probeErr,
 			},

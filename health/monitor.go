@@ -82,10 +82,7 @@ type endpoint struct {
 	targets []*rankState // sorted by rank; draining ranks may exceed spec.DP
 
 	probed       bool
-	up           bool
-	everUp       bool
-	consecOK     int
-	consecFail   int
+	run          ProbeRun
 	lastProbe    time.Time
 	lastUp       time.Time
 	probeErr     string
@@ -587,7 +584,7 @@ func (m *Monitor) stateOf(t *rankState) (State, Reason, string) {
 		return StateDraining, ReasonRemoved, fmt.Sprintf("removed from discovery; %d requests in flight", t.live.inflight.Load())
 	case !ep.probed:
 		return StateDown, ReasonAwaitingProbe, "not probed yet"
-	case !ep.up:
+	case !ep.run.Up:
 		return StateDown, ReasonProbeFailed, ep.probeErr
 	}
 	if ep.authErr != "" {

@@ -97,6 +97,35 @@ func (m *Monitor) forEachActive(ctx context.Context, fn func(context.Context, *e
 // probeAll probes every active endpoint (GET /health).
 func (m *Monitor) probeAll(ctx context.Context) { m.forEachActive(ctx, m.probe) }
 
+// ProbeRun is one endpoint's probe results in a row and what they make of
+// it: the one rule a probe follows, for the monitor's endpoints and for a
+// router's virtual fleet alike. FailureThreshold failed probes in a row
+// take an up endpoint down and SuccessThreshold good ones bring it back; an
+// endpoint never seen up is up on its first good probe (a pod starting).
+type ProbeRun struct {
+	Up, EverUp bool
+	// OK and Failed are the good and failed probes in a row.
+	OK, Failed int
+}
+
+// Observe applies one probe's result under cfg's thresholds and reports
+// whether it changed Up.
+func (r *ProbeRun) Observe(ok bool, cfg Config) bool {
+	was := r.Up
+	if ok {
+		r.OK, r.Failed = r.OK+1, 0
+		if !r.Up && (!r.EverUp || r.OK >= cfg.SuccessThreshold) {
+			r.Up, r.EverUp = true, true
+		}
+	} else {
+		r.Failed, r.OK = r.Failed+1, 0
+		if r.Up && r.Failed >= cfg.FailureThreshold {
+			r.Up = false
+		}
+	}
+	return r.Up != was
+}
+
 // probe runs GET /health on one endpoint, applies the thresholds, and
 // refreshes the model list of an up endpoint when due.
 func (m *Monitor) probe(ctx context.Context, ep *endpoint) {
@@ -114,30 +143,20 @@ func (m *Monitor) probe(ctx context.Context, ep *endpoint) {
 	ep.probed = true
 	ep.lastProbe = now
 	ep.probeLatency = now.Sub(start)
-	wasUp := ep.up
+	wasUp := ep.run.Up
 	if err == nil {
-		ep.consecOK++
-		ep.consecFail = 0
 		ep.probeErr = ""
 		ep.lastUp = now
-		if !ep.up && (!ep.everUp || ep.consecOK >= m.cfg.SuccessThreshold) {
-			ep.up, ep.everUp = true, true
-		}
 	} else {
-		ep.consecFail++
-		ep.consecOK = 0
 		ep.probeErr = err.Error()
 		for _, t := range ep.targets {
 			t.live.probeFailures.Add(1)
 		}
-		if ep.up && ep.consecFail >= m.cfg.FailureThreshold {
-			ep.up = false
-		}
 	}
-	if wasUp != ep.up {
-		m.log.Info("probe transition", "endpoint", base, "up", ep.up, "err", err)
+	if ep.run.Observe(err == nil, m.cfg) {
+		m.log.Info("probe transition", "endpoint", base, "up", ep.run.Up, "err", err)
 	}
-	needModels := ep.up && (!ep.modelsOK || now.Sub(ep.modelsAt) >= m.cfg.ModelsInterval || !wasUp)
+	needModels := ep.run.Up && (!ep.modelsOK || now.Sub(ep.modelsAt) >= m.cfg.ModelsInterval || !wasUp)
 	m.mu.Unlock()
 
 	if needModels {

@@ -270,3 +270,38 @@ func TestDebugViewJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestProbeRun: the one probe rule, which the monitor and a virtual fleet
+// both follow.
+func TestProbeRun(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.FailureThreshold, cfg.SuccessThreshold = 3, 2
+	cases := []struct {
+		name    string
+		start   ProbeRun
+		probes  []bool
+		wantUp  bool
+		changes int
+	}{
+		{"never up: up on the first good probe", ProbeRun{}, []bool{true}, true, 1},
+		{"never up and failing stays down", ProbeRun{}, []bool{false, false, false, false}, false, 0},
+		{"up: two failures keep it up", ProbeRun{Up: true, EverUp: true}, []bool{false, false, true}, true, 0},
+		{"up: three failures take it down", ProbeRun{Up: true, EverUp: true}, []bool{false, false, false}, false, 1},
+		{"down after up: one good probe is not enough", ProbeRun{EverUp: true}, []bool{true}, false, 0},
+		{"down after up: two good probes bring it back", ProbeRun{EverUp: true}, []bool{true, true}, true, 1},
+		{"a failure in between starts the count over", ProbeRun{EverUp: true}, []bool{true, false, true}, false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, changes := c.start, 0
+			for _, ok := range c.probes {
+				if r.Observe(ok, cfg) {
+					changes++
+				}
+			}
+			if r.Up != c.wantUp || changes != c.changes {
+				t.Fatalf("up %v after %d changes, want %v after %d", r.Up, changes, c.wantUp, c.changes)
+			}
+		})
+	}
+}

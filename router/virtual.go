@@ -77,7 +77,7 @@ type Virtual struct {
 	// probes are each target's probe outcomes in a row (Probe); unlisted
 	// marks the targets out of the fleet (Unlist), which no request goes
 	// to, and nUnlisted counts them.
-	probes    []probeRun
+	probes    []health.ProbeRun
 	unlisted  []bool
 	nUnlisted int
 	// origins are the peer replicas whose predictions PredictFrom
@@ -101,7 +101,7 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	v := &Virtual{model: cfg.Model, slot: make(map[targetid.ID]int, len(cfg.Targets)), now: cfg.Now, maxRetries: cfg.MaxRetries,
-		health: cfg.Health, probes: make([]probeRun, len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets)),
+		health: cfg.Health, probes: upRuns(len(cfg.Targets)), unlisted: make([]bool, len(cfg.Targets)),
 		started: make([]time.Time, len(cfg.Targets))}
 	var observer kvindex.Observer
 	if cfg.Policy == PolicySpeculative {
@@ -424,30 +424,34 @@ func (v *Virtual) restarted(id targetid.ID) {
 	}
 }
 
-// probeRun is a target's probe outcomes in a row.
-type probeRun struct{ ok, failed int }
-
-// Probe records what a probe of target id's /health answered now, as
-// health's prober does: Health.FailureThreshold failures in a row take the
-// target down (probe_failed), Health.SuccessThreshold answers bring it
-// back.
+// Probe records what a probe of target id's /health answered now, by the
+// rule health's prober follows (health.ProbeRun): Health.FailureThreshold
+// failures in a row take the target down (probe_failed),
+// Health.SuccessThreshold answers bring it back, and a target listed anew
+// is up on its first answer.
 func (v *Virtual) Probe(id targetid.ID, ok bool) {
 	i, found := v.slot[id]
 	if !found {
 		return
 	}
-	run, t := &v.probes[i], v.targets[i]
-	if ok {
-		run.ok, run.failed = run.ok+1, 0
-		if t.State != health.StateRoutable && run.ok >= max(v.health.SuccessThreshold, 1) {
-			v.targets[i] = t.WithState(health.StateRoutable, health.ReasonOK, "", v.now())
-		}
+	if !v.probes[i].Observe(ok, v.health) {
 		return
 	}
-	run.failed, run.ok = run.failed+1, 0
-	if t.State != health.StateDown && run.failed >= max(v.health.FailureThreshold, 1) {
+	if t := v.targets[i]; v.probes[i].Up {
+		v.targets[i] = t.WithState(health.StateRoutable, health.ReasonOK, "", v.now())
+	} else {
 		v.targets[i] = t.WithState(health.StateDown, health.ReasonProbeFailed, "GET /health failed", v.now())
 	}
+}
+
+// upRuns are the probe runs of n targets up from the start, as a virtual
+// fleet's are.
+func upRuns(n int) []health.ProbeRun {
+	runs := make([]health.ProbeRun, n)
+	for i := range runs {
+		runs[i] = health.ProbeRun{Up: true, EverUp: true}
+	}
+	return runs
 }
 
 // Unlist takes target id out of the fleet, as an endpoints file without
@@ -482,7 +486,7 @@ func (v *Virtual) List(id targetid.ID) error {
 		return fmt.Errorf("virtual router: %w", err)
 	}
 	v.targets[i] = t.WithState(health.StateDown, health.ReasonAwaitingProbe, "", v.now())
-	v.probes[i] = probeRun{}
+	v.probes[i] = health.ProbeRun{}
 	v.unlisted[i] = false
 	v.nUnlisted--
 	v.plane.SetTarget(id, eventplane.Source{InProcess: true})
