@@ -170,7 +170,7 @@ type VirtualRequest struct {
 // the approximate policy hashes; session names the conversation for the
 // holdback arm (empty: the request alone).
 func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
-	return v.route(ids, text, session, v.listed(), v.now(), nil)
+	return v.route(ids, text, session, v.listed(), v.now(), nil, "")
 }
 
 // listed is the fleet without its unlisted targets.
@@ -206,14 +206,20 @@ func (r *VirtualRequest) Retry(ids []uint32, text []byte, session string) (*Virt
 	if len(others) == 0 {
 		return nil, nil
 	}
-	return v.route(ids, text, session, others, r.sent, failed)
+	// The same request, as the API's retry is: its id, so its holdback
+	// arm and its predictions' request stay those of its first attempt.
+	return v.route(ids, text, session, others, r.sent, failed, r.id)
 }
 
 // route decides among targets and dispatches; sent is when the client
-// sent the request, failed the targets earlier attempts failed on.
-func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []targetid.ID) (*VirtualRequest, error) {
-	v.nextID++
-	r := &VirtualRequest{v: v, id: "des-" + strconv.FormatUint(v.nextID, 10), sent: sent, failed: failed}
+// sent the request, failed the targets earlier attempts failed on, id the
+// request's (empty: a new request).
+func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []targetid.ID, id string) (*VirtualRequest, error) {
+	if id == "" {
+		v.nextID++
+		id = "des-" + strconv.FormatUint(v.nextID, 10)
+	}
+	r := &VirtualRequest{v: v, id: id, sent: sent, failed: failed}
 	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
 	d, err := v.dec.decide(decisionInput{model: v.model, targets: targets,
 		prompt: promptTokens{ids: ids, counted: true, count: len(ids), source: "ids"}, approxText: text, conversation: conv})

@@ -7,6 +7,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/sim"
+	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -282,5 +283,46 @@ func TestVirtualFleetChanges(t *testing.T) {
 		}
 		tried[next.Target()] = true
 		vr = next
+	}
+}
+
+// TestVirtualRetryIsTheSameRequest: a retry on another target is the same
+// request, as the API's is: its id, and so its holdback arm, stay those
+// of its first attempt (a new draw would move a conversation between the
+// arms the holdback compares).
+func TestVirtualRetryIsTheSameRequest(t *testing.T) {
+	f := newVirtualFleet(t, PolicySpeculative, 3)
+	cfg := DefaultConfig()
+	ev := cfg.Events
+	ev.BlockSize = 16
+	spec := cfg.Speculative
+	spec.Holdback = 0.5
+	hc := cfg.Health
+	hc.BreakerFailures = 1000 // each request's first attempt fails on purpose
+	v, err := NewVirtual(VirtualConfig{Policy: PolicySpeculative, Cost: cfg.Cost, Events: ev, Speculative: spec, Health: hc,
+		Model: "m", Targets: f.ids, NumGPUBlocks: 1000, Now: f.clk.Now, MaxRetries: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arms := map[speculative.Arm]int{}
+	for i := range 40 {
+		prompt := promptOf(64, uint32(1000*i))
+		vr, err := v.Route(prompt, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		vr.Finish(false, 0)
+		next, err := vr.Retry(prompt, nil, "")
+		if err != nil || next == nil {
+			t.Fatalf("retry: %v, %v", next, err)
+		}
+		if next.id != vr.id || next.d.arm != vr.d.arm {
+			t.Fatalf("request %d: retried as %s in arm %v, first %s in arm %v", i, next.id, next.d.arm, vr.id, vr.d.arm)
+		}
+		arms[vr.d.arm]++
+		next.Finish(true, 0)
+	}
+	if len(arms) < 2 {
+		t.Fatalf("every request drew one arm (%v): the test shows nothing", arms)
 	}
 }
