@@ -8,10 +8,11 @@ import (
 )
 
 // TestPairedGapOnDES runs paired-gap's matrix on the des engine and checks
-// what DESIGN.md §3 says each cell must show: inside the event gap only
-// predictions find the first request's pod; a restarted pod's predictions
-// are invalidated once the router sees the new process; delayed events
-// leave the follower to predictions until the TTL, then to nothing.
+// what each cell must show (docs/benchmark.md, "The paired-gap matrix"):
+// inside the event gap only predictions find the first request's pod; a
+// restarted pod's predictions are invalidated once the router sees the new
+// process; delayed events leave the follower to predictions until the TTL,
+// then to nothing.
 func TestPairedGapOnDES(t *testing.T) {
 	o, res := runQuickDES(t, workload.KindPairedGap, "precise", "speculative")
 	prefix := o.Workload.Params["prefix_tokens"].(int)

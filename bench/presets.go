@@ -53,7 +53,9 @@ func LookupPreset(kind string, quick bool) Preset {
 	return p
 }
 
-// The full presets model the hardware of DESIGN.md §5 at its own scale.
+// The full presets model the pods' hardware at its own scale: the
+// h100x2-32b and h100-8b profiles (sim/README.md, "Hardware profiles"),
+// whose KV capacity and prefill peak are llm-d's.
 var presets = map[string]Preset{
 	// llm-d's shape and regime on half its fleet: 6,000-token system
 	// prompts shared by 5 users per group, 1,200-token questions, 1,000

@@ -63,7 +63,8 @@ func BenchmarkLookup(b *testing.B) {
 // BenchmarkPredict: a dispatch's predictions, new or repeating pending
 // ones, with expiry and cohort upkeep as Run does it. The clock moves as
 // one pod at its peak prefill throughput stores new blocks (20,480 tokens
-// a second, the calibration of DESIGN.md section 5: 1,280 blocks of 16),
+// a second, the peak the h100x2-32b profile is calibrated to in
+// sim/README.md, "Hardware profiles": 1,280 blocks of 16),
 // so that about 2,600 predictions are live at the initial 2 s TTL; "ten
 // pods' worth" puts ten times that on one target.
 func BenchmarkPredict(b *testing.B) {

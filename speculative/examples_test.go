@@ -6,9 +6,11 @@ import (
 	"time"
 )
 
-// The worked examples of the measurement design (DESIGN.md section 3 and
-// the speculative-placements issue), reproduced by the code that computes
-// them in the router.
+// Worked examples of the measurements docs/speculative.md defines (the
+// TTL from a latency quantile, backlog and slack; the exposure λ·p·T;
+// rates over mature cohorts, token-weighted; the incremental reuse and its
+// standard error), computed by the router's own code, so that the
+// arithmetic the page and ttl-advise's example show is the code's.
 
 func TestWorkedExampleTTL(t *testing.T) {
 	// p99 1.15 s + backlog 0.25 s + slack 0.10 s gives a 1.50 s TTL.

@@ -254,9 +254,9 @@ type Cell struct {
 
 // PairedGap is pairs of requests sharing a fresh PrefixTokens prefix, each
 // with its own suffix: one cell per condition and gap, the second request
-// sent the gap after the first. It is the matrix of DESIGN.md §3: whether
-// the second request is routed on a prediction, a confirmed run or
-// nothing.
+// sent the gap after the first. It is the matrix of docs/benchmark.md
+// ("The paired-gap matrix"): whether the second request is routed on a
+// prediction, a confirmed run or nothing.
 type PairedGap struct {
 	Common
 	PrefixTokens, SuffixTokens, OutputTokens int
