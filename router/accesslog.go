@@ -247,7 +247,7 @@ func (x *exchange) accessLine(took time.Duration) *accessLine {
 func (a *attempt) attemptLine(took time.Duration) *accessLine {
 	line := a.x.accessLine(took)
 	line.Target, line.Outcome, line.Retries = a.name, a.label, a.n
-	if p := a.x.prefilled; p != nil {
+	if p := a.promptAttempt(); p != a {
 		line.PrefillTarget = p.name
 	}
 	line.RouteMS = millisOf(a.x.routeTime)

@@ -40,21 +40,31 @@ type exchange struct {
 	tail   *promptTail
 	// routeTime is the time from arrival to the first dispatch.
 	routeTime time.Duration
-	// A split request's decode stage (disagg.go): sendBody is the body
-	// sent to the decode pod, the client's with the prefill pod's
-	// kv_transfer_params (nil: the client's as it came), and prefilled
-	// the attempt that computed the prompt, whose answer says what the
-	// request found in the prefix cache.
+	// A split request's decode stage, when it loads the prompt's blocks
+	// (stageDecode, disagg.go): sendBody is the body sent to the decode
+	// pod, the client's with the prefill pod's kv_transfer_params, and
+	// prefilled the attempt that computed the prompt, whose answer says
+	// what the request found in the prefix cache.
 	sendBody  []byte
 	prefilled *attempt
 }
 
-// body is the request body the attempts send.
-func (x *exchange) body() []byte {
-	if x.sendBody != nil {
-		return x.sendBody
+// body is the request body the attempt sends to its pod.
+func (a *attempt) body() []byte {
+	if a.d.stage.loadsPrompt() {
+		return a.x.sendBody
 	}
-	return x.in.PostBody()
+	return a.x.in.PostBody()
+}
+
+// promptAttempt is the attempt whose answer says what the request's
+// prompt found in the prefix cache: the prefill stage's for a decode pod
+// that loaded its blocks, a itself otherwise.
+func (a *attempt) promptAttempt() *attempt {
+	if a.d.stage.loadsPrompt() {
+		return a.x.prefilled
+	}
+	return a
 }
 
 // attemptResult is how one attempt on one target ended.
@@ -68,7 +78,7 @@ const (
 // dispatch proxies a decided request, retrying on other targets while no
 // byte has reached the client.
 func (r *Router) dispatch(x *exchange, d *decision) {
-	if d.decode != nil {
+	if d.stage == stagePrefill {
 		if d = r.prefill(x, d); d == nil {
 			return
 		}
@@ -104,10 +114,6 @@ type attempt struct {
 	d    *decision
 	n    int // 0 for the first attempt, then retries
 	name string
-	// prefillStage: the attempt computes a split request's prompt; its
-	// answer is read by the router, not relayed, and its outcome is
-	// recorded with the decode stage's (disagg.go).
-	prefillStage bool
 
 	flight *health.Flight
 	expect eventplane.Expectation
@@ -149,14 +155,12 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	v := d.view(a.tail(), d.chosen)
 	a.predicted = v.predicted
 	uncached := v.prompt.count - v.predicted
-	if x.sendBody != nil {
-		// A split request's decode pod loads the prompt's blocks from the
-		// prefill pod instead of computing them.
+	if !d.stage.booksUncached() {
 		uncached = 0
 	}
 	a.flight = c.Target.Dispatch(v.prompt.count, uncached)
 	r.mesh.Changed(c.Target.ID) // the peer replicas' view of the pod's queue
-	if x.ep.routed() && x.sendBody == nil {
+	if x.ep.routed() && d.stage.expectsEvents() {
 		// Only a prompt the pod prefills into its cache is expected to be
 		// announced by KV events.
 		a.expect = r.ev.Dispatch(c.Target.ID)
@@ -165,14 +169,12 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 	if d.predicting && x.ep.routed() {
 		a.predict(c)
 	}
-	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 && !d.decodeStage {
+	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 && d.stage.carriesPrompt() {
 		ap.record(c.Target.ID, d.approxChunks)
 	}
 	r.met.routed.WithLabelValues(a.name, x.model, x.dec.policyName).Inc()
 	a.decided = time.Since(x.start)
-	if !d.decodeStage {
-		// A split request's decode stage starts after its prefill: that
-		// is the pods' time, not the router's.
+	if d.stage.routerTime() {
 		if n == 0 {
 			x.routeTime = a.decided
 		}
@@ -185,7 +187,7 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 // tail is the prompt tail of the attempt's decision: nil for a split
 // request's decode stage, whose candidates are not those the tail looks up.
 func (a *attempt) tail() *promptTail {
-	if a.d.decodeStage {
+	if !a.d.stage.usesTail() {
 		return nil
 	}
 	return a.x.tail
@@ -226,7 +228,7 @@ func (a *attempt) run() attemptResult {
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
-	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, x.body(), x.in, x.id))
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, a.body(), x.in, x.id))
 	if err != nil {
 		return a.failedBeforeByte(err)
 	}
@@ -344,10 +346,10 @@ func (a *attempt) answer() {
 		h.Set("X-Prefixrouter-Target", a.name)
 		// The prompt's numbers are those of the attempt that computed it:
 		// a split request's prefill stage.
-		pa := a
-		if p := x.prefilled; p != nil {
-			h.Set("X-Prefixrouter-Prefill-Target", p.name)
-			pa, v = p, p.d.view(p.tail(), p.d.chosen)
+		pa := a.promptAttempt()
+		if pa != a {
+			h.Set("X-Prefixrouter-Prefill-Target", pa.name)
+			v = pa.d.view(pa.tail(), pa.d.chosen)
 		}
 		// An estimate while the rest of the prompt is still being encoded.
 		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pa.d.promptBlocks(v.prompt)))
@@ -366,9 +368,9 @@ func (a *attempt) answer() {
 // computed. It returns the prompt as known now.
 func (a *attempt) firstByte() promptView {
 	var v promptView
-	if a.d.decodeStage {
+	if !a.d.stage.carriesPrompt() {
 		// A split request's decode pod: the prefill stage settled what
-		// the prompt found in the cache.
+		// the prompt found in the cache, or found it cannot.
 		a.flight.FirstByte()
 		v = a.d.view(nil, a.d.chosen)
 	} else {
@@ -582,9 +584,7 @@ func (a *attempt) end() {
 	}
 	a.flight.Finish(healthOutcome(a.label))
 	a.r.mesh.Changed(a.d.target().Target.ID)
-	if a.prefillStage {
-		// The router reads the answer; the request's outcome is the
-		// decode stage's, or prefill's when it ends the request there.
+	if !a.d.stage.recordsOutcome() {
 		return
 	}
 	if a.label == "upstream_error" && !a.answered {

@@ -100,13 +100,12 @@ type decision struct {
 	predicting bool
 	// by is the decider that made the decision, and makes its retries.
 	by *decider
-	// decode is a split request's decode stage (see disagg.go): this
+	// stage is the part of the request the decision serves (disagg.go).
+	stage stage
+	// decode is a split request's decode stage (stagePrefill): this
 	// decision's target computes the prefill, decode's the rest. nil
 	// when the chosen target serves the whole request.
 	decode *decision
-	// decodeStage marks the decode stage's decision: its candidates are
-	// the decode pods, not those the prompt tail looks up.
-	decodeStage bool
 }
 
 // target is the chosen candidate.

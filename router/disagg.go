@@ -21,6 +21,70 @@ import (
 // prefix cache, the KV events it publishes and the predicted placements
 // all concern it. The decode pod is the least loaded one.
 
+// stage is the part of a request that a decision, and every attempt on
+// it, serves. A request of a model without prefill pods, or one a decode
+// pod computes whole (decideSplit), is one stage; a split request is two,
+// prefill then decode. Every difference the stages make is one of the
+// questions below, asked where it matters.
+type stage uint8
+
+const (
+	// stageWhole: one pod computes the prompt and answers the client.
+	stageWhole stage = iota
+	// stagePrefill: a prefill pod computes the prompt; the router reads
+	// its answer for the kv_transfer_params.
+	stagePrefill
+	// stageDecode: a decode pod loads the prompt's blocks from the
+	// prefill pod and answers the client.
+	stageDecode
+	// stageDecodeAlone: a decode pod computes the prompt itself and
+	// answers the client: the prefill stage gave no kv_transfer_params.
+	stageDecodeAlone
+)
+
+// usesTail reports whether the prompt tail looks up the decision's
+// candidates: the policy chose them on the prompt's blocks. A decode
+// stage's candidates, chosen on load, are not those.
+func (s stage) usesTail() bool { return s == stageWhole || s == stagePrefill }
+
+// carriesPrompt reports whether the decision carries the prompt's
+// numbers: its first byte settles what the pod is expected to find in
+// its cache and to announce, and the approximate policy records its
+// choice. A decode stage's decision knows the prompt's length alone.
+func (s stage) carriesPrompt() bool { return s == stageWhole || s == stagePrefill }
+
+// routerTime reports whether the time from arrival to the dispatch is
+// the router's own (the route time and the overhead metric): a decode
+// stage starts after the prefill, which is the pods' time.
+func (s stage) routerTime() bool { return s == stageWhole || s == stagePrefill }
+
+// loadsPrompt reports whether the pod loads the prompt's blocks from the
+// prefill pod instead of computing them: it is sent the client's body
+// with the prefill pod's kv_transfer_params, and the prefill attempt's
+// answer says what the prompt found in the cache.
+func (s stage) loadsPrompt() bool { return s == stageDecode }
+
+// booksUncached reports whether the target's load ledger counts the
+// prompt's uncached tokens as work for the pod: a pod that loads the
+// blocks computes none of them.
+func (s stage) booksUncached() bool { return !s.loadsPrompt() }
+
+// expectsEvents reports whether the pod is expected to announce the
+// blocks it computes in KV events: a pod that loads them computes none.
+func (s stage) expectsEvents() bool { return !s.loadsPrompt() }
+
+// recordsOutcome reports whether the attempt's end records the request's
+// outcome. A prefill stage's answer is the router's to read: the outcome
+// is the decode stage's, or prefill's own when it ends the request there.
+func (s stage) recordsOutcome() bool { return s != stagePrefill }
+
+// as is d as the decision of stage s.
+func (d *decision) as(s stage) *decision {
+	c := *d
+	c.stage = s
+	return &c
+}
+
 // Outcomes of prefixrouter_disaggregation_total: how a request of a model
 // with prefill pods was served.
 const (
@@ -95,7 +159,7 @@ func (r *Router) decideSplit(in decisionInput, req *Request, prefill, serving []
 	if err != nil {
 		return nil, err
 	}
-	dec.decodeStage = true
+	d.stage, dec.stage = stagePrefill, stageDecode
 	d.decode = dec
 	return d, nil
 }
@@ -110,54 +174,53 @@ func (pt promptTokens) estimate() int {
 
 // prefill runs the prefill stage of split decision d, retrying on other
 // prefill pods while nothing reached the client, and returns the decode
-// stage's decision with the exchange's body for it: the client's request
-// with the prefill pod's kv_transfer_params, or, when no prefill pod
-// answered with them, as the client sent it (the decode pod then computes
-// the prompt itself). It returns nil when the request ended in the
-// prefill stage (the client left, a timeout, the pod refused the request
-// itself); the client has its answer then.
+// stage's decision: stageDecode, with the exchange's body for it (the
+// client's request with the prefill pod's kv_transfer_params) and the
+// attempt that computed the prompt, or stageDecodeAlone when no prefill
+// pod answered with them (the decode pod then computes the prompt from
+// the client's request as it came). It returns nil when the request
+// ended in the prefill stage (the client left, a timeout, the pod refused
+// the request itself); the client has its answer then.
 func (r *Router) prefill(x *exchange, d *decision) *decision {
-	dec := d.decode
+	alone := func(outcome string) *decision {
+		r.met.disagg.WithLabelValues(x.model, outcome).Inc()
+		return d.decode.as(stageDecodeAlone)
+	}
 	body, err := prefillBody(x.in.PostBody())
 	if err != nil {
 		// ParseRequest read the same body: it is a JSON object.
 		r.log.Error("cannot build the prefill request", "request_id", x.id, "err", err)
-		r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
-		return dec
+		return alone(pdPrefillFailed)
 	}
 	for n := 0; ; n++ {
 		a := r.newAttempt(x, d, n)
-		a.prefillStage = true
 		params, res := a.runPrefill(body)
 		switch {
 		case params != nil:
-			x.prefilled = a
-			x.sendBody, err = withTransferParams(x.in.PostBody(), params)
+			send, err := withTransferParams(x.in.PostBody(), params)
 			if err != nil {
 				r.log.Error("cannot build the decode request", "request_id", x.id, "err", err)
-				x.sendBody = nil
-				r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
-				return dec
+				return alone(pdPrefillFailed)
 			}
+			x.prefilled, x.sendBody = a, send
 			r.met.disagg.WithLabelValues(x.model, pdSplit).Inc()
-			return dec
+			return d.decode
 		case res == attemptDone && a.label != "ok":
 			r.recordOutcome(a)
 			return nil
 		case res == attemptDone:
 			// Answered without kv_transfer_params (upstreamNoTransferParams):
 			// another pod is likely wired the same way.
-			r.met.disagg.WithLabelValues(x.model, pdNoTransferParams).Inc()
-			return dec
+			return alone(pdNoTransferParams)
 		}
 		failed := a.name
+		// A retry's decision is a copy of d: a prefill stage, with d's
+		// decode stage.
 		next, ok := d.by.without(d)
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no prefill target could answer; the decode target computes the request", "request_id", x.id, "last", failed, "attempts", n+1)
-			r.met.disagg.WithLabelValues(x.model, pdPrefillFailed).Inc()
-			return dec
+			return alone(pdPrefillFailed)
 		}
-		next.decode = dec
 		d = next
 		r.met.retries.WithLabelValues(failed).Inc()
 		r.log.Info("retrying the prefill on another target", "request_id", x.id, "failed", failed, "next", d.target().Target.ID.String())

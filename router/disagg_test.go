@@ -408,3 +408,25 @@ func FuzzSplitBodies(f *testing.F) {
 		}
 	})
 }
+
+// TestStageQuestions pins what each stage of a request answers to the
+// questions the attempt asks of it.
+func TestStageQuestions(t *testing.T) {
+	type answers struct{ tail, prompt, routerTime, loads, uncached, events, outcome bool }
+	for _, tc := range []struct {
+		name string
+		s    stage
+		want answers
+	}{
+		{"whole", stageWhole, answers{tail: true, prompt: true, routerTime: true, uncached: true, events: true, outcome: true}},
+		{"prefill", stagePrefill, answers{tail: true, prompt: true, routerTime: true, uncached: true, events: true}},
+		{"decode", stageDecode, answers{loads: true, outcome: true}},
+		{"decode alone", stageDecodeAlone, answers{uncached: true, events: true, outcome: true}},
+	} {
+		s := tc.s
+		got := answers{s.usesTail(), s.carriesPrompt(), s.routerTime(), s.loadsPrompt(), s.booksUncached(), s.expectsEvents(), s.recordsOutcome()}
+		if got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

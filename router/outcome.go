@@ -262,10 +262,7 @@ func (r *Router) recordOutcome(a *attempt) {
 	}
 	// What the prompt found in the prefix cache is the answer of the
 	// attempt that computed it: a split request's prefill stage.
-	pa := a
-	if x.prefilled != nil {
-		pa = x.prefilled
-	}
+	pa := a.promptAttempt()
 	rec := promptOutcome{m: m, policy: pol, model: model, target: pa.name, d: pa.d, tail: pa.tail(), usage: pa.usage,
 		measure: a.answered && a.status < 300 && pa.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
 	if a.answered && pa.d.predicting && x.ep.routed() {

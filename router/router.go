@@ -295,6 +295,7 @@ func (r *Router) onChange(c health.Change) {
 	case health.Removed:
 		r.met.forgetTarget(c.Target.ID.String())
 		r.failures.Delete(c.Target.ID)
+		r.forgetEndpoint(c.Target.ID.Endpoint)
 		if r.spec != nil {
 			r.spec.Invalidate(c.Target.ID, speculative.ReasonRemoved)
 		}

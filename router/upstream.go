@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/prefixrouter/prefixrouter/health"
 )
 
 // upstream sends requests to the targets over pooled HTTP/1.1 connections.
@@ -31,6 +33,9 @@ type upstream struct {
 	mu     sync.Mutex
 	idle   map[string][]*upConn // by upEndpoint.key, most recently used last
 	closed bool
+	// eps holds the endpoints requests went to, by their URL: forget
+	// drops one that left the fleet, and a fleet whose pods come and go
+	// keeps those it has.
 	eps    sync.Map // target endpoint URL -> *upEndpoint
 	stop   chan struct{}
 	reaped sync.WaitGroup
@@ -132,6 +137,54 @@ type upEndpoint struct {
 	host     string // Host header
 	basePath string
 	sni      string
+	// forgotten: the endpoint left the fleet (forget), and a connection
+	// to it is closed when released instead of kept. Guarded by the
+	// upstream's mu.
+	forgotten bool
+}
+
+// forget drops what the upstream keeps of endpoint raw, which left the
+// fleet: its entry and, unless another entry dials the same address, its
+// idle connections. A request still in flight on it completes; its
+// connection is closed when released. A later request to raw (the pod
+// back at the same address) parses it anew.
+func (u *upstream) forget(raw string) {
+	v, ok := u.eps.LoadAndDelete(raw)
+	if !ok {
+		return
+	}
+	ep := v.(*upEndpoint)
+	shared := false
+	u.eps.Range(func(_, o any) bool {
+		shared = o.(*upEndpoint).key == ep.key
+		return !shared
+	})
+	u.mu.Lock()
+	ep.forgotten = true
+	var idle []*upConn
+	if !shared {
+		idle = u.idle[ep.key]
+		delete(u.idle, ep.key)
+	}
+	u.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+}
+
+// forgetEndpoint has the upstream forget endpoint, one of whose targets
+// health removed, unless another target (another rank of it) still uses
+// it: one that is not draining. Those draining finish their requests on
+// the connections they hold.
+func (r *Router) forgetEndpoint(endpoint string) {
+	if snap := r.mon.Snapshot(); snap != nil {
+		for _, t := range snap.Targets {
+			if t.ID.Endpoint == endpoint && t.State != health.StateDraining {
+				return
+			}
+		}
+	}
+	r.up.forget(endpoint)
 }
 
 func (u *upstream) endpoint(raw string) (*upEndpoint, error) {
@@ -171,7 +224,8 @@ type upConn struct {
 	nc        net.Conn
 	br        *bufio.Reader
 	bw        *bufio.Writer
-	key       string // upEndpoint.key
+	ep        *upEndpoint
+	key       string // ep.key
 	idleSince time.Time
 }
 
@@ -200,14 +254,14 @@ func (u *upstream) get(ctx context.Context, ep *upEndpoint) (c *upConn, reused b
 	if err != nil {
 		return nil, false, err
 	}
-	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10), key: ep.key}, false, nil
+	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, 32<<10), bw: bufio.NewWriterSize(nc, 32<<10), ep: ep, key: ep.key}, false, nil
 }
 
 // put returns a connection whose last response was read to its end.
 func (u *upstream) put(c *upConn) {
 	u.mu.Lock()
 	cs := u.idle[c.key]
-	if u.closed || len(cs) >= maxIdlePerTarget {
+	if u.closed || c.ep.forgotten || len(cs) >= maxIdlePerTarget {
 		u.mu.Unlock()
 		c.nc.Close()
 		return
