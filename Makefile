@@ -1,8 +1,8 @@
 # prefixrouter build and test entry points. `make test` is the project's test
 # command: on a fresh Debian machine (as root) it installs what it needs first.
-# It runs, in order: gofmt, go vet, staticcheck, the unit tests under -race
-# (seed corpora included), then a short fuzz of every target. `make fuzz` is
-# the long fuzz budget.
+# It runs, in order: gofmt, go vet, the pure core without cgo, staticcheck,
+# the unit tests under -race (seed corpora included), then a short fuzz of
+# every target. `make fuzz` is the long fuzz budget.
 
 GO       ?= go
 BIN      := bin/prefixrouter
@@ -25,7 +25,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
 
-.PHONY: hostile all build test deps vet fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
+.PHONY: hostile all build test deps vet pure-core fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
 
 all: build
 
@@ -37,7 +37,7 @@ deps:
 build: deps
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/prefixrouter
 
-test: deps testdata fmt-check vet staticcheck unit agreement-check fuzz-short
+test: deps testdata fmt-check vet pure-core staticcheck unit agreement-check fuzz-short
 
 fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
@@ -47,6 +47,14 @@ fmt-check:
 vet:
 	@echo "vet ..."
 	./scripts/progress.sh vet sh -c '$(GO) vet -trimpath $(PKGS) && $(GO) vet -trimpath -tags hftokenizers ./tokenize/...'
+
+# pure-core proves that the keys, the index and the streams' sequencing
+# (kvindex) and what needs only them (speculative) build and test without
+# cgo: the ZeroMQ transport is kvtransport's. No -race: it needs cgo.
+pure-core:
+	@echo "pure core (CGO_ENABLED=0) ..."
+	CGO_ENABLED=0 $(GO) vet -trimpath ./kvindex/... ./speculative/...
+	CGO_ENABLED=0 $(GO) test -count=1 -trimpath ./kvindex/... ./speculative/...
 
 # staticcheck fails the build on any finding. GOFLAGS=-trimpath, as for vet
 # and unit: its cached results then serve every checkout of the same code

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 )
 
 // A bus (Config.EventsListen) is a bound SUB socket that every pod's
@@ -22,15 +23,15 @@ import (
 // routeTopic maps a topic arriving on a bus's rank socket to its target's
 // stream; the bus calls it on a topic's first batch (and again after a
 // target changed), without its own lock held.
-func (p *Plane) routeTopic(rank int, topic string) (kvindex.BusRoute, error) {
+func (p *Plane) routeTopic(rank int, topic string) (kvtransport.BusRoute, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ingestor == nil || p.ctx == nil {
-		return kvindex.BusRoute{}, kvindex.ErrRouteDeferred
+		return kvtransport.BusRoute{}, kvtransport.ErrRouteDeferred
 	}
 	s, host, err := p.topicTargetLocked(rank, topic)
 	if err != nil {
-		return kvindex.BusRoute{}, err
+		return kvtransport.BusRoute{}, err
 	}
 	id, in, l := s.id, p.ingestor, s.live
 	replay := s.src.Replay
@@ -43,7 +44,7 @@ func (p *Plane) routeTopic(rank int, topic string) (kvindex.BusRoute, error) {
 	if tp, err := kvindex.ParseTopic(topic); err == nil && tp.Host != s.host {
 		sources = append(sources, tp.Host)
 	}
-	return kvindex.BusRoute{
+	return kvtransport.BusRoute{
 		Target:    id,
 		Sources:   sources,
 		Replay:    replay,

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -23,7 +24,7 @@ func TestTopicRouting(t *testing.T) {
 	p.SetTarget(bus("http://10.0.0.8:8001", 0), Source{Events: "tcp://10.0.0.8:5557", EventsImplied: true})
 	p.SetTarget(bus("http://Host-C", 0), Source{Events: "tcp://host-c:5557", EventsImplied: true})
 
-	if _, err := p.routeTopic(0, "kv@10.0.0.7:8000@m"); err != kvindex.ErrRouteDeferred {
+	if _, err := p.routeTopic(0, "kv@10.0.0.7:8000@m"); err != kvtransport.ErrRouteDeferred {
 		t.Fatalf("before Run: %v, want the batch deferred", err)
 	}
 	p.mu.Lock()

@@ -6,7 +6,7 @@
 //     per target, started, restarted and stopped as the router reports
 //     targets added, moved, restarted and removed; or, for targets whose
 //     endpoint names no events address while --events-listen is set, the
-//     buses (kvindex.Bus) their pods' publishers connect to, and the map
+//     buses (kvtransport.Bus) their pods' publishers connect to, and the map
 //     from a bus's topics to targets (bus.go);
 //   - block keys: the keyer (vLLM-exact with a known seed, token-derived
 //     without), configured once the fleet's block size and hash algorithm

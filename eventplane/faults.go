@@ -59,7 +59,7 @@ type Fault struct {
 const (
 	// disconnectedGrace is how long a serving pod's stream may stay
 	// disconnected before it is a fault: a subscriber reconnects within
-	// libzmq's backoff (at most kvindex.SubscriberConfig.ReconnectMax,
+	// libzmq's backoff (at most kvtransport.SubscriberConfig.ReconnectMax,
 	// 5 s by default) once the publisher is back.
 	disconnectedGrace = 6 * time.Second
 	// faultLogEvery bounds how often a lasting fault is logged again, and

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -126,7 +127,7 @@ type Plane struct {
 
 	// buses are the bound collection sockets (Config.EventsListen), bound
 	// by Listen.
-	buses []*kvindex.Bus
+	buses []*kvtransport.Bus
 
 	mu       sync.Mutex
 	ctx      context.Context // while Run runs; nil otherwise
@@ -178,7 +179,7 @@ type routeSample struct {
 
 type subscription struct {
 	src    Source
-	sub    *kvindex.Subscriber
+	sub    *kvtransport.Subscriber
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -232,8 +233,9 @@ func New(cfg Config, deps Deps) (*Plane, error) {
 		}
 	}
 	p.metrics = kvindex.NewMetrics(deps.Registerer)
+	busMetrics := kvtransport.NewMetrics(deps.Registerer)
 	for _, addr := range cfg.EventsListen {
-		b, err := kvindex.NewBus(kvindex.BusConfig{Listen: addr, Route: p.routeTopic, Logger: p.log, Metrics: p.metrics,
+		b, err := kvtransport.NewBus(kvtransport.BusConfig{Listen: addr, Route: p.routeTopic, Logger: p.log, Metrics: p.metrics, BusMetrics: busMetrics,
 			MaxMessageBytes: int64(cfg.MaxMessageBytes), MaxTopics: cfg.MaxTopics, OwnerIdle: cfg.OwnerIdle, Limits: cfg.streamLimits(), Lookup: deps.Lookup})
 		if err != nil {
 			return nil, fmt.Errorf("event plane: --events-listen %w", err)
@@ -469,8 +471,8 @@ func (p *Plane) Listen(ctx context.Context) error {
 
 // Buses describes what each bus collected: the topics it follows and
 // those that match no target.
-func (p *Plane) Buses() []kvindex.BusStatus {
-	out := make([]kvindex.BusStatus, 0, len(p.buses))
+func (p *Plane) Buses() []kvtransport.BusStatus {
+	out := make([]kvtransport.BusStatus, 0, len(p.buses))
 	for _, b := range p.buses {
 		out = append(out, b.View())
 	}
@@ -648,7 +650,7 @@ func (p *Plane) startLocked(s *stream) {
 		return
 	}
 	id, in, l := s.id, p.ingestor, s.live
-	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
+	sub, err := kvtransport.NewSubscriber(kvtransport.SubscriberConfig{
 		Target:    id,
 		Endpoint:  s.src.Events,
 		Replay:    s.src.Replay,

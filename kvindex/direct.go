@@ -10,7 +10,7 @@ import (
 )
 
 // DirectConfig is what an in-process stream needs; the fields mean what
-// SubscriberConfig's of the same names do.
+// SequencerConfig's of the same names do.
 type DirectConfig struct {
 	Target    targetid.ID
 	Handle    func(seq uint64, b *events.Batch, replayed bool)
@@ -35,7 +35,7 @@ type DirectConfig struct {
 // backwards is a restart), with the caller's replay buffer for the socket.
 // Deliver applies the batch before it returns; calls must not overlap.
 type Direct struct {
-	s  *sequencer
+	s  *Sequencer
 	st stream
 }
 
@@ -45,37 +45,32 @@ func NewDirect(cfg DirectConfig) *Direct {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := newSequencer(sequencerConfig{
+	s := NewSequencer(SequencerConfig{
 		Target: cfg.Target, Handle: cfg.Handle, Restarted: cfg.Restarted,
 		Logger: log.With("target", cfg.Target.String()), Metrics: cfg.Metrics, Now: cfg.Now, QueueSize: 1,
 		ReplayBuffer: cfg.Replay,
 	})
-	now := s.cfg.Now()
-	s.update(func(st *SubscriberStatus) {
-		st.Connected, st.EverConnected, st.ConnectionChanged = true, true, now
-	})
+	s.SetConnected(true, s.cfg.Now())
 	return &Direct{s: s}
 }
 
 // Deliver applies batch seq of the stream.
 func (d *Direct) Deliver(seq uint64, b *events.Batch) {
-	d.s.handle(context.Background(), &d.st, rawMessage{seq: seq, batch: b})
+	d.s.handle(context.Background(), &d.st, Message{Seq: seq, Batch: b})
 }
 
 // Disconnect marks the stream's connection lost (a network cut): its
 // verdict turns disconnected, and batches the caller no longer delivers
 // are missed until Connect.
 func (d *Direct) Disconnect() {
-	now := d.s.cfg.Now()
-	d.s.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = false, now })
+	d.s.SetConnected(false, d.s.cfg.Now())
 }
 
 // Connect marks the connection back and catches up from the replay
 // buffer, as a subscriber does when its socket reconnects.
 func (d *Direct) Connect() {
-	now := d.s.cfg.Now()
-	d.s.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = true, now })
-	d.s.handle(context.Background(), &d.st, rawMessage{connected: true})
+	d.s.SetConnected(true, d.s.cfg.Now())
+	d.s.handle(context.Background(), &d.st, Message{Connected: true})
 }
 
 // Resync tells the stream that the pod is known to have restarted (a

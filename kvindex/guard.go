@@ -95,6 +95,25 @@ func (c *RefusalCounts) record(r Refusal, detail string, now time.Time) {
 	c.Last, c.Reason, c.Detail = now, r, detail
 }
 
+// RefusalLog is one stream's (or one bus target's) refusals with when
+// each reason was last logged, so that a flood of refusals logs a line
+// per reason per RefusalLogEvery while every one is counted.
+type RefusalLog struct {
+	RefusalCounts
+	logged [numRefusals]time.Time
+}
+
+// Record counts r and reports whether to log it: the first of its reason,
+// or RefusalLogEvery after the last one logged.
+func (l *RefusalLog) Record(r Refusal, detail string, now time.Time) bool {
+	l.record(r, detail, now)
+	if !l.logged[r].IsZero() && now.Sub(l.logged[r]) < RefusalLogEvery {
+		return false
+	}
+	l.logged[r] = now
+	return true
+}
+
 // StreamLimits bound what one stream's batches may do. A zero field is
 // no bound (an in-process stream has none).
 type StreamLimits struct {
@@ -145,5 +164,5 @@ func limitRefusal(err error) (Refusal, bool) {
 	return RefusedTokens, true
 }
 
-// refusalLogEvery bounds how often one stream logs refusals of one reason.
-const refusalLogEvery = 10 * time.Second
+// RefusalLogEvery bounds how often one stream logs refusals of one reason.
+const RefusalLogEvery = 10 * time.Second

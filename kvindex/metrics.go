@@ -28,8 +28,6 @@ type Metrics struct {
 	evictions       *prometheus.CounterVec
 	lastEvent       *prometheus.GaugeVec
 	refused         *prometheus.CounterVec
-	busRefused      *prometheus.CounterVec
-	busConnections  prometheus.Counter
 }
 
 // NewMetrics registers the kvindex metrics on reg (nil: not exported, still
@@ -56,20 +54,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		evictions:       counter("index_evictions_total", "Placements evicted by the per-target cap.", "target"),
 		placements: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "index_placements",
 			Help: "Confirmed placements in the index, per target and tier."}, []string{"target", "tier"}),
-		refused:    counter("refused_total", "KV-event batches (or AllBlocksCleared events) received and not applied, per target and reason (source_address, other_connection, second_topic, clear_rate, reset_rate, gap_rate, queue_full, events_cap, blocks_cap, tokens_cap).", "target", "reason"),
-		busRefused: counter("bus_refused_total", "KV-event batches a bus received that no target's stream counts, by reason (topics_cap: beyond the distinct topics a bus tracks; malformed: not topic, seq, payload).", "reason"),
-		busConnections: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "bus_connections_total",
-			Help: "Publisher connections the buses accepted; a peer whose oversized messages are dropped (--events-max-message-bytes) reconnects and counts again."}),
+		refused: counter("refused_total", "KV-event batches (or AllBlocksCleared events) received and not applied, per target and reason (source_address, other_connection, second_topic, clear_rate, reset_rate, gap_rate, queue_full, events_cap, blocks_cap, tokens_cap).", "target", "reason"),
 		lastEvent: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prefixrouter", Subsystem: "kv", Name: "last_event_timestamp_seconds",
 			Help: "Unix time the last event batch from a target was received."}, []string{"target"}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.replayedBatches, m.restarts, m.unrecovered, m.rankMismatches,
-			m.reconnects, m.hashChecks, m.hashMismatches, m.unchained, m.skipped, m.placements, m.evictions, m.lastEvent, m.refused, m.busRefused, m.busConnections} {
+			m.reconnects, m.hashChecks, m.hashMismatches, m.unchained, m.skipped, m.placements, m.evictions, m.lastEvent, m.refused} {
 			reg.MustRegister(c)
 		}
 	}
 	return m
+}
+
+// CountRefusal counts one of id's batches refused before any stream of
+// its took it (a bus's source and connection checks); a stream counts its
+// own (Sequencer.Refuse).
+func (m *Metrics) CountRefusal(id targetid.ID, r Refusal) {
+	if m != nil {
+		m.refused.WithLabelValues(id.String(), r.String()).Inc()
+	}
 }
 
 // Label values the per-target series are initialised with.

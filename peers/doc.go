@@ -21,13 +21,13 @@
 //
 // It owns the wire format (versioned msgpack, Encode and Decode), the key
 // file, the ZAP handler, the peer list and its resolution, one SUB socket
-// per peer waiting in Go's poller (kvindex/zmqwait), each peer's state
+// per peer waiting in Go's poller (internal/zmqwait), each peer's state
 // (connecting, connected, silent, incompatible, failed, rejected, self)
 // with the reason, the sum of the live peers' in-flight work, the
 // prefixrouter_peer_* series and the "peers" view of GET /debug/targets. What the predictions and the in-flight work mean is
 // not its business: the router hands them to the speculative store (as
 // the origin's) and to health's load ledger (Handlers).
 //
-// It imports kvindex (block keys, the listen address form, zmqwait) and
+// It imports kvindex (block keys, the listen address form), zmqwait and
 // target; never router, health or speculative.
 package peers

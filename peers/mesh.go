@@ -15,8 +15,8 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixrouter/prefixrouter/internal/zmqwait"
 	"github.com/prefixrouter/prefixrouter/kvindex"
-	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 

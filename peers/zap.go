@@ -9,7 +9,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
+	"github.com/prefixrouter/prefixrouter/internal/zmqwait"
 )
 
 // The ZAP handler. libzmq asks it, on inproc://zeromq.zap.01 of the

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
@@ -183,7 +183,7 @@ type targetsView struct {
 	Index  []eventplane.IndexView `json:"index"`
 	// EventBuses are the --events-listen sockets: the topics each follows
 	// and the publishers matching no target.
-	EventBuses []kvindex.BusStatus `json:"event_buses,omitempty"`
+	EventBuses []kvtransport.BusStatus `json:"event_buses,omitempty"`
 	// Peers are the router replicas this one shares predictions and
 	// in-flight work with (--peer-listen, --peers).
 	Peers *peers.View `json:"peers,omitempty"`

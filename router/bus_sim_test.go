@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
-	"github.com/prefixrouter/prefixrouter/kvindex"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -144,17 +144,17 @@ func TestSimEventBus(t *testing.T) {
 }
 
 // debugBuses reads event_buses from GET /debug/targets.
-func debugBuses(t *testing.T, r *Router) []kvindex.BusStatus {
+func debugBuses(t *testing.T, r *Router) []kvtransport.BusStatus {
 	t.Helper()
 	var v struct {
-		EventBuses []kvindex.BusStatus `json:"event_buses"`
+		EventBuses []kvtransport.BusStatus `json:"event_buses"`
 	}
 	adminDebugTargets(t, r, &v)
 	return v.EventBuses
 }
 
 // busTopic is the entry of a topic's rank in GET /debug/targets.
-func busTopic(t *testing.T, r *Router, topic string, rank int) kvindex.BusTopicStatus {
+func busTopic(t *testing.T, r *Router, topic string, rank int) kvtransport.BusTopicStatus {
 	t.Helper()
 	for _, b := range debugBuses(t, r) {
 		for _, tp := range b.Topics {
@@ -164,5 +164,5 @@ func busTopic(t *testing.T, r *Router, topic string, rank int) kvindex.BusTopicS
 		}
 	}
 	t.Fatalf("topic %q is not followed", topic)
-	return kvindex.BusTopicStatus{}
+	return kvtransport.BusTopicStatus{}
 }

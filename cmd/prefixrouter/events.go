@@ -15,8 +15,8 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
+	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -134,7 +134,7 @@ func runEvents(ctx context.Context, stdout io.Writer, s *eventsSettings) error {
 		mu      sync.Mutex
 		printed uint64
 	)
-	sub, err := kvindex.NewSubscriber(kvindex.SubscriberConfig{
+	sub, err := kvtransport.NewSubscriber(kvtransport.SubscriberConfig{
 		Target:   targetid.ID{Endpoint: endpoint},
 		Endpoint: endpoint,
 		Replay:   replay,

@@ -33,8 +33,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/prefixrouter/prefixrouter/internal/zmqwait"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 )
 
 // Config sets up a publisher.

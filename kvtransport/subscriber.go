@@ -1,4 +1,4 @@
-package kvindex
+package kvtransport
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/prefixrouter/prefixrouter/internal/zmqwait"
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -48,19 +49,19 @@ type SubscriberConfig struct {
 	// (default 4 MiB); the subscriber reconnects, counted in Reconnects.
 	MaxMessageBytes int64
 	// Limits bound each batch and the stream's clears, resets and gaps.
-	Limits  StreamLimits
+	Limits  kvindex.StreamLimits
 	Logger  *slog.Logger
-	Metrics *Metrics
+	Metrics *kvindex.Metrics
 }
 
 // Subscriber follows one target's KV-event stream: a SUB socket connected
 // to the pod's PUB with a topic filter, reconnection with backoff, and the
-// stream's sequence tracking and replay (sequencer).
+// stream's sequence tracking and replay (kvindex.Sequencer, replaying from
+// the pod's replay socket).
 type Subscriber struct {
-	cfg   SubscriberConfig
-	log   *slog.Logger
-	label string
-	seq   *sequencer
+	cfg SubscriberConfig
+	log *slog.Logger
+	seq *kvindex.Sequencer
 }
 
 // NewSubscriber validates the configuration; Run does the work.
@@ -84,22 +85,20 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	label := cfg.Target.String()
-	log = log.With("target", label, "events", cfg.Endpoint)
+	log = log.With("target", cfg.Target.String(), "events", cfg.Endpoint)
 	return &Subscriber{
-		cfg:   cfg,
-		label: label,
-		log:   log,
-		seq: newSequencer(sequencerConfig{
-			Target: cfg.Target, Replay: cfg.Replay, Handle: cfg.Handle, Restarted: cfg.Restarted,
-			DecodeFailed: cfg.DecodeFailed, ReplayTimeout: cfg.ReplayTimeout, QueueSize: cfg.QueueSize,
-			Logger: log, Metrics: cfg.Metrics, Limits: cfg.Limits, MaxMessageBytes: cfg.MaxMessageBytes,
+		cfg: cfg,
+		log: log,
+		seq: kvindex.NewSequencer(kvindex.SequencerConfig{
+			Target: cfg.Target, Handle: cfg.Handle, Restarted: cfg.Restarted, DecodeFailed: cfg.DecodeFailed,
+			QueueSize: cfg.QueueSize, Logger: log, Metrics: cfg.Metrics, Limits: cfg.Limits,
+			Replay: ReplaySocket(cfg.Replay, cfg.ReplayTimeout, cfg.MaxMessageBytes),
 		}),
 	}, nil
 }
 
 // Status returns a snapshot of the stream's state and counters.
-func (s *Subscriber) Status() SubscriberStatus { return s.seq.Status() }
+func (s *Subscriber) Status() kvindex.SubscriberStatus { return s.seq.Status() }
 
 // Resync tells the subscriber that the pod is known to have restarted
 // (health saw its process start time change, for instance) even though the
@@ -111,17 +110,12 @@ func (s *Subscriber) Resync() { s.seq.Resync() }
 // cancellation and an error only when the socket cannot be set up at all
 // (for example a malformed endpoint).
 func (s *Subscriber) Run(ctx context.Context) error {
-	started := time.Now()
-	s.seq.update(func(st *SubscriberStatus) {
-		if st.ConnectionChanged.IsZero() {
-			st.ConnectionChanged = started
-		}
-	})
+	s.seq.Started(time.Now())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- s.receive(ctx) }()
-	s.seq.apply(ctx)
+	s.seq.Run(ctx)
 	cancel()
 	err := <-recvErr
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -133,7 +127,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 // receive owns the SUB and monitor sockets. It only frames and queues
 // messages so that a slow replay never makes ZMQ drop live batches.
 func (s *Subscriber) receive(ctx context.Context) error {
-	defer close(s.seq.queue)
+	defer s.seq.Close()
 	sub, err := zmq.NewSocket(zmq.SUB)
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", s.cfg.Endpoint, err)
@@ -219,10 +213,8 @@ func (s *Subscriber) receive(ctx context.Context) error {
 			if err != nil {
 				break // drained (EAGAIN); the next wait asks the socket again
 			}
-			select {
-			case s.seq.queue <- frameMessage(frames):
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := s.seq.Queue(ctx, frameMessage(frames)); err != nil {
+				return err
 			}
 		}
 	}
@@ -247,24 +239,17 @@ func (s *Subscriber) watchConnection(ctx context.Context, mon *zmq.Socket, w *zm
 			}
 			switch ev {
 			case zmq.EVENT_CONNECTED:
-				now := time.Now()
 				if connectedOnce {
-					s.seq.update(func(st *SubscriberStatus) { st.Reconnects++ })
-					if s.cfg.Metrics != nil {
-						s.cfg.Metrics.reconnects.WithLabelValues(s.label).Inc()
-					}
+					s.seq.Reconnected()
 					s.log.Info("event stream reconnected")
 				}
 				connectedOnce = true
-				s.seq.update(func(st *SubscriberStatus) { st.Connected, st.EverConnected, st.ConnectionChanged = true, true, now })
-				select {
-				case s.seq.queue <- rawMessage{connected: true}:
-				case <-ctx.Done():
+				s.seq.SetConnected(true, time.Now())
+				if s.seq.Queue(ctx, kvindex.Message{Connected: true}) != nil {
 					return
 				}
 			case zmq.EVENT_DISCONNECTED:
-				now := time.Now()
-				s.seq.update(func(st *SubscriberStatus) { st.Connected, st.ConnectionChanged = false, now })
+				s.seq.SetConnected(false, time.Now())
 				s.log.Warn("event stream disconnected")
 			}
 		}
@@ -279,15 +264,34 @@ const redialPoll = 250 * time.Millisecond
 var monitorSeq atomic.Uint64
 
 // frameMessage checks the three-frame layout: topic, sequence, payload.
-func frameMessage(frames [][]byte) rawMessage {
+func frameMessage(frames [][]byte) kvindex.Message {
 	if len(frames) != 3 {
-		return rawMessage{err: fmt.Errorf("message of %d frames (want topic, seq, payload)", len(frames))}
+		return kvindex.Message{Err: fmt.Errorf("message of %d frames (want topic, seq, payload)", len(frames))}
 	}
 	seq, err := events.ParseSeq(frames[1])
 	if err != nil {
-		return rawMessage{err: err}
+		return kvindex.Message{Err: err}
 	}
-	return rawMessage{seq: seq, payload: frames[2]}
+	return kvindex.Message{Seq: seq, Payload: frames[2]}
+}
+
+// ReplaySocket is a pod's ROUTER replay socket as its stream's replay
+// source: each replay dials it anew (a DEALER), one exchange bounded by
+// timeout (default 5 s) and each reply by maxBytes (default 64 MiB). An
+// empty endpoint is no replay (nil).
+func ReplaySocket(endpoint string, timeout time.Duration, maxBytes int64) kvindex.ReplayFunc {
+	if endpoint == "" {
+		return nil
+	}
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	if maxBytes <= 0 {
+		maxBytes = 64 << 20
+	}
+	return func(ctx context.Context, start uint64, fn func(seq uint64, payload []byte) bool) error {
+		return replayRange(ctx, endpoint, start, timeout, maxBytes, fn)
+	}
 }
 
 // ReplayRange requests every batch from start from a vLLM replay socket and

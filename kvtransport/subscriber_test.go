@@ -1,4 +1,4 @@
-package kvindex
+package kvtransport
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -42,6 +43,21 @@ func goldenPayloads(t *testing.T) map[string][]byte {
 		out[v.ID] = b
 	}
 	return out
+}
+
+// loadBaseTokens reads the prompt testdata/vllm/block_hashes.json hashes.
+func loadBaseTokens(t *testing.T) (g struct {
+	BaseTokens []uint32 `json:"base_tokens"`
+}) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "vllm", "block_hashes.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -94,7 +110,7 @@ func TestSubscriberGoldenGapAndRestart(t *testing.T) {
 
 func runGoldenScenario(t *testing.T, legacy bool) {
 	payloads := goldenPayloads(t)
-	g := loadGoldenHashes(t)
+	g := loadBaseTokens(t)
 	pub, err := publish.New(publish.Config{Bind: "tcp://127.0.0.1:*", ReplayBind: "tcp://127.0.0.1:*",
 		Topic: "kv@10.0.0.7@my-model", LegacyReplay: legacy})
 	if err != nil {
@@ -102,9 +118,9 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	}
 	defer pub.Close()
 
-	h, _ := NewHasher(AlgoSHA256CBOR, "0", 16)
-	ix := NewIndex(IndexConfig{})
-	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact, Hasher: h}, Observer{})
+	h, _ := kvindex.NewHasher(kvindex.AlgoSHA256CBOR, "0", 16)
+	ix := kvindex.NewIndex(kvindex.IndexConfig{})
+	in, _ := kvindex.NewIngestor(ix, kvindex.IngestConfig{Mode: kvindex.ModeExact, Hasher: h}, kvindex.Observer{})
 	id := targetid.ID{Endpoint: "http://10.0.0.7:8000"}
 	var mu sync.Mutex
 	var seen []uint64
@@ -144,7 +160,7 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 		time.Sleep(20 * time.Millisecond)
 		return false
 	})
-	baseKeys, _ := h.Keys(nil, g.BaseTokens[:32], RequestExtras{})
+	baseKeys, _ := h.Keys(nil, g.BaseTokens[:32], kvindex.RequestExtras{})
 	waitFor(t, "replayed seq 0 in the index", func() bool {
 		m := ix.Lookup(nil, baseKeys)
 		return len(m) == 1 && m[0].Blocks == 2
@@ -187,7 +203,7 @@ func runGoldenScenario(t *testing.T, legacy bool) {
 	if m := ix.Lookup(nil, baseKeys); len(m) != 0 {
 		t.Fatalf("placements of the old process survived the restart: %+v", m)
 	}
-	loraKeys, _ := h.Keys(nil, g.BaseTokens[:16], RequestExtras{LoRAName: "sql-lora", CacheSalt: "salt-1"})
+	loraKeys, _ := h.Keys(nil, g.BaseTokens[:16], kvindex.RequestExtras{LoRAName: "sql-lora", CacheSalt: "salt-1"})
 	if m := ix.Lookup(nil, loraKeys); len(m) != 1 || m[0].Blocks != 1 {
 		t.Fatalf("new process's block missing: %+v", m)
 	}
@@ -318,8 +334,8 @@ func TestSubscriberBlipIsAGapNotARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint, replayEndpoint := first.Endpoint(), first.ReplayEndpoint()
-	ix := NewIndex(IndexConfig{})
-	in, _ := NewIngestor(ix, IngestConfig{Mode: ModeExact}, Observer{})
+	ix := kvindex.NewIndex(kvindex.IndexConfig{})
+	in, _ := kvindex.NewIngestor(ix, kvindex.IngestConfig{Mode: kvindex.ModeExact}, kvindex.Observer{})
 	id := targetid.ID{Endpoint: "pod"}
 	sub, _ := NewSubscriber(SubscriberConfig{Target: id, Endpoint: endpoint, Replay: replayEndpoint,
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,

@@ -1,4 +1,4 @@
-package kvindex
+package kvtransport
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
@@ -24,7 +25,7 @@ import (
 // topic matching no target is listed, never applied.
 func TestBusFollowsEachTopic(t *testing.T) {
 	listen := publishtest.FreeAddr(t, 2)
-	_, port, _ := ParseListenAddr(listen)
+	_, port, _ := kvindex.ParseListenAddr(listen)
 	const topic = "kv@10.0.0.7:8000@m"
 	pub := func(connect, topic string) *publish.Publisher {
 		p, err := publish.New(publish.Config{Connect: connect, ReplayBind: "tcp://127.0.0.1:*", Topic: topic, Logger: quietLogger()})
@@ -44,7 +45,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	restarts := map[targetid.ID]int{}
 	seen := func(id targetid.ID) []uint64 { mu.Lock(); defer mu.Unlock(); return slices.Clone(applied[id]) }
 	route := func(rank int, topic string) (BusRoute, error) {
-		tp, err := ParseTopic(topic)
+		tp, err := kvindex.ParseTopic(topic)
 		if err != nil {
 			return BusRoute{}, err
 		}
@@ -136,29 +137,7 @@ func TestBusFollowsEachTopic(t *testing.T) {
 	}
 }
 
-func TestParseListenAddr(t *testing.T) {
-	for _, tt := range []struct {
-		in   string
-		host string
-		port int
-		err  bool
-	}{
-		{in: "tcp://*:5557", host: "*", port: 5557},
-		{in: "tcp://0.0.0.0:5557", host: "0.0.0.0", port: 5557},
-		{in: "tcp://[::]:5557", host: "::", port: 5557},
-		{in: "tcp://router.ns.svc:5557", host: "router.ns.svc", port: 5557},
-		{in: "5557", err: true},
-		{in: "ipc:///tmp/kv", err: true},
-		{in: "tcp://*:0", err: true},
-		{in: "tcp://*:*", err: true},
-		{in: "tcp://*", err: true},
-		{in: "tcp://bad host:1", err: true},
-	} {
-		host, port, err := ParseListenAddr(tt.in)
-		if (err != nil) != tt.err || host != tt.host || port != tt.port {
-			t.Errorf("ParseListenAddr(%q) = %q, %d, %v", tt.in, host, port, err)
-		}
-	}
+func TestNewBusNeedsARouter(t *testing.T) {
 	if _, err := NewBus(BusConfig{Listen: "tcp://*:5557"}); err == nil {
 		t.Error("a bus without a topic router was accepted")
 	}

@@ -1,17 +1,15 @@
-package kvindex
+package kvtransport
 
 import (
-	"bytes"
 	"context"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/sim/publish"
 	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
@@ -89,12 +87,12 @@ func TestOversizedMessagesDropped(t *testing.T) {
 	t.Run("bus", func(t *testing.T) {
 		listen := publishtest.FreeAddr(t, 1)
 		reg := prometheus.NewRegistry()
-		m := NewMetrics(reg)
+		m, bm := kvindex.NewMetrics(reg), NewMetrics(reg)
 		a := &applied{seqs: map[uint64]int{}}
 		id := targetid.ID{Endpoint: "http://127.0.0.1:8000"}
 		// The reconnected publisher is a new connection: it takes the
 		// topic over once the old one was silent for OwnerIdle.
-		bus, err := NewBus(BusConfig{Listen: listen, Logger: quietLogger(), Metrics: m, MaxMessageBytes: maxBytes, OwnerIdle: 200 * time.Millisecond,
+		bus, err := NewBus(BusConfig{Listen: listen, Logger: quietLogger(), Metrics: m, BusMetrics: bm, MaxMessageBytes: maxBytes, OwnerIdle: 200 * time.Millisecond,
 			Route: func(int, string) (BusRoute, error) {
 				return BusRoute{Target: id, Sources: []string{"127.0.0.1"}, Handle: record(a)}, nil
 			}})
@@ -119,8 +117,8 @@ func TestOversizedMessagesDropped(t *testing.T) {
 			_, _, ok := bus.Status(id)
 			return ok
 		})
-		first := testutil.ToFloat64(m.busConnections)
-		check(t, a, pub, func() float64 { return testutil.ToFloat64(m.busConnections) - first })
+		first := testutil.ToFloat64(bm.connections)
+		check(t, a, pub, func() float64 { return testutil.ToFloat64(bm.connections) - first })
 	})
 
 	t.Run("subscriber", func(t *testing.T) {
@@ -144,72 +142,14 @@ func TestOversizedMessagesDropped(t *testing.T) {
 	})
 }
 
-// TestStreamRateLimits: beyond the per-minute limits a sequence reset (a
-// lower sequence number) and a gap are refused, not applied, and counted;
-// within them they are a restart and a replayed gap as before.
-func TestStreamRateLimits(t *testing.T) {
-	var mu sync.Mutex
-	var applied []uint64
-	var restarts atomic.Int64
-	now := time.Unix(1000, 0)
-	s := newSequencer(sequencerConfig{
-		Target: targetid.ID{Endpoint: "http://p"}, Logger: quietLogger(), Now: func() time.Time { return now },
-		Handle:    func(seq uint64, _ *events.Batch, _ bool) { mu.Lock(); applied = append(applied, seq); mu.Unlock() },
-		Restarted: func() { restarts.Add(1) },
-		Limits:    StreamLimits{ResetsPerMinute: 1, GapsPerMinute: 1},
-	})
-	var st stream
-	feed := func(seq uint64) { s.handle(context.Background(), &st, rawMessage{seq: seq, payload: emptyPayload(t)}) }
-	last := func() uint64 { mu.Lock(); defer mu.Unlock(); return applied[len(applied)-1] }
-	for _, seq := range []uint64{0, 1, 2} {
-		feed(seq)
-	}
-	feed(0) // a reset within the limit: a restart
-	if restarts.Load() != 1 || last() != 0 {
-		t.Fatalf("first reset: %d restarts, last applied %d", restarts.Load(), last())
-	}
-	feed(1)
-	feed(0) // a second reset within the minute: refused
-	if restarts.Load() != 1 || last() != 1 || s.Status().Refused.N[RefusedResetRate] != 1 {
-		t.Fatalf("second reset: %d restarts, last applied %d, refused %v", restarts.Load(), last(), s.Status().Refused.N)
-	}
-	feed(5) // a gap within the limit: counted, unrecovered (no replay socket), applied
-	feed(9) // a second gap: refused
-	if last() != 5 || s.Status().Gaps != 1 || s.Status().Refused.N[RefusedGapRate] != 1 {
-		t.Fatalf("gaps: last applied %d, status %+v", last(), s.Status())
-	}
-	now = now.Add(time.Minute)
-	feed(9)
-	if last() != 9 || s.Status().Gaps != 2 {
-		t.Fatalf("a minute later the gap is taken: last applied %d, status %+v", last(), s.Status())
-	}
-}
-
-func emptyPayload(t *testing.T) []byte { return emptyBatch(t) }
-
-// TestDecodeAllocatesForBytesNotDeclarations: a batch declaring 16 million
-// events in 1 MiB costs about what its bytes hold, not what it declares.
-func TestDecodeAllocatesForBytesNotDeclarations(t *testing.T) {
-	payload := append([]byte{0x92, 0x01, 0xdd, 0x01, 0x00, 0x00, 0x00}, bytes.Repeat([]byte{0xc0}, 1<<20)...)
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	if _, err := events.Decode(payload); err == nil {
-		t.Fatal("decoded a batch of nils")
-	}
-	runtime.ReadMemStats(&after)
-	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
-		t.Fatalf("decoding %d bytes allocated %d MiB", len(payload), grew>>20)
-	}
-}
-
 // TestBusQueueBounded: a stream whose queue is full refuses the batch
 // rather than stall the socket's other topics.
 func TestBusQueueBounded(t *testing.T) {
-	seq := newSequencer(sequencerConfig{Target: targetid.ID{Endpoint: "http://p"}, QueueSize: 1, Logger: quietLogger(), Handle: func(uint64, *events.Batch, bool) {}})
-	st := &busStream{seq: seq, route: BusRoute{Target: seq.cfg.Target, Sources: []string{"127.0.0.1"}}, owner: "c1", ctx: context.Background()}
+	id := targetid.ID{Endpoint: "http://p"}
+	seq := kvindex.NewSequencer(kvindex.SequencerConfig{Target: id, QueueSize: 1, Logger: quietLogger(), Handle: func(uint64, *events.Batch, bool) {}})
+	st := &busStream{seq: seq, route: BusRoute{Target: id, Sources: []string{"127.0.0.1"}}, owner: "c1", ctx: context.Background()}
 	b := &Bus{log: quietLogger(), streams: map[busKey]*busStream{{topic: "t"}: st}, byTarget: map[targetid.ID]*busStream{st.route.Target: st},
-		resolver: newSourceResolver(nil), refusals: map[targetid.ID]*busRefusals{}, cfg: BusConfig{OwnerIdle: time.Hour}}
+		resolver: newSourceResolver(nil), refusals: map[targetid.ID]*kvindex.RefusalLog{}, cfg: BusConfig{OwnerIdle: time.Hour}}
 	from := peerOf(map[string]string{"Peer-Address": "127.0.0.1", "User-Id": "c1"})
 	frames := [][]byte{[]byte("t"), events.SeqFrame(0), emptyBatch(t)}
 	for range 3 {
@@ -217,7 +157,7 @@ func TestBusQueueBounded(t *testing.T) {
 			t.Fatal("dispatch stopped")
 		}
 	}
-	if n := seq.Status().Refused.N[RefusedQueueFull]; n != 2 {
+	if n := seq.Status().Refused.N[kvindex.RefusedQueueFull]; n != 2 {
 		t.Fatalf("queue of 1, 3 batches: %d refused as queue_full", n)
 	}
 }

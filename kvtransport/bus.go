@@ -1,4 +1,4 @@
-package kvindex
+package kvtransport
 
 import (
 	"cmp"
@@ -17,9 +17,9 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/prefixrouter/prefixrouter/internal/hostname"
+	"github.com/prefixrouter/prefixrouter/internal/zmqwait"
+	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
-	"github.com/prefixrouter/prefixrouter/kvindex/zmqwait"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
@@ -57,13 +57,15 @@ type BusConfig struct {
 	// been silent before another connection may take the topic over
 	// without a restart health saw (default 10 s).
 	OwnerIdle time.Duration
-	// Limits bound each stream's batches (StreamLimits).
-	Limits StreamLimits
+	// Limits bound each stream's batches (kvindex.StreamLimits).
+	Limits kvindex.StreamLimits
 	// Lookup resolves a host name of a topic or endpoint to the addresses
 	// its pod publishes from; nil: DNS.
-	Lookup  func(ctx context.Context, host string) ([]netip.Addr, error)
-	Logger  *slog.Logger
-	Metrics *Metrics
+	Lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	Logger *slog.Logger
+	// Metrics are the streams' (kvindex's); BusMetrics the bus's own.
+	Metrics    *kvindex.Metrics
+	BusMetrics *Metrics
 }
 
 // BusRoute is where one topic's batches go.
@@ -130,7 +132,7 @@ type Bus struct {
 	refusedTopics map[busKey]*refusedTopic
 	// refusals are each target's refusals the bus itself made (its
 	// stream's sequencer counts its own).
-	refusals map[targetid.ID]*busRefusals
+	refusals map[targetid.ID]*kvindex.RefusalLog
 	// unlisted counts batches of unknown topics past maxUnknownTopics.
 	unlisted       int
 	unknownBatches uint64
@@ -147,7 +149,7 @@ type busKey struct {
 type busStream struct {
 	key    busKey
 	route  BusRoute
-	seq    *sequencer
+	seq    *kvindex.Sequencer
 	ctx    context.Context // ends when the stream is dropped
 	cancel context.CancelFunc
 	// owner is the connection whose batches the stream follows (ownerAddr
@@ -169,11 +171,6 @@ type refusedTopic struct {
 	retryAt time.Time
 }
 
-type busRefusals struct {
-	RefusalCounts
-	logged [numRefusals]time.Time
-}
-
 type unknownTopic struct {
 	batches  uint64
 	lastSeen time.Time
@@ -183,7 +180,7 @@ type unknownTopic struct {
 
 // NewBus checks the configuration; Start binds.
 func NewBus(cfg BusConfig) (*Bus, error) {
-	host, port, err := ParseListenAddr(cfg.Listen)
+	host, port, err := kvindex.ParseListenAddr(cfg.Listen)
 	if err != nil {
 		return nil, err
 	}
@@ -212,30 +209,9 @@ func NewBus(cfg BusConfig) (*Bus, error) {
 		unknown:  make(map[busKey]*unknownTopic),
 
 		refusedTopics: make(map[busKey]*refusedTopic),
-		refusals:      make(map[targetid.ID]*busRefusals),
+		refusals:      make(map[targetid.ID]*kvindex.RefusalLog),
 		resolver:      newSourceResolver(cfg.Lookup),
 	}, nil
-}
-
-// ParseListenAddr checks a bus address, tcp://ADDR:PORT with ADDR an IP
-// address, a host name or * (every interface), and returns its parts.
-func ParseListenAddr(addr string) (string, int, error) {
-	hp, ok := strings.CutPrefix(addr, "tcp://")
-	if !ok {
-		return "", 0, fmt.Errorf("%q: want tcp://ADDR:PORT", addr)
-	}
-	host, ps, err := net.SplitHostPort(hp)
-	if err != nil {
-		return "", 0, fmt.Errorf("%q: want tcp://ADDR:PORT: %w", addr, err)
-	}
-	if host != "*" && !hostname.Valid(host) {
-		return "", 0, fmt.Errorf("%q: address %q is neither an IP address, a host name nor *", addr, host)
-	}
-	port, err := strconv.Atoi(ps)
-	if err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != ps {
-		return "", 0, fmt.Errorf("%q: port %q: want 1..65535", addr, ps)
-	}
-	return host, port, nil
 }
 
 // Listen is the bus's configured address (rank 0's).
@@ -402,16 +378,14 @@ func (b *Bus) dispatch(ctx context.Context, r int, frames [][]byte, from peer) b
 	if st.takenOver {
 		// Only this goroutine routes the rank's messages: the flag is
 		// read and cleared here, after streamFor set it.
-		msg.startOver = "a new connection took over the topic"
+		msg.StartOver = "a new connection took over the topic"
 		st.takenOver = false
 	}
-	select {
-	case st.seq.queue <- msg:
-	default:
+	if !st.seq.Offer(msg) {
 		// One stream's backlog must not stall the rank's other topics:
 		// the batch is missing, a gap the next batch replays.
-		st.seq.refuse(RefusedQueueFull, "the stream's queue is full", "queue", cap(st.seq.queue))
-		st.takenOver = st.takenOver || msg.startOver != "" // the next one starts over
+		st.seq.Refuse(kvindex.RefusedQueueFull, "the stream's queue is full", "queue", st.seq.QueueCap())
+		st.takenOver = st.takenOver || msg.StartOver != "" // the next one starts over
 	}
 	return ctx.Err() == nil
 }
@@ -427,7 +401,7 @@ func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
 		route := st.route
 		b.mu.Unlock()
 		if !b.fromPod(ctx, route, from) {
-			b.refuseTarget(route.Target, RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
+			b.refuseTarget(route.Target, kvindex.RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
 			return nil
 		}
 		b.mu.Lock()
@@ -444,7 +418,7 @@ func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
 				b.log.Info("a new connection takes over a topic its owner left silent", "target", st.route.Target.String(), "topic", key.topic, "from", from.addr.String(),
 					"silent", now.Sub(st.lastOwned).Round(time.Millisecond))
 			default:
-				b.refuseTargetLocked(st.route.Target, RefusedConnection, fmt.Sprintf("a second connection (from %s) publishes under topic %q, which the connection from %s owns", from.addr, key.topic, st.ownerAddr))
+				b.refuseTargetLocked(st.route.Target, kvindex.RefusedConnection, fmt.Sprintf("a second connection (from %s) publishes under topic %q, which the connection from %s owns", from.addr, key.topic, st.ownerAddr))
 				return nil
 			}
 			st.owner, st.ownerAddr = from.conn, from.addr
@@ -482,7 +456,7 @@ func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		b.keepRefusedLocked(key, route, now)
-		b.refuseTargetLocked(route.Target, RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
+		b.refuseTargetLocked(route.Target, kvindex.RefusedSource, fmt.Sprintf("a batch under topic %q arrived from %s, which is not the pod's address (%s)", key.topic, from.addr, strings.Join(route.Sources, ", ")))
 		return nil
 	}
 	b.mu.Lock()
@@ -520,26 +494,27 @@ func (b *Bus) streamFor(ctx context.Context, key busKey, from peer) *busStream {
 		restarted := !old.restartAt.IsZero() && now.Sub(old.restartAt) < restartTakeover
 		if !restarted && now.Sub(old.lastOwned) < b.cfg.OwnerIdle {
 			b.keepRefusedLocked(key, route, now)
-			b.refuseTargetLocked(route.Target, RefusedSecondTopic, fmt.Sprintf("topic %q (from %s) names the target already followed under topic %q", key.topic, from.addr, old.key.topic))
+			b.refuseTargetLocked(route.Target, kvindex.RefusedSecondTopic, fmt.Sprintf("topic %q (from %s) names the target already followed under topic %q", key.topic, from.addr, old.key.topic))
 			return nil
 		}
 		b.log.Warn("a second topic claims a target whose first fell silent: following the new one", "target", route.Target.String(), "old_topic", old.key.topic, "topic", key.topic)
 		b.dropLocked(old)
 	}
 	delete(b.refusedTopics, key)
-	seq := newSequencer(sequencerConfig{
-		Target: route.Target, Replay: route.Replay, Handle: route.Handle, Restarted: route.Restarted,
-		ReplayTimeout: b.cfg.ReplayTimeout, QueueSize: b.cfg.QueueSize, Metrics: b.cfg.Metrics, Limits: b.cfg.Limits, MaxMessageBytes: b.cfg.MaxMessageBytes,
+	seq := kvindex.NewSequencer(kvindex.SequencerConfig{
+		Target: route.Target, Handle: route.Handle, Restarted: route.Restarted,
+		QueueSize: b.cfg.QueueSize, Metrics: b.cfg.Metrics, Limits: b.cfg.Limits,
+		Replay: ReplaySocket(route.Replay, b.cfg.ReplayTimeout, b.cfg.MaxMessageBytes),
 		Logger: b.log.With("target", route.Target.String(), "topic", key.topic, "rank", key.rank),
 	})
-	seq.update(func(s *SubscriberStatus) { s.Connected, s.EverConnected, s.ConnectionChanged = true, true, now })
+	seq.SetConnected(true, now)
 	sctx, cancel := context.WithCancel(ctx)
 	st := &busStream{key: key, route: route, seq: seq, ctx: sctx, cancel: cancel, owner: from.conn, ownerAddr: from.addr, lastOwned: now}
 	b.streams[key], b.byTarget[route.Target] = st, st
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		seq.apply(sctx)
+		seq.Run(sctx)
 	}()
 	b.log.Info("KV events of a target arrive on the bus", "target", route.Target.String(), "topic", key.topic, "rank", key.rank, "from", from.addr.String())
 	return st
@@ -581,42 +556,38 @@ func (b *Bus) forgetUnknownLocked(now time.Time) {
 	}
 }
 
-func (b *Bus) refuseTarget(id targetid.ID, r Refusal, detail string) {
+func (b *Bus) refuseTarget(id targetid.ID, r kvindex.Refusal, detail string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refuseTargetLocked(id, r, detail)
 }
 
 // refuseTargetLocked counts a refusal of a batch routed to id, logged at
-// most once per refusalLogEvery per reason.
-func (b *Bus) refuseTargetLocked(id targetid.ID, r Refusal, detail string) {
-	now := time.Now()
+// most once per kvindex.RefusalLogEvery per reason.
+func (b *Bus) refuseTargetLocked(id targetid.ID, r kvindex.Refusal, detail string) {
 	c := b.refusals[id]
 	if c == nil {
-		c = &busRefusals{}
+		c = &kvindex.RefusalLog{}
 		b.refusals[id] = c
 	}
-	c.record(r, detail, now)
-	if b.cfg.Metrics != nil {
-		b.cfg.Metrics.refused.WithLabelValues(id.String(), r.String()).Inc()
-	}
-	if c.logged[r].IsZero() || now.Sub(c.logged[r]) >= refusalLogEvery {
-		c.logged[r] = now
-		b.log.Warn("KV events refused, not applied: "+detail, "target", id.String(), "reason", r.String(), "log_every", refusalLogEvery)
+	log := c.Record(r, detail, time.Now())
+	b.cfg.Metrics.CountRefusal(id, r)
+	if log {
+		b.log.Warn("KV events refused, not applied: "+detail, "target", id.String(), "reason", r.String(), "log_every", kvindex.RefusalLogEvery)
 	}
 }
 
 func (b *Bus) countBus(reason string) {
-	if b.cfg.Metrics != nil {
-		b.cfg.Metrics.busRefused.WithLabelValues(reason).Inc()
+	if b.cfg.BusMetrics != nil {
+		b.cfg.BusMetrics.refused.WithLabelValues(reason).Inc()
 	}
 }
 
 // Refused is what the bus refused of id's batches, its stream's
 // refusals included.
-func (b *Bus) Refused(id targetid.ID) RefusalCounts {
+func (b *Bus) Refused(id targetid.ID) kvindex.RefusalCounts {
 	b.mu.Lock()
-	var c RefusalCounts
+	var c kvindex.RefusalCounts
 	if r := b.refusals[id]; r != nil {
 		c = r.RefusalCounts
 	}
@@ -652,12 +623,12 @@ func (b *Bus) dropLocked(st *busStream) {
 
 // Status is id's stream's status and the topic it arrives under; ok is
 // false while none of its batches arrived on this bus.
-func (b *Bus) Status(id targetid.ID) (status SubscriberStatus, topic string, ok bool) {
+func (b *Bus) Status(id targetid.ID) (status kvindex.SubscriberStatus, topic string, ok bool) {
 	b.mu.Lock()
 	st := b.byTarget[id]
 	b.mu.Unlock()
 	if st == nil {
-		return SubscriberStatus{}, "", false
+		return kvindex.SubscriberStatus{}, "", false
 	}
 	return st.seq.Status(), st.key.topic, true
 }
@@ -758,7 +729,7 @@ func (b *Bus) View() BusStatus {
 				if refused == nil {
 					refused = map[string]uint64{}
 				}
-				refused[Refusal(r).String()] = n
+				refused[kvindex.Refusal(r).String()] = n
 			}
 		}
 		v.Topics = append(v.Topics, BusTopicStatus{
@@ -816,8 +787,8 @@ func (b *Bus) startZAP(ctx context.Context, zctx *zmq.Context) error {
 				b.conns++
 				name := "c" + strconv.FormatUint(b.conns, 10)
 				b.mu.Unlock()
-				if b.cfg.Metrics != nil {
-					b.cfg.Metrics.busConnections.Inc()
+				if b.cfg.BusMetrics != nil {
+					b.cfg.BusMetrics.connections.Inc()
 				}
 				if _, err := rep.SendMessage(req[0], req[1], "200", "OK", name, ""); err != nil {
 					b.log.Warn("bus connection handshake not answered", "err", err)
