@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/internal/poll"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/sim/publish"
@@ -60,15 +61,10 @@ func loadBaseTokens(t *testing.T) (g struct {
 	return g
 }
 
+// waitFor waits for cond (internal/poll).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, what, cond)
 }
 
 // rebind starts a publisher on an address just released by another one;
