@@ -128,6 +128,10 @@ type Mesh struct {
 	// withdraws the ZAP domain that admits its holders to pub.
 	key     *Key
 	release func()
+	// handshakes hears of the handshakes libzmq refuses before the ZAP
+	// handler is asked (a client in the clear); nil without a key. Run
+	// owns its goroutine.
+	handshakes *handshakeWatch
 	// refusedN counts the handshakes refused, refusedLogged is when one
 	// was last logged (Unix nanoseconds).
 	refusedN      atomic.Uint64
@@ -237,6 +241,9 @@ func (m *Mesh) Listen(ctx context.Context) error {
 				pub.SetCurveSecretkey(m.key.Secret), pub.SetZapDomain(domain))
 			release = rel
 		}
+		if err == nil {
+			m.handshakes, err = watchHandshakes(pub)
+		}
 		if err != nil {
 			release()
 			pub.Close()
@@ -245,6 +252,8 @@ func (m *Mesh) Listen(ctx context.Context) error {
 	}
 	if err := pub.Bind(m.cfg.Listen); err != nil {
 		release()
+		m.handshakes.close()
+		m.handshakes = nil
 		pub.Close()
 		return fmt.Errorf("--peer-listen: bind %s: %w", m.cfg.Listen, err)
 	}
@@ -258,8 +267,9 @@ func (m *Mesh) Listen(ctx context.Context) error {
 	return nil
 }
 
-// refused hears of a handshake the ZAP handler refused: a client without
-// the key. Logged at the first, then at most once a minute.
+// refused hears of a handshake refused: a client without the key, told by
+// the ZAP handler (a CURVE key not the mesh's) or libzmq's monitor (no
+// CURVE at all). Logged at the first, then at most once a minute.
 func (m *Mesh) refused(address string) {
 	n := m.refusedN.Add(1)
 	now := m.now().UnixNano()
@@ -291,6 +301,13 @@ func (m *Mesh) Run(ctx context.Context) error {
 		return errors.New("peers: Run before Listen")
 	}
 	defer m.wg.Wait()
+	if h := m.handshakes; h != nil {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			h.run(ctx, m.refused)
+		}()
+	}
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)

@@ -204,6 +204,18 @@ func TestRogueSubscriberReadsNothing(t *testing.T) {
 	}
 }
 
+// TestClearSubscriberIsCounted: a subscriber in the clear is refused by
+// libzmq before the ZAP handler is asked; the handshake watch counts it.
+func TestClearSubscriberIsCounted(t *testing.T) {
+	addr := freeAddr(t)
+	a := startReplica(t, "router-a", addr, nil)
+	clear := rawSub(t, addr, "", nil)
+	waitFor(t, "the subscriber in the clear refused and counted", func() bool { return a.m.View().HandshakesRefused > 0 })
+	if n := drain(clear); n != 0 {
+		t.Fatalf("a subscriber in the clear read %d messages", n)
+	}
+}
+
 // TestTwoMeshesInOneProcess: two deployments' replicas with different
 // keys in one process never hear each other, and a client holding the
 // other deployment's keypair (which the process's ZAP handler also
