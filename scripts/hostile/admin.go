@@ -45,22 +45,16 @@ func postJSON(url string, body any, out any) error {
 		return err
 	}
 	resp, err := adminClient.Post(url, "application/json", bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: HTTP %d: %.200s", url, resp.StatusCode, data)
-	}
-	return json.Unmarshal(data, out)
+	return decodeJSON("POST "+url, resp, err, out)
 }
 
 func getJSON(url string, out any) error {
 	resp, err := adminClient.Get(url)
+	return decodeJSON("GET "+url, resp, err, out)
+}
+
+// decodeJSON reads a 200 answer's JSON body (at most 8 MiB) into out.
+func decodeJSON(what string, resp *http.Response, err error, out any) error {
 	if err != nil {
 		return err
 	}
@@ -70,7 +64,7 @@ func getJSON(url string, out any) error {
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: HTTP %d: %.200s", url, resp.StatusCode, data)
+		return fmt.Errorf("%s: HTTP %d: %.200s", what, resp.StatusCode, data)
 	}
 	return json.Unmarshal(data, out)
 }
