@@ -14,7 +14,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
-	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
 
@@ -56,7 +56,7 @@ type Options struct {
 	// Speculative configures the speculative policy's router.
 	Speculative SpeculativeOptions
 	// Cost is the routers' cost model (nil: serve's default).
-	Cost *router.CostConfig
+	Cost *brain.CostConfig
 	// Settle bounds (wall time) how long the speculative policy's run waits
 	// after its last answer for its predictions' cohorts to mature, so
 	// that the confirmation rates cover the whole run (0: no wait).
@@ -90,7 +90,7 @@ type SpeculativeOptions struct {
 // routerSettings are what a run changes in the routers it starts.
 type routerSettings struct {
 	Speculative SpeculativeOptions
-	Cost        *router.CostConfig
+	Cost        *brain.CostConfig
 }
 
 func (o *Options) routerSettings() routerSettings {
@@ -99,7 +99,7 @@ func (o *Options) routerSettings() routerSettings {
 
 // PolicyNames lists the policies the live engine knows, in the order a
 // run takes them by default: the router's, then the oracle.
-func PolicyNames() []string { return append(router.PolicyNames(), Oracle) }
+func PolicyNames() []string { return append(brain.PolicyNames(), Oracle) }
 
 // ParsePolicies reads --policies: names of the router's policies or
 // "oracle", each once; an unknown name is refused with the router's word
@@ -109,7 +109,7 @@ func ParsePolicies(s string) ([]string, error) {
 	for name := range strings.SplitSeq(s, ",") {
 		name = strings.TrimSpace(name)
 		if name != Oracle {
-			if _, err := router.ParsePolicy(name); err != nil {
+			if _, err := brain.ParsePolicy(name); err != nil {
 				return nil, err
 			}
 		}

@@ -12,7 +12,7 @@
 //     TimeScale times faster than the wall clock; every figure is converted
 //     back to model seconds.
 //   - des: the same simulated pods' engines (sim.Rank) and the router's
-//     own decision code (router.Virtual) in virtual time, in one goroutine
+//     own decision code (brain.Virtual) in virtual time, in one goroutine
 //     (package des): fleets and loads beyond this machine, several router
 //     replicas (--routers), the llmd-ladder and shared-prefix-256 presets.
 //     Agreement with the live engine is checked by agreement_test.go

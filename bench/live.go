@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/sim"
@@ -81,7 +82,7 @@ func startFleetRun(ctx context.Context, cfg sim.Config, policy string, seed uint
 
 func (fr *fleetRun) startRouter(ctx context.Context, policy string, rs routerSettings, endpointsDir string, log *slog.Logger, cleanup *[]func()) error {
 	spec := rs.Speculative
-	pol, err := router.ParsePolicy(policy)
+	pol, err := brain.ParsePolicy(policy)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
 
@@ -21,13 +21,13 @@ const Oracle = "oracle"
 // and sends the request straight to the cheapest rank.
 type oracle struct {
 	fleet *sim.Fleet
-	cost  router.CostConfig
+	cost  brain.CostConfig
 	mu    sync.Mutex
 	rng   *rand.Rand
 }
 
 func newOracle(f *sim.Fleet, seed uint64) *oracle {
-	return &oracle{fleet: f, cost: router.DefaultCostConfig(), rng: rand.New(rand.NewPCG(seed, 0x6f7261636c65 /* "oracle" */))}
+	return &oracle{fleet: f, cost: brain.DefaultCostConfig(), rng: rand.New(rand.NewPCG(seed, 0x6f7261636c65 /* "oracle" */))}
 }
 
 func (o *oracle) route(ctx context.Context, prompt string) (dest, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/peers"
 	"github.com/prefixrouter/prefixrouter/router"
 	"github.com/prefixrouter/prefixrouter/sim"
@@ -53,7 +54,7 @@ func liveRegistry(t *testing.T) exported {
 
 	cfg := router.DefaultConfig()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Policy = router.PolicySpeculative
+	cfg.Policy = brain.PolicySpeculative
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health.Endpoints = fleet.Endpoints()
 	cfg.Health.ProbeInterval, cfg.Health.ProbeTimeout = 150*time.Millisecond, 150*time.Millisecond

@@ -237,7 +237,7 @@ func (x *exchange) accessLine(took time.Duration) *accessLine {
 	line := &accessLine{Time: x.start, RequestID: x.id, Method: x.ep.method(), Path: x.path, Model: x.model,
 		Stream: x.stream, Tenant: x.tenant, DurationMS: millis(took)}
 	if x.dec != nil {
-		line.Policy = x.dec.policyName
+		line.Policy = x.dec.PolicyName()
 	}
 	return line
 }

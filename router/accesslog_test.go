@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixrouter/prefixrouter/brain"
 )
 
 // readAccessLog reads the JSON lines of the access log at path by request
@@ -68,7 +70,7 @@ func TestAccessLog(t *testing.T) {
 	b := newFakePod(t, "B", bs, true)
 	path := filepath.Join(t.TempDir(), "access.jsonl")
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise // a decision that stops reading, and a tail
+	cfg.Policy = brain.PolicyPrecise // a decision that stops reading, and a tail
 	cfg.Events.BlockSize = bs
 	cfg.AccessLog = path
 	cfg.MaxBodyBytes = 16 << 10

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvtransport"
@@ -98,9 +99,9 @@ type DryCandidate struct {
 	ConfirmedBlocks   int `json:"confirmed_blocks"`
 	SpeculativeBlocks int `json:"speculative_blocks"`
 	// PredictionTrust weighs the speculative blocks (speculative policy).
-	PredictionTrust float64  `json:"prediction_trust"`
-	Cost            float64  `json:"cost"`
-	Load            LoadView `json:"load"`
+	PredictionTrust float64        `json:"prediction_trust"`
+	Cost            float64        `json:"cost"`
+	Load            brain.LoadView `json:"load"`
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -145,28 +146,29 @@ func (r *Router) handleDryRun(w http.ResponseWriter, q *http.Request, ep Endpoin
 		return
 	}
 	// The dry run reports the whole prompt, so it encodes the rest now.
-	tail := startTail(d, r.ev.Index(), &r.tails)
-	tail.wait()
+	tail := brain.StartTail(d.Decision, r.ev.Index(), &r.tails)
+	tail.Wait()
 	writeJSON(w, http.StatusOK, dryRunOf(d, tail))
 }
 
-func dryRunOf(d *decision, tail *promptTail) DryRun {
-	chosen := d.target().Target.ID
-	v := d.view(tail, d.chosen)
+func dryRunOf(d *decision, tail *brain.Tail) DryRun {
+	chosen := d.Target().Target.ID
+	v := d.View(tail, d.Chosen())
+	cands := d.Candidates()
 	out := DryRun{
-		Model: d.model, PromptTokens: v.prompt.count, BlockSize: d.blockSize, Blocks: d.promptBlocks(v.prompt),
-		LookedUpBlocks: len(d.chain.Keys),
-		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: d.reason},
-		Candidates:     make([]DryCandidate, 0, len(d.cands)),
+		Model: d.Model(), PromptTokens: v.Prompt.Count, BlockSize: d.BlockSize(), Blocks: d.PromptBlocks(v.Prompt),
+		LookedUpBlocks: d.LookedUpBlocks(),
+		Decision:       DryRunDecision{Target: chosen.Endpoint, Rank: chosen.Rank, Reason: d.Reason()},
+		Candidates:     make([]DryCandidate, 0, len(cands)),
 	}
 	if dec := d.decode; dec != nil {
-		id := dec.target().Target.ID
-		out.Decision.Decode = &DryRunDecision{Target: id.Endpoint, Rank: id.Rank, Reason: dec.reason}
+		id := dec.Target().Target.ID
+		out.Decision.Decode = &DryRunDecision{Target: id.Endpoint, Rank: id.Rank, Reason: dec.Reason()}
 	}
-	for i, c := range d.cands {
+	for i, c := range cands {
 		out.Candidates = append(out.Candidates, DryCandidate{
 			Target: c.Target.ID.Endpoint, Rank: c.Target.ID.Rank, Routable: c.Routable,
-			ConfirmedBlocks: d.view(tail, i).confirmed, SpeculativeBlocks: c.SpeculativeBlocks, PredictionTrust: c.PredictionWeight,
+			ConfirmedBlocks: d.View(tail, i).Confirmed, SpeculativeBlocks: c.SpeculativeBlocks, PredictionTrust: c.PredictionWeight,
 			Cost: c.Cost, Load: c.Load,
 		})
 	}

@@ -13,9 +13,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/health"
-	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
 // exchange is one client request on the API listener, and for one sent to
@@ -35,9 +34,9 @@ type exchange struct {
 	// Set once the request is bound for a pod.
 	life   *clientLife
 	model  string
-	stream bool     // the client asked for a stream
-	dec    *decider // the policy that decides it, and its retries
-	tail   *promptTail
+	stream bool           // the client asked for a stream
+	dec    *brain.Decider // the policy that decides it
+	tail   *brain.Tail
 	// routeTime is the time from arrival to the first dispatch.
 	routeTime time.Duration
 	// A split request's decode stage, when it loads the prompt's blocks
@@ -89,7 +88,7 @@ func (r *Router) dispatch(x *exchange, d *decision) {
 			return
 		}
 		failed := a.name
-		next, ok := d.by.without(d)
+		next, ok := d.without()
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no target could answer the request", "request_id", x.id, "path", x.path, "last", failed, "attempts", n+1)
 			a.fail(errUpstream(fasthttp.StatusBadGateway, "no target could answer the request"))
@@ -98,7 +97,7 @@ func (r *Router) dispatch(x *exchange, d *decision) {
 		}
 		d = next
 		r.met.retries.WithLabelValues(failed).Inc()
-		r.log.Info("retrying on another target", "request_id", x.id, "failed", failed, "next", d.target().Target.ID.String())
+		r.log.Info("retrying on another target", "request_id", x.id, "failed", failed, "next", d.Target().Target.ID.String())
 	}
 }
 
@@ -115,31 +114,22 @@ type attempt struct {
 	n    int // 0 for the first attempt, then retries
 	name string
 
-	flight *health.Flight
-	expect eventplane.Expectation
-	// placement is the blocks this attempt's target is predicted to
-	// store (speculative policy); follower says the choice leaned on
-	// predicted blocks, for the false-warm accounting.
-	placement *speculative.Placement
-	follower  *speculative.Follower
-	call      *call
-	resp      *upResponse
-	bufp      *[]byte
-	first     []byte
-	decided   time.Duration // arrival to dispatch
-
-	// shared is the placement's number as published to peer replicas
-	// (0: not shared).
-	shared uint64
+	// book is what the attempt booked on its target (brain.Booking): the
+	// flight, the plane's expectation, the predicted placements.
+	book    *brain.Booking
+	call    *call
+	resp    *upResponse
+	bufp    *[]byte
+	first   []byte
+	decided time.Duration // arrival to dispatch
 
 	// What the client got, set before end.
-	answered  bool // the pod's answer (status and first bytes) was relayed
-	status    int  // the pod's
-	sent      int  // the status the client got; 0 when it got none
-	ttft      time.Duration
-	predicted int
-	label     string // how the request ended: ok, client_error, upstream_error, timeout, canceled
-	usage     usage
+	answered bool // the pod's answer (status and first bytes) was relayed
+	status   int  // the pod's
+	sent     int  // the status the client got; 0 when it got none
+	ttft     time.Duration
+	label    string // how the request ended: ok, client_error, upstream_error, timeout, canceled
+	usage    usage
 	// writeDeadline moves the client connection's write deadline on; the
 	// stream relay calls it while fasthttp writes the answer, which keeps
 	// the request's context alive until the relay returns.
@@ -150,35 +140,19 @@ type attempt struct {
 // newAttempt dispatches the request to d's choice: the target's load
 // ledger counts it from now on.
 func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
-	c := d.target()
-	a := &attempt{r: r, x: x, d: d, n: n, name: c.Target.ID.String()}
-	v := d.view(a.tail(), d.chosen)
-	a.predicted = v.predicted
-	uncached := v.prompt.count - v.predicted
-	if !d.stage.booksUncached() {
-		uncached = 0
+	a := &attempt{r: r, x: x, d: d, n: n, name: d.Target().Target.ID.String()}
+	var p brain.Peers
+	if r.links != nil {
+		p = r.links
 	}
-	a.flight = c.Target.Dispatch(v.prompt.count, uncached)
-	r.mesh.Changed(c.Target.ID) // the peer replicas' view of the pod's queue
-	if x.ep.routed() && d.stage.expectsEvents() {
-		// Only a prompt the pod prefills into its cache is expected to be
-		// announced by KV events.
-		a.expect = r.ev.Dispatch(c.Target.ID)
-	}
-	a.tail().hold(a.flight, d.chosen)
-	if d.predicting && x.ep.routed() {
-		a.predict(c)
-	}
-	if ap := x.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 && d.stage.carriesPrompt() {
-		ap.record(c.Target.ID, d.approxChunks)
-	}
-	r.met.routed.WithLabelValues(a.name, x.model, x.dec.policyName).Inc()
+	a.book = d.Dispatch(d.stage.booking(x.id, a.tail(), !x.ep.routed(), p))
+	r.met.routed.WithLabelValues(a.name, x.model, x.dec.PolicyName()).Inc()
 	a.decided = time.Since(x.start)
 	if d.stage.routerTime() {
 		if n == 0 {
 			x.routeTime = a.decided
 		}
-		r.met.overhead.WithLabelValues(x.dec.policyName).Observe(a.decided.Seconds())
+		r.met.overhead.WithLabelValues(x.dec.PolicyName()).Observe(a.decided.Seconds())
 	}
 	a.call = newCall(x.life.ctx)
 	return a
@@ -186,33 +160,17 @@ func (r *Router) newAttempt(x *exchange, d *decision, n int) *attempt {
 
 // tail is the prompt tail of the attempt's decision: nil for a split
 // request's decode stage, whose candidates are not those the tail looks up.
-func (a *attempt) tail() *promptTail {
+func (a *attempt) tail() *brain.Tail {
 	if !a.d.stage.usesTail() {
 		return nil
 	}
 	return a.x.tail
 }
 
-// predict records the blocks the chosen candidate does not hold yet as
-// predicted placements on it (the speculative policy reads the whole
-// prompt before dispatch), and, when its predicted run counted in the
-// choice, the request as a follower of those predictions.
-func (a *attempt) predict(c *Candidate) {
-	pr := a.x.dec.place(a.d, c, a.x.id, a.x.model)
-	a.placement, a.follower = pr.placement, pr.follower
-	a.shared = a.r.links.share(pr.placement, c.Target.ID, pr.ns, pr.keys)
-}
-
 // withdraw ends the attempt's predictions, here and at the peer replicas
 // it shared them with: the pod rejected the request before computing
 // anything.
-func (a *attempt) withdraw() {
-	a.placement.Withdraw()
-	if a.shared != 0 {
-		a.r.mesh.Withdraw(a.shared)
-		a.shared = 0
-	}
-}
+func (a *attempt) withdraw() { a.book.Withdraw() }
 
 // run sends the request and answers the client, or reports that another
 // target may be tried: only when nothing was written to the client.
@@ -228,7 +186,7 @@ func (a *attempt) run() attemptResult {
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
-	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.target().Target, x.path, a.body(), x.in, x.id))
+	resp, err := r.up.do(a.call.ctx, upstreamRequest(a.d.Target().Target, x.path, a.body(), x.in, x.id))
 	if err != nil {
 		return a.failedBeforeByte(err)
 	}
@@ -270,7 +228,7 @@ func (a *attempt) run() attemptResult {
 // tried on another target, or "" to relay it: a pod failure before any
 // byte reached the client, while another target remains.
 func (a *attempt) retryableAnswer() string {
-	if a.n >= a.r.cfg.MaxRetries || !a.d.hasAlternative() {
+	if a.n >= a.r.cfg.MaxRetries || !a.d.HasAlternative() {
 		return ""
 	}
 	switch {
@@ -349,67 +307,23 @@ func (a *attempt) answer() {
 		pa := a.promptAttempt()
 		if pa != a {
 			h.Set("X-Prefixrouter-Prefill-Target", pa.name)
-			v = pa.d.view(pa.tail(), pa.d.chosen)
+			v = pa.d.View(pa.tail(), pa.d.Chosen())
 		}
 		// An estimate while the rest of the prompt is still being encoded.
-		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pa.d.promptBlocks(v.prompt)))
-		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(len(pa.d.chain.Keys)))
-		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(v.confirmed))
-		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(pa.predicted))
-		h.Set("X-Prefixrouter-Reason", pa.d.reason)
+		h.Set("X-Prefixrouter-Prompt-Blocks", itoa(pa.d.PromptBlocks(v.Prompt)))
+		h.Set("X-Prefixrouter-Looked-Up-Blocks", itoa(pa.d.LookedUpBlocks()))
+		h.Set("X-Prefixrouter-Confirmed-Blocks", itoa(v.Confirmed))
+		h.Set("X-Prefixrouter-Predicted-Cached-Tokens", itoa(pa.book.Predicted()))
+		h.Set("X-Prefixrouter-Reason", pa.d.Reason())
 		// Arrival to dispatch, the router's own time before the pod starts.
 		h.Set("Server-Timing", "route;dur="+strconv.FormatFloat(float64(a.decided.Microseconds())/1e3, 'f', 3, 64))
 	}
 }
 
 // firstByte settles what the attempt's first byte (for a prefill stage,
-// its whole answer) says: the flight leaves the pod's queue, the
-// predictions' deadlines run from now, the plane awaits the blocks the pod
-// computed. It returns the prompt as known now.
-func (a *attempt) firstByte() promptView {
-	var v promptView
-	if !a.d.stage.carriesPrompt() {
-		// A split request's decode pod: the prefill stage settled what
-		// the prompt found in the cache, or found it cannot.
-		a.flight.FirstByte()
-		v = a.d.view(nil, a.d.chosen)
-	} else {
-		v = a.x.dec.atFirstByte(a.d, a.x.tail, a.flight)
-	}
-	a.placement.Settle()
-	a.r.mesh.Changed(a.d.target().Target.ID)
-	a.expect.FirstByte(a.flight.Tokens())
-	if v.final {
-		a.predicted = v.predicted
-	}
-	return v
-}
-
-// atFirstByte takes d's flight f back from the tail at its first byte
-// and settles what it expects of the pod, as the prompt is known now,
-// which it returns.
-func (dc *decider) atFirstByte(d *decision, tail *promptTail, f *health.Flight) promptView {
-	tail.release()
-	v := d.view(tail, d.chosen)
-	switch {
-	case v.final:
-		// The flight stands corrected (or never needed it): the pod is
-		// expected to announce the blocks it really had to compute.
-		f.Revise(v.prompt.count, v.prompt.count-v.predicted)
-		dc.ch.observeUncached(v.prompt.count - v.predicted)
-	case d.settled:
-		// The run read so far is only a lower bound of what the pod
-		// holds: until the tail knows the whole run nothing is expected
-		// (a pod that held the whole prompt rightly announces nothing,
-		// and awaiting its events would judge it stale), and the mean
-		// uncached size is not fed a guess.
-		f.Revise(v.prompt.count, 0)
-	default:
-		dc.ch.observeUncached(v.prompt.count - v.predicted)
-	}
-	f.FirstByte()
-	return v
-}
+// its whole answer) says (brain.Booking.FirstByte). It returns the prompt
+// as known now.
+func (a *attempt) firstByte() brain.View { return a.book.FirstByte() }
 
 // streamed reports whether the answer is relayed chunk by chunk.
 func (a *attempt) streamed() bool {
@@ -442,7 +356,7 @@ func (a *attempt) relayBuffered() {
 		a.label = statusLabel(a.status)
 		return
 	case a.status >= 400:
-		body = scrubAddress(body, a.d.target().Target.ID.Endpoint)
+		body = scrubAddress(body, a.d.Target().Target.ID.Endpoint)
 	}
 	in.SetBody(body)
 	a.usage = usageFromBody(body)
@@ -564,7 +478,6 @@ func (a *attempt) end() {
 		return
 	}
 	a.ended = true
-	a.tail().release()
 	if a.resp != nil {
 		// The body first: a connection read to its end goes back to the
 		// pool, and ending the call's context would close it.
@@ -574,16 +487,12 @@ func (a *attempt) end() {
 		chunkPool.Put(a.bufp)
 	}
 	a.call.end()
-	if !a.answered {
-		// Ended before a first byte (answer settles it otherwise): the
-		// pod may have computed some blocks, and their events are due.
-		a.placement.Settle()
-	}
 	if a.label == "" {
 		a.label = "upstream_error"
 	}
-	a.flight.Finish(healthOutcome(a.label))
-	a.r.mesh.Changed(a.d.target().Target.ID)
+	// Ended before a first byte (answer settles it otherwise), the pod
+	// may have computed some blocks, and their events are due.
+	a.book.End(healthOutcome(a.label))
 	if !a.d.stage.recordsOutcome() {
 		return
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
 
@@ -383,7 +384,7 @@ func TestUpstreamKeyToSimPods(t *testing.T) {
 	writeAtomic(t, filepath.Join(dir, "upstream"), podKey+"\n")
 	writeAtomic(t, filepath.Join(dir, "keys"), "sk-client-0123456789 acme\n")
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.DebugHeaders = true
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)

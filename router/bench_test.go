@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -126,12 +127,12 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	// Both policies that read the prompt, side by side: the speculative
 	// one reads all of it before dispatch, so that its predictions cover
 	// every block at once.
-	for _, pol := range []Policy{PolicyPrecise, PolicySpeculative} {
+	for _, pol := range []brain.Policy{brain.PolicyPrecise, brain.PolicySpeculative} {
 		b.Run(pol.String(), func(b *testing.B) { benchmarkOverhead(b, pods, endpoints, pol) })
 	}
 }
 
-func benchmarkOverhead(b *testing.B, pods []*fakePod, endpoints []string, pol Policy) {
+func benchmarkOverhead(b *testing.B, pods []*fakePod, endpoints []string, pol brain.Policy) {
 	pod := pods[0]
 	cfg := DefaultConfig()
 	cfg.Policy = pol
@@ -316,7 +317,7 @@ func dryRunBody(b *testing.B, r *Router, path string, body []byte) DryRun {
 func BenchmarkRouterThroughput(b *testing.B) {
 	pod := newFakePod(b, "A", 16, false)
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Events.BlockSize = 16
 	cfg.Health = fastHealth(pod.endpoint())
 	r := startRouter(b, cfg, "m=bytes")

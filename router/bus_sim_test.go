@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/kvtransport"
 	"github.com/prefixrouter/prefixrouter/sim"
@@ -27,7 +28,7 @@ func TestSimEventBus(t *testing.T) {
 	own := startFleetWith(t, sim.Config{Pods: 1})
 	stranger := startFleetWith(t, sim.Config{Pods: 1, EventsConnect: bus, Topic: "kv@10.255.0.1:8000@sim-tiny"})
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Events.EventsListen = []string{bus}
 	cfg.Health = fastHealth(append(onBus.Endpoints(), own.Endpoints()...)...)

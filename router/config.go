@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/positive"
@@ -33,8 +34,8 @@ type Config struct {
 
 	// Policy picks the target (--policy); Cost weights the precise policy's
 	// terms (--decode-weight, --kv-threshold, --kv-pressure).
-	Policy Policy
-	Cost   CostConfig
+	Policy brain.Policy
+	Cost   brain.CostConfig
 	// PDThreshold is, for a model served by prefill and decode pods, the
 	// prompt length in tokens below which the decode pod computes the
 	// whole request: a short prompt costs less to compute than to hand
@@ -146,8 +147,8 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:          "0.0.0.0:8000",
 		AdminListen:     "127.0.0.1:9090",
-		Policy:          PolicySpeculative,
-		Cost:            DefaultCostConfig(),
+		Policy:          brain.PolicySpeculative,
+		Cost:            brain.DefaultCostConfig(),
 		Tokenization:    tokenize.ModeAuto,
 		TokenizeTimeout: 2 * time.Second,
 		MaxBodyBytes:    32 << 20,
@@ -188,7 +189,7 @@ func (c Config) Validate() error {
 			bad("--admin-listen %q: %v", c.AdminListen, err)
 		}
 	}
-	if _, ok := policyNames[c.Policy]; !ok {
+	if c.Policy.String() == "" {
 		bad("--policy: unknown policy %d", c.Policy)
 	}
 	if err := c.Cost.Validate(); err != nil {

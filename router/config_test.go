@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/brain"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -18,7 +20,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "defaults with a target", edit: func(*Config) {}},
 		{name: "meaningful zeros", edit: func(c *Config) {
 			c.AdminListen, c.MaxRetries, c.Events.BlockSize, c.ShutdownTimeout = "", 0, 0, 0
-			c.Cost = CostConfig{}
+			c.Cost = brain.CostConfig{}
 		}},
 		{name: "empty seed given", edit: func(c *Config) { c.Events.HashSeed, c.Events.HasHashSeed = "", true }},
 		{name: "targets from a file only", edit: func(c *Config) { c.Health.Endpoints, c.Health.EndpointsFile = nil, "endpoints.yaml" }},

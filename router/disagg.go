@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fastjson"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/health"
 )
 
@@ -78,11 +79,41 @@ func (s stage) expectsEvents() bool { return !s.loadsPrompt() }
 // is the decode stage's, or prefill's own when it ends the request there.
 func (s stage) recordsOutcome() bool { return s != stagePrefill }
 
+// decision is the brain's decision for one stage of a request: the
+// stage it serves, and for a split request's prefill stage its decode
+// stage's own decision.
+type decision struct {
+	*brain.Decision
+	stage stage
+	// decode is a split request's decode stage (stagePrefill): this
+	// decision's target computes the prefill, decode's the rest. nil
+	// when the chosen target serves the whole request.
+	decode *decision
+}
+
 // as is d as the decision of stage s.
 func (d *decision) as(s stage) *decision {
 	c := *d
 	c.stage = s
 	return &c
+}
+
+// without decides again after the chosen target failed before its first
+// byte (brain.Decision.Without), for the same stage.
+func (d *decision) without() (*decision, bool) {
+	next, ok := d.Without()
+	if !ok {
+		return nil, false
+	}
+	c := *d
+	c.Decision = next
+	return &c, true
+}
+
+// booking is how an attempt on the stage's decision books its target.
+func (s stage) booking(requestID string, tail *brain.Tail, forwarded bool, p brain.Peers) brain.Dispatch {
+	return brain.Dispatch{RequestID: requestID, Tail: tail, LoadsPrompt: s.loadsPrompt(), LengthOnly: !s.carriesPrompt(),
+		Forwarded: forwarded, Peers: p}
 }
 
 // Outcomes of prefixrouter_disaggregation_total: how a request of a model
@@ -128,48 +159,42 @@ func splitRoles(ts []*health.Target) (prefill, serving []*health.Target) {
 // (a decision without decode, on the serving pods) for a batch prompt or
 // an endpoint the connector does not carry, a prompt below --pd-threshold,
 // or when no prefill pod can take it; each is counted.
-func (r *Router) decideSplit(in decisionInput, req *Request, prefill, serving []*health.Target) (*decision, error) {
+func (r *Router) decideSplit(in brain.Input, req *Request, prefill, serving []*health.Target) (*decision, error) {
 	whole := func(outcome string) (*decision, error) {
-		if !in.peek {
-			r.met.disagg.WithLabelValues(in.model, outcome).Inc()
+		if !in.Peek {
+			r.met.disagg.WithLabelValues(in.Model, outcome).Inc()
 		}
-		in.targets = serving
-		return r.dec.decide(in)
+		in.Targets = serving
+		d, err := r.dec.Decide(in)
+		if err != nil {
+			return nil, err
+		}
+		return &decision{Decision: d}, nil
 	}
 	switch {
 	case req.BatchSize > 1 || (req.Endpoint != EndpointCompletions && req.Endpoint != EndpointChat):
 		return whole(pdNotSplittable)
-	case r.cfg.PDThreshold > 0 && in.prompt.estimate() < r.cfg.PDThreshold:
+	case r.cfg.PDThreshold > 0 && in.Prompt.Estimate() < r.cfg.PDThreshold:
 		return whole(pdShortPrompt)
 	}
 	pin := in
-	pin.targets = prefill
-	d, err := r.dec.decide(pin)
-	if errors.Is(err, errNoRoutable) {
-		if !in.peek {
-			r.log.Warn("no prefill target can take the request; the decode target computes it", "model", in.model, "prefill_targets", len(prefill))
+	pin.Targets = prefill
+	pd, err := r.dec.Decide(pin)
+	if errors.Is(err, brain.ErrNoRoutable) {
+		if !in.Peek {
+			r.log.Warn("no prefill target can take the request; the decode target computes it", "model", in.Model, "prefill_targets", len(prefill))
 		}
 		return whole(pdNoPrefillTarget)
 	}
 	if err != nil {
 		return nil, err
 	}
-	dec, err := r.fwd.decide(decisionInput{model: in.model, targets: serving, peek: in.peek,
-		prompt: promptTokens{count: d.prompt.count, source: "estimate"}})
+	dd, err := r.fwd.Decide(brain.Input{Model: in.Model, Targets: serving, Peek: in.Peek,
+		Prompt: brain.Prompt{Count: pd.Prompt().Count, Source: "estimate"}})
 	if err != nil {
 		return nil, err
 	}
-	d.stage, dec.stage = stagePrefill, stageDecode
-	d.decode = dec
-	return d, nil
-}
-
-// estimate is the prompt's token count as known before reading it.
-func (pt promptTokens) estimate() int {
-	if !pt.counted && pt.stream != nil {
-		return pt.stream.EstimateCount()
-	}
-	return pt.count
+	return &decision{Decision: pd, stage: stagePrefill, decode: &decision{Decision: dd, stage: stageDecode}}, nil
 }
 
 // prefill runs the prefill stage of split decision d, retrying on other
@@ -216,14 +241,14 @@ func (r *Router) prefill(x *exchange, d *decision) *decision {
 		failed := a.name
 		// A retry's decision is a copy of d: a prefill stage, with d's
 		// decode stage.
-		next, ok := d.by.without(d)
+		next, ok := d.without()
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no prefill target could answer; the decode target computes the request", "request_id", x.id, "last", failed, "attempts", n+1)
 			return alone(pdPrefillFailed)
 		}
 		d = next
 		r.met.retries.WithLabelValues(failed).Inc()
-		r.log.Info("retrying the prefill on another target", "request_id", x.id, "failed", failed, "next", d.target().Target.ID.String())
+		r.log.Info("retrying the prefill on another target", "request_id", x.id, "failed", failed, "next", d.Target().Target.ID.String())
 	}
 }
 
@@ -238,7 +263,7 @@ func (a *attempt) runPrefill(body []byte) ([]byte, attemptResult) {
 	r, x := a.r, a.x
 	a.call.arm(r.cfg.FirstByteTimeout, &errFirstByteTimeout)
 	x.life.watchClient()
-	rq := upstreamRequest(a.d.target().Target, x.path, body, x.in, x.id)
+	rq := upstreamRequest(a.d.Target().Target, x.path, body, x.in, x.id)
 	rq.identity = true
 	resp, err := r.up.do(a.call.ctx, rq)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/prefixrouter/prefixrouter/brain"
 )
 
 func TestPrefillAndDecodeBodies(t *testing.T) {
@@ -175,7 +177,7 @@ const pdStreamBody = `{"model":"m","prompt":"tell me a long story about a router
 
 func startPDRouter(t *testing.T, f *pdPods, tune func(*Config)) *Router {
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyRoundRobin
+	cfg.Policy = brain.PolicyRoundRobin
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(f.endpoints()...)
 	cfg.Health.BreakerFailures = 1000

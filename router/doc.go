@@ -4,9 +4,8 @@
 // classify, score and rerank endpoints, /tokenize, /detokenize and
 // /version, forwarded to the least loaded pod; /v1/models and
 // /v1/models/{id}; /health, /ready), parsing only the
-// request fields that decide a target, the choice of target (round-robin,
-// least-load, approximate prefix hashing, and precise scoring on the
-// confirmed KV-block index with load), the proxy with streaming pass-through,
+// request fields that decide a target (the brain package decides and
+// books), the proxy with streaming pass-through,
 // client-cancel propagation and retry before the first byte, outcome capture
 // (the cached prompt tokens the pod reports against the router's
 // prediction), the access log (accesslog.go), the admin listener
@@ -28,12 +27,14 @@
 // dispatch, proxy, record.
 //
 // A request's lifecycle has three owners (docs/architecture.md walks it):
-// the decision (decide.go), immutable once made and computed without HTTP
-// by the decider that the API handler and the dry run share; the prompt
-// tail (tail.go), which owns the goroutine that encodes what the decision
-// did not need to read; and the attempt (attempt.go), which sends,
-// awaits the first byte and relays the answer, ending everything it holds
-// once. Every context on the request path derives from the client's life
+// the decision (brain.Decision), immutable once made and computed without
+// HTTP by the decider the API handler, the dry run and the benchmark's
+// engine share; the prompt tail (brain.Tail), which owns the goroutine
+// that encodes what the decision did not need to read; and the attempt
+// (attempt.go), which sends, awaits the first byte and relays the answer,
+// ending everything it holds once, its bookkeeping through a
+// brain.Booking. A split request's stages (disagg.go) wrap the brain's
+// decision with the stage each serves. Every context on the request path derives from the client's life
 // (life.go), which a disconnect ends.
 //
 // Request bodies are forwarded byte-for-byte. Bad input never reaches a pod:

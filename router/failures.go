@@ -21,7 +21,7 @@ type upstreamFailure struct {
 // keeps it as the target's last.
 func (a *attempt) upstreamFailed(reason, detail string) {
 	a.r.met.upstreamErrors.WithLabelValues(a.name, reason).Inc()
-	id := a.d.target().Target.ID
+	id := a.d.Target().Target.ID
 	a.r.failures.Store(id, &upstreamFailure{At: time.Now(), Reason: reason, Detail: detail, RequestID: a.x.id})
 }
 

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prefixrouter/prefixrouter/brain"
 )
 
 // epsOf is the endpoint URLs the upstream keeps, sorted.
@@ -165,7 +167,7 @@ func TestRouterForgetsRemovedEndpoints(t *testing.T) {
 	}
 	write(a.endpoint())
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyRoundRobin
+	cfg.Policy = brain.PolicyRoundRobin
 	cfg.Health = fastHealth()
 	cfg.Health.EndpointsFile = path
 	cfg.Health.FilePollInterval = 100 * time.Millisecond

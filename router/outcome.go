@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/speculative"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fastjson"
@@ -250,7 +251,7 @@ func (s *usageScanner) usage() usage { return s.last }
 // numbers do.
 func (r *Router) recordOutcome(a *attempt) {
 	x := a.x
-	m, pol, model := r.met, x.dec.policyName, x.model
+	m, pol, model := r.met, x.dec.PolicyName(), x.model
 	m.requests.WithLabelValues(model, pol, a.label).Inc()
 	var took time.Duration
 	if a.answered || r.alog != nil {
@@ -265,9 +266,9 @@ func (r *Router) recordOutcome(a *attempt) {
 	pa := a.promptAttempt()
 	rec := promptOutcome{m: m, policy: pol, model: model, target: pa.name, d: pa.d, tail: pa.tail(), usage: pa.usage,
 		measure: a.answered && a.status < 300 && pa.status < 300 && x.ep.routed(), predicts: x.ep.routed()}
-	if a.answered && pa.d.predicting && x.ep.routed() {
+	if a.answered && pa.d.Predicting() && x.ep.routed() {
 		// The TTFT is the client's: the decode pod's first token.
-		rec.spec, rec.follower, rec.ttft = x.dec.spec, pa.follower, a.ttft
+		rec.spec, rec.book, rec.ttft = x.dec.Spec(), pa.book, a.ttft
 	}
 	if r.alog != nil {
 		rec.alog, rec.line = r.alog, a.attemptLine(took)
@@ -275,7 +276,7 @@ func (r *Router) recordOutcome(a *attempt) {
 	if !rec.measure && rec.line == nil && rec.spec == nil {
 		return
 	}
-	if rec.tail.finished() {
+	if rec.tail.Finished() {
 		rec.record()
 		return
 	}
@@ -284,7 +285,7 @@ func (r *Router) recordOutcome(a *attempt) {
 	r.tails.Add(1)
 	go func() {
 		defer r.tails.Done()
-		rec.tail.wait()
+		rec.tail.Wait()
 		rec.record()
 	}()
 }
@@ -296,7 +297,7 @@ type promptOutcome struct {
 	policy, model string
 	target        string
 	d             *decision
-	tail          *promptTail
+	tail          *brain.Tail
 	usage         usage
 	// measure: an answered request of a routed endpoint, whose numbers
 	// feed the prediction metrics. predicts: the router predicted its
@@ -306,26 +307,26 @@ type promptOutcome struct {
 	line *accessLine
 	alog *accessLog
 	// spec takes the outcome of a request routed with predicted
-	// placements in mind (either holdback arm), with its follower.
-	spec     *speculative.Store
-	follower *speculative.Follower
-	ttft     time.Duration
+	// placements in mind (either holdback arm), booked as book.
+	spec *speculative.Store
+	book *brain.Booking
+	ttft time.Duration
 }
 
 // record compares the cached tokens the pod reported with the router's
 // prediction over the whole prompt, and writes the request's access line.
 func (o *promptOutcome) record() {
 	u := o.usage
-	v := o.d.view(o.tail, o.d.chosen)
-	prompt := int64(v.prompt.count)
-	if !v.prompt.counted && u.known {
+	v := o.d.View(o.tail, o.d.Chosen())
+	prompt := int64(v.Prompt.Count)
+	if !v.Prompt.Counted && u.known {
 		prompt = u.promptTokens
 	}
 	if o.measure {
 		o.measureCache(v, prompt)
 	}
 	if o.spec != nil {
-		o.spec.Record(o.d.outcome(o.model, int(prompt), v.predicted, u, o.ttft, o.follower))
+		o.spec.Record(o.book.Outcome(int(prompt), v.Predicted, int(u.cachedTokens), u.cachedKnown, o.ttft))
 	}
 	if o.line != nil {
 		o.fillLine(v)
@@ -335,18 +336,18 @@ func (o *promptOutcome) record() {
 
 // fillLine puts the prompt's numbers in the access line: only those the
 // router or the pod counted, never an estimate.
-func (o *promptOutcome) fillLine(v promptView) {
+func (o *promptOutcome) fillLine(v brain.View) {
 	l, u := o.line, o.usage
 	switch {
-	case v.prompt.counted:
-		n := int64(v.prompt.count)
-		l.PromptTokens, l.PromptSource = &n, v.prompt.source
+	case v.Prompt.Counted:
+		n := int64(v.Prompt.Count)
+		l.PromptTokens, l.PromptSource = &n, v.Prompt.Source
 	case u.known:
 		n := u.promptTokens
 		l.PromptTokens, l.PromptSource = &n, "usage"
 	}
 	if o.predicts {
-		n := int64(v.predicted)
+		n := int64(v.Predicted)
 		l.PredictedCachedTokens = &n
 	}
 	if u.cachedKnown {
@@ -357,16 +358,16 @@ func (o *promptOutcome) fillLine(v promptView) {
 
 // measureCache feeds the prediction metrics with the prompt's count and
 // the cached tokens predicted and reported.
-func (o *promptOutcome) measureCache(v promptView, prompt int64) {
+func (o *promptOutcome) measureCache(v brain.View, prompt int64) {
 	m, pol, u := o.m, o.policy, o.usage
 	m.promptTokens.WithLabelValues(o.target, o.model, pol).Add(float64(prompt))
-	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(v.predicted))
+	m.predicted.WithLabelValues(o.target, o.model, pol).Add(float64(v.Predicted))
 	if !u.cachedKnown {
 		m.prediction.WithLabelValues(o.target, o.model, pol, "unreported").Inc()
 		return
 	}
 	m.reported.WithLabelValues(o.target, o.model, pol).Add(float64(u.cachedTokens))
-	diff := u.cachedTokens - int64(v.predicted)
+	diff := u.cachedTokens - int64(v.Predicted)
 	outcome := "exact"
 	switch {
 	case diff > 0:
@@ -377,13 +378,4 @@ func (o *promptOutcome) measureCache(v promptView, prompt int64) {
 	}
 	m.prediction.WithLabelValues(o.target, o.model, pol, outcome).Inc()
 	m.predictionErr.WithLabelValues(pol).Observe(float64(diff))
-}
-
-// outcome is what the speculative store learns from an answered request of
-// decision d: its arm, the prompt, the cached tokens predicted and
-// reported, its TTFT and the follower it was routed as.
-func (d *decision) outcome(model string, prompt, predicted int, u usage, ttft time.Duration, f *speculative.Follower) speculative.Outcome {
-	return speculative.Outcome{Model: model, Arm: d.arm, Group: d.group, PromptTokens: prompt,
-		PredictedCached: predicted, ReportedCached: int(u.cachedTokens), CachedReported: u.cachedKnown,
-		TTFT: ttft, Follower: f}
 }

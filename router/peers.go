@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/peers"
@@ -23,8 +24,8 @@ import (
 // withdrawal withdraws that placement; the sum of the live peers' in-flight
 // work joins each target's load (health.Target.SetPeerFlights), so the
 // cost model's queued uncached tokens count what every replica sent. This
-// replica publishes each placement it records (attempt.predict), its
-// withdrawals (attempt.withdraw) and its own in-flight work.
+// replica publishes each placement it records (brain.Booking, through Share), its
+// withdrawals (Withdraw) and its own in-flight work.
 
 // peerLinks maps each peer's placement numbers to the placements their
 // predictions made here, for the withdrawals that name them; an entry
@@ -202,17 +203,20 @@ func peerFlights(id targetid.ID, f health.Flights) peers.TargetFlights {
 	return peers.TargetFlights{Target: id, InFlight: f.InFlight, Prefilling: f.Prefilling, QueuedUncachedTokens: f.QueuedUncachedTokens}
 }
 
-// share publishes a placement this replica recorded and returns its
-// number on the wire (0: not shared).
-func (l *peerLinks) share(h *speculative.Placement, id targetid.ID, ns speculative.Namespace, keys []kvindex.Key) uint64 {
-	if l == nil || h == nil || len(keys) == 0 {
-		return 0
-	}
+// Share publishes a prediction this replica's booking recorded and
+// returns its number on the wire, for its withdrawal (brain.Peers).
+func (l *peerLinks) Share(p brain.Prediction) uint64 {
 	n := l.next.Add(1)
-	l.r.mesh.Publish(peers.Prediction{Placement: n, Target: id, Deadline: h.Deadline(), Model: ns.Model, LoRA: ns.LoRA,
-		BlockSize: ns.BlockSize, Keys: keys})
+	l.r.mesh.Publish(peers.Prediction{Placement: n, Target: p.Target, Deadline: p.Deadline, Model: p.Namespace.Model,
+		LoRA: p.Namespace.LoRA, BlockSize: p.Namespace.BlockSize, Keys: p.Keys})
 	return n
 }
+
+// Withdraw withdraws the shared prediction numbered n at the peers.
+func (l *peerLinks) Withdraw(n uint64) { l.r.mesh.Withdraw(n) }
+
+// Changed sends this replica's work on target id to the peers at once.
+func (l *peerLinks) Changed(id targetid.ID) { l.r.mesh.Changed(id) }
 
 // PeersView is the replica mesh's view; false without --peer-listen.
 func (r *Router) PeersView() (peers.View, bool) {

@@ -2,8 +2,10 @@ package router
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
@@ -30,12 +32,12 @@ func (r *Router) handleRouted(x *exchange) {
 		return
 	case life.clientGone():
 		// The client left while its prompt was being tokenized.
-		r.met.requests.WithLabelValues(req.Model, x.dec.policyName, "canceled").Inc()
+		r.met.requests.WithLabelValues(req.Model, x.dec.PolicyName(), "canceled").Inc()
 		x.in.SetConnectionClose()
 		r.logAnswered(x, "canceled")
 		return
 	}
-	x.tail = startTail(d, r.ev.Index(), &r.tails)
+	x.tail = brain.StartTail(d.Decision, r.ev.Index(), &r.tails)
 	r.dispatch(x, d)
 }
 
@@ -71,8 +73,8 @@ func (r *Router) handleForwarded(x *exchange) {
 	// A prefill pod of a disaggregated fleet takes prefills from the
 	// router, never a client's whole request.
 	_, targets = splitRoles(targets)
-	d, err := r.fwd.decide(decisionInput{model: req.Model, targets: targets,
-		prompt: promptTokens{count: estimateTokens(req), source: "estimate"}})
+	bd, err := r.fwd.Decide(brain.Input{Model: req.Model, Targets: targets,
+		Prompt: brain.Prompt{Count: estimateTokens(req), Source: "estimate"}})
 	if err != nil {
 		msg := "no routable target for model " + req.Model
 		if req.Model == "" {
@@ -84,7 +86,7 @@ func (r *Router) handleForwarded(x *exchange) {
 	}
 	x.life = r.beginLife(x.in)
 	defer x.life.release()
-	r.dispatch(x, d)
+	r.dispatch(x, &decision{Decision: bd})
 }
 
 // route resolves the model's targets, tokenizes the prompt and decides.
@@ -105,7 +107,7 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, req
 	if aerr != nil {
 		return nil, aerr
 	}
-	pt, aerr := r.tok.prompt(ctx, req, r.cat, r.cfg.Policy.readsPrompt(), func() string {
+	pt, aerr := r.tok.prompt(ctx, req, r.cat, r.cfg.Policy.ReadsPrompt(), func() string {
 		// Remote tokenization asks a routable pod of the model.
 		if t, e := r.pickAny(snap, req.Model); e == nil {
 			return t.ID.Endpoint
@@ -115,23 +117,26 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, req
 	if aerr != nil {
 		return nil, aerr
 	}
-	in := decisionInput{model: req.Model, targets: targets, prompt: pt, peek: peek,
-		extras:       kvindex.RequestExtras{CacheSalt: req.CacheSalt},
-		conversation: speculative.Conversation{SessionID: req.SessionID, User: req.User, RequestID: requestID}}
+	in := brain.Input{Model: req.Model, Targets: targets, Prompt: pt, Peek: peek,
+		Extras:       kvindex.RequestExtras{CacheSalt: req.CacheSalt},
+		Conversation: speculative.Conversation{SessionID: req.SessionID, User: req.User, RequestID: requestID}}
 	if r.cat.isAdapter(req.Model) {
-		in.extras.LoRAName = req.Model
+		in.Extras.LoRAName = req.Model
 	}
-	if r.ch.approx != nil {
-		in.approxText = approxText(req)
+	if r.dec.UsesApprox() {
+		in.ApproxText = approxText(req)
 	}
 	var d *decision
 	var err error
 	if prefill, serving := splitRoles(targets); len(prefill) > 0 {
 		d, err = r.decideSplit(in, req, prefill, serving)
 	} else {
-		d, err = r.dec.decide(in)
+		var bd *brain.Decision
+		if bd, err = r.dec.Decide(in); err == nil {
+			d = &decision{Decision: bd}
+		}
 	}
-	var kerr *keyError
+	var kerr *brain.KeyError
 	switch {
 	case errors.As(err, &kerr):
 		return nil, errBadRequest("prompt", kerr.Error())
@@ -139,4 +144,20 @@ func (r *Router) route(ctx context.Context, beforeWait func(), req *Request, req
 		return nil, errNoTarget("no routable target for model "+req.Model, r.retryAfter())
 	}
 	return d, nil
+}
+
+// approxText is the text the approximate policy hashes: the prompt, the
+// chat messages as sent, or the token ids' bytes.
+func approxText(r *Request) []byte {
+	switch {
+	case r.Endpoint.rendersChat():
+		return r.Chat.Messages
+	case r.HasIDs:
+		b := make([]byte, 4*len(r.PromptIDs))
+		for i, id := range r.PromptIDs {
+			binary.LittleEndian.PutUint32(b[4*i:], id)
+		}
+		return b
+	}
+	return []byte(r.PromptText)
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -43,7 +44,7 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newFakePod(t, "A", 16, true), newFakePod(t, "B", 16, true)
 			cfg := DefaultConfig()
-			cfg.Policy = PolicyPrecise
+			cfg.Policy = brain.PolicyPrecise
 			cfg.Events.BlockSize = 16
 			cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 			r := startRouter(t, cfg, "m=bytes")
@@ -73,11 +74,11 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 			if aerr != nil {
 				t.Fatal(aerr)
 			}
-			winner := d.target()
+			winner := d.Target()
 			read := winner.ConfirmedBlocks
-			if !d.settled || winner.Target.ID != holder || read >= held {
+			if !d.Settled() || winner.Target.ID != holder || read >= held {
 				t.Fatalf("settled %v on %v after a run of %d blocks; the test needs A chosen before reading its whole run of %d",
-					d.settled, winner.Target.ID, read, held)
+					d.Settled(), winner.Target.ID, read, held)
 			}
 
 			tc.report(r.ev.Index(), holder, keys, held)
@@ -87,44 +88,42 @@ func TestSettledTailCountsOnlyBlocksHeldBeforeDispatch(t *testing.T) {
 					t.Fatalf("after the report A holds %d blocks, want all %d", m.Blocks, len(keys))
 				}
 			}
-			tail := newTail(d)
-			atDispatch := d.view(tail, d.chosen)
+			tail := brain.NewTail(d.Decision)
+			atDispatch := d.View(tail, d.Chosen())
 			// An attempt answered before the tail is done: its flight
 			// expects nothing of the pod's events.
 			queued := func() int64 { return winner.Target.Busy().QueuedUncachedTokens }
-			dispatch := func() *health.Flight {
-				f := winner.Target.Dispatch(atDispatch.prompt.count, atDispatch.prompt.count-atDispatch.predicted)
-				tail.hold(f, d.chosen)
-				return f
-			}
+			dispatch := func() *brain.Booking { return d.Dispatch(brain.Dispatch{Tail: tail}) }
 			early := dispatch()
-			if v := r.dec.atFirstByte(d, tail, early); v.final || v.predicted != atDispatch.predicted || queued() != 0 {
-				t.Fatalf("tail not done: final %v, predicted %d, queued uncached %d; want false, %d and 0", v.final, v.predicted, queued(), atDispatch.predicted)
+			if v := early.FirstByte(); v.Final || v.Predicted != atDispatch.Predicted || queued() != 0 {
+				t.Fatalf("tail not done: final %v, predicted %d, queued uncached %d; want false, %d and 0", v.Final, v.Predicted, queued(), atDispatch.Predicted)
 			}
-			early.Finish(health.OutcomeSuccess)
+			early.End(health.OutcomeSuccess)
 
 			// An attempt still waiting when the tail ends is corrected
 			// then, before its first byte, to what the pod has to
 			// compute.
 			waiting := dispatch()
 			var tails sync.WaitGroup
-			tail.start(r.ev.Index(), &tails)
+			tail.Start(r.ev.Index(), &tails)
 			tails.Wait()
 			want := tc.want(held, read)
-			v := d.view(tail, d.chosen)
-			if !v.final || v.confirmed != want {
+			v := d.View(tail, d.Chosen())
+			if !v.Final || v.Confirmed != want {
 				t.Fatalf("final %v, run %d blocks, want %d (held before dispatch %d, read %d, whole prompt %d)",
-					v.final, v.confirmed, want, held, read, len(keys))
+					v.Final, v.Confirmed, want, held, read, len(keys))
 			}
-			count := v.prompt.count
-			cached := d.predictedFor(winner, want, count)
-			if v.predicted != cached || queued() != int64(count-cached) {
-				t.Fatalf("tail done: predicted %d, queued uncached %d, want %d and %d", v.predicted, queued(), cached, count-cached)
+			// vLLM never serves the last token from cache: hits stop at
+			// the last full block before it.
+			count := v.Prompt.Count
+			cached := min(want*16, (count-1)/16*16)
+			if v.Predicted != cached || queued() != int64(count-cached) {
+				t.Fatalf("tail done: predicted %d, queued uncached %d, want %d and %d", v.Predicted, queued(), cached, count-cached)
 			}
-			if v := r.dec.atFirstByte(d, tail, waiting); v.predicted != cached || queued() != 0 {
-				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and 0", v.predicted, queued(), cached)
+			if v := waiting.FirstByte(); v.Predicted != cached || queued() != 0 {
+				t.Fatalf("answered: predicted %d, queued uncached %d; want %d and 0", v.Predicted, queued(), cached)
 			}
-			waiting.Finish(health.OutcomeSuccess)
+			waiting.End(health.OutcomeSuccess)
 			if queued() != 0 {
 				t.Fatalf("after both attempts: queued uncached %d", queued())
 			}

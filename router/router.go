@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -46,9 +47,8 @@ type Router struct {
 	// spec holds the predicted placements (speculative policy; nil
 	// otherwise).
 	spec *speculative.Store
-	ch   *chooser
-	dec  *decider // the routed endpoints', by --policy
-	fwd  *decider // the forwarded endpoints', by least load
+	dec  *brain.Decider // the routed endpoints', by --policy
+	fwd  *brain.Decider // the forwarded endpoints', by least load
 	up   *upstream
 	met  *metrics
 	cat  *catalog
@@ -100,7 +100,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	var observer kvindex.Observer
-	if cfg.Policy == PolicySpeculative {
+	if cfg.Policy == brain.PolicySpeculative {
 		// The store reads each stream's state from the plane, made next;
 		// the plane tells the store of every placement change.
 		stream := func(id targetid.ID) speculative.Stream {
@@ -126,11 +126,10 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	r.cred.authorizeTokenizer(treg)
 	r.tok = newTokenizers(treg, cfg.Tokenization, cfg.TokenizeTimeout)
-	r.dec = newDecider(cfg.Policy, cfg.Cost, r.ev, r.spec)
-	r.ch = r.dec.ch
+	r.dec = brain.New(cfg.Policy, cfg.Cost, r.ev, r.spec)
 	// The forwarded endpoints' bodies are no prompt the router keys:
 	// embeddings, scores and the like go to the least loaded pod.
-	r.fwd = newDecider(PolicyLeastLoad, cfg.Cost, r.ev, nil)
+	r.fwd = brain.New(brain.PolicyLeastLoad, cfg.Cost, r.ev, nil)
 	r.up = newUpstream(cfg)
 	r.up.cred = r.cred
 	r.met = newMetrics(reg)
@@ -300,8 +299,8 @@ func (r *Router) onChange(c health.Change) {
 			r.spec.Invalidate(c.Target.ID, speculative.ReasonRemoved)
 		}
 	}
-	if c.Kind == health.Removed && r.ch.approx != nil {
-		r.ch.approx.forget(c.Target.ID)
+	if c.Kind == health.Removed {
+		r.dec.Forget(c.Target.ID)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/kvindex/events"
 	"github.com/prefixrouter/prefixrouter/tokenize"
@@ -60,7 +61,7 @@ func TestRoutingFollowsConfirmedIndex(t *testing.T) {
 	a := newFakePod(t, "A", bs, true)
 	b := newFakePod(t, "B", bs, true)
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed, cfg.Events.HashAlgo, cfg.Events.BlockSize = "0", true, "sha256", bs
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
@@ -418,7 +419,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 				}
 			})
 			cfg := DefaultConfig()
-			cfg.Policy = PolicyRoundRobin
+			cfg.Policy = brain.PolicyRoundRobin
 			cfg.DebugHeaders = true
 			cfg.Health = fastHealth(bad.endpoint(), good.endpoint())
 			cfg.Health.BreakerFailures = 1000 // keep the bad pod in rotation
@@ -499,7 +500,7 @@ func TestModelsUnionAndForwarding(t *testing.T) {
 	a := newFakePod(t, "A", 16, false, "alpha")
 	b := newFakePod(t, "B", 16, false, "beta")
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())
 	r := startRouter(t, cfg)
 	waitFor(t, "pods routable", func() bool { return routableCount(r, "alpha")+routableCount(r, "beta") == 2 })

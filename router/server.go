@@ -193,7 +193,7 @@ func (r *Router) pickAny(snap *health.Snapshot, model string) (*health.Target, *
 	if aerr != nil {
 		return nil, aerr
 	}
-	n := int(r.ch.rr.Add(1))
+	n := int(r.dec.Turn())
 	for i := range ts {
 		t := ts[(n+i)%len(ts)]
 		if t.CanRoute() {

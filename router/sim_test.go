@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/sim/publish/publishtest"
 	"github.com/prefixrouter/prefixrouter/targetid"
@@ -62,19 +63,19 @@ func TestSimSharedPrefixLandsOnHolder(t *testing.T) {
 		seed   bool
 		model  string
 		tok    string // --tokenizer spec
-		policy Policy
+		policy brain.Policy
 		bus    bool // the pods connect to the router's --events-listen
 	}{
-		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, false},
-		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, false},
-		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise, false},
+		{"token-derived keys", false, "sim-tiny", "sim-tiny=bytes", brain.PolicyPrecise, false},
+		{"vLLM-exact keys", true, "sim-tiny", "sim-tiny=bytes", brain.PolicyPrecise, false},
+		{"LoRA adapter, exact keys", true, "sql-adapter", "sim-tiny=bytes", brain.PolicyPrecise, false},
 		// No local tokenizer: ids come from the pods' render endpoints.
-		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote=", PolicyPrecise, false},
-		{"remote tokenization, speculative", true, "sim-tiny", "sim-tiny:remote=", PolicySpeculative, false},
+		{"remote tokenization, exact keys", true, "sim-tiny", "sim-tiny:remote=", brain.PolicyPrecise, false},
+		{"remote tokenization, speculative", true, "sim-tiny", "sim-tiny:remote=", brain.PolicySpeculative, false},
 		// Local ids, a sample checked against the pods in the background.
-		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes", PolicyPrecise, false},
-		{"token-derived keys, events on a bus", false, "sim-tiny", "sim-tiny=bytes", PolicyPrecise, true},
-		{"LoRA adapter, exact keys, events on a bus", true, "sql-adapter", "sim-tiny=bytes", PolicyPrecise, true},
+		{"auto tokenization, exact keys", true, "sim-tiny", "sim-tiny:auto=bytes", brain.PolicyPrecise, false},
+		{"token-derived keys, events on a bus", false, "sim-tiny", "sim-tiny=bytes", brain.PolicyPrecise, true},
+		{"LoRA adapter, exact keys, events on a bus", true, "sql-adapter", "sim-tiny=bytes", brain.PolicyPrecise, true},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
@@ -173,7 +174,7 @@ func TestSimDeadAndFailingPods(t *testing.T) {
 	t.Run("dead pod avoided", func(t *testing.T) {
 		f := startFleet(t, 2, sim.Faults{})
 		cfg := DefaultConfig()
-		cfg.Policy = PolicyRoundRobin
+		cfg.Policy = brain.PolicyRoundRobin
 		cfg.DebugHeaders = true
 		cfg.Health = fastHealth(f.Endpoints()...)
 		r := startRouter(t, cfg, "sim-tiny=bytes")
@@ -192,7 +193,7 @@ func TestSimDeadAndFailingPods(t *testing.T) {
 	t.Run("prefill failures retried", func(t *testing.T) {
 		f := startFleet(t, 2, sim.Faults{})
 		cfg := DefaultConfig()
-		cfg.Policy = PolicyRoundRobin
+		cfg.Policy = brain.PolicyRoundRobin
 		cfg.DebugHeaders = true
 		cfg.Health = fastHealth(f.Endpoints()...)
 		cfg.Health.BreakerFailures = 1000
@@ -255,7 +256,7 @@ func TestSimIdleRestartDropsPlacements(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, 1, sim.Faults{})
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)
 	r := startRouter(t, cfg, "sim-tiny=bytes")
@@ -285,7 +286,7 @@ func TestSimReadsUntilDecided(t *testing.T) {
 	t.Parallel()
 	f := startFleet(t, 2, sim.Faults{})
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.DebugHeaders = true
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)

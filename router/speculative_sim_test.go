@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
@@ -54,7 +55,7 @@ func startSpecRig(t *testing.T, pods int, faults sim.Faults, tune func(*Config))
 // (every request in the speculative arm).
 func specConfig(f *sim.Fleet) Config {
 	cfg := DefaultConfig()
-	cfg.Policy = PolicySpeculative
+	cfg.Policy = brain.PolicySpeculative
 	cfg.DebugHeaders = true
 	cfg.Events.HashSeed, cfg.Events.HasHashSeed = "0", true
 	cfg.Health = fastHealth(f.Endpoints()...)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
@@ -206,7 +207,7 @@ func TestResponsesStreamAndUsage(t *testing.T) {
 			"\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":2,\"total_tokens\":42}}}\n\n")
 	p.setHandler(h)
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Health = fastHealth(p.endpoint())
 	r := startRouter(t, cfg)
 	waitFor(t, "pod routable", func() bool { return routableCount(r, "m") == 1 })
@@ -238,7 +239,7 @@ func TestResponsesRoutedByPrefix(t *testing.T) {
 	a := newFakePod(t, "A", bs, true)
 	b := newFakePod(t, "B", bs, true)
 	cfg := DefaultConfig()
-	cfg.Policy = PolicyPrecise
+	cfg.Policy = brain.PolicyPrecise
 	cfg.Events.BlockSize = bs
 	cfg.DebugHeaders = true
 	cfg.Health = fastHealth(a.endpoint(), b.endpoint())

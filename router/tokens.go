@@ -7,28 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/tokenize"
 )
-
-// promptTokens is a request's prompt as the router knows it.
-type promptTokens struct {
-	// ids are the prompt's token ids as the pod computes them; nil when
-	// unknown (no tokenizer, or a load-only policy that does not need them)
-	// or not all encoded yet (stream). A decision lets go of them once it
-	// has keyed them (they may be the pooled request's): counted says
-	// what they were.
-	ids []uint32
-	// counted says count is the router's own count of the prompt's ids,
-	// not an estimate.
-	counted bool
-	// count is len(ids), or an estimate when not counted.
-	count  int
-	source string // ids, local, remote, estimate
-	// stream is the local encoding when the router tokenizes in process: the
-	// plan reads it only as far as the decision needs, and the rest is
-	// encoded after dispatch (promptTail).
-	stream *tokenize.Stream
-}
 
 // tokenizers resolves a request's model to its tokenizer: a --tokenizer
 // entry, the base model of a LoRA adapter, or (modes remote and auto) a
@@ -97,11 +78,11 @@ func estimateTokens(req *Request) int {
 // estimated unless a local tokenizer makes ids cheap. A local tokenizer
 // returns a stream the caller reads as far as it needs. beforeCall (may be
 // nil) runs before a call that may wait on a pod.
-func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string, beforeCall func()) (promptTokens, *apiError) {
+func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, need bool, base func() string, beforeCall func()) (brain.Prompt, *apiError) {
 	if req.HasIDs {
-		return promptTokens{ids: req.PromptIDs, counted: true, count: len(req.PromptIDs), source: "ids"}, nil
+		return brain.IDsPrompt(req.PromptIDs), nil
 	}
-	est := promptTokens{count: estimateTokens(req), source: "estimate"}
+	est := brain.Prompt{Count: estimateTokens(req), Source: "estimate"}
 	chat := req.Endpoint.rendersChat()
 	if req.PromptUnknown || (chat && req.CustomTemplate) {
 		// The pod renders the request's own template, or a prompt the
@@ -133,7 +114,7 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 			st, err = m.StreamPrompt(req.PromptText, req.AddSpecialTokens, url)
 		}
 		if err == nil {
-			return promptTokens{count: st.EstimateCount(), source: "local", stream: st}, nil
+			return brain.Prompt{Count: st.EstimateCount(), Source: "local", Stream: st}, nil
 		}
 		// A local render that fails takes the call path below, which in
 		// auto mode asks the pod.
@@ -171,5 +152,5 @@ func (t *tokenizers) prompt(ctx context.Context, req *Request, cat *catalog, nee
 	if res.Mode == tokenize.ModeRemote {
 		src = "remote"
 	}
-	return promptTokens{ids: res.IDs, counted: true, count: len(res.IDs), source: src}, nil
+	return brain.Prompt{IDs: res.IDs, Counted: true, Count: len(res.IDs), Source: src}, nil
 }

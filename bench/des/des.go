@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/kvindex"
@@ -89,7 +90,7 @@ type Config struct {
 	SpeculativeTTL time.Duration
 	Holdback       *float64
 	// Cost is the routers' cost model (nil: serve's default).
-	Cost *router.CostConfig
+	Cost *brain.CostConfig
 	// Drain bounds (model time) how long requests may still run once the
 	// last session has started; those still running count as unfinished.
 	Drain time.Duration
@@ -241,7 +242,7 @@ func (p *pod) remember(seq uint64, b *events.Batch) {
 
 // routerState is one router replica and what it receives.
 type routerState struct {
-	v *router.Virtual
+	v *brain.Virtual
 	// applied is when each pod's last batch is applied at this router.
 	applied []time.Duration
 	// next* are the periodic work's next times.
@@ -255,7 +256,7 @@ type routerState struct {
 // other replicas, and the placements they made at each (by replica), which
 // the origin's withdrawal ends.
 type sharedPrediction struct {
-	p  router.VirtualPrediction
+	p  brain.Prediction
 	at []*speculative.Placement
 }
 
@@ -275,7 +276,7 @@ type request struct {
 	ids        []uint32
 	pod        int
 	router     int // the replica that routed it
-	vr         *router.VirtualRequest
+	vr         *brain.VirtualRequest
 	shared     *sharedPrediction
 	sq         *sim.Request
 	first      bool
@@ -340,7 +341,7 @@ func newRun(cfg Config) (*run, error) {
 		r.pods = append(r.pods, &pod{i: i, id: TargetOf(i), rank: rank, eventDelay: cfg.Fleet.Faults.EventDelay, bufferSize: cfg.ReplayBuffer})
 	}
 	if cfg.Policy == Oracle {
-		r.oracle = &oracleRouter{cost: router.DefaultCostConfig(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x6f7261636c65))}
+		r.oracle = &oracleRouter{cost: brain.DefaultCostConfig(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x6f7261636c65))}
 	} else if err := r.startRouters(); err != nil {
 		return nil, err
 	}
@@ -360,7 +361,7 @@ func newRun(cfg Config) (*run, error) {
 }
 
 func (r *run) startRouters() error {
-	pol, err := router.ParsePolicy(r.cfg.Policy)
+	pol, err := brain.ParsePolicy(r.cfg.Policy)
 	if err != nil {
 		return fmt.Errorf("des: %w", err)
 	}
@@ -371,7 +372,7 @@ func (r *run) startRouters() error {
 	}
 	for range r.cfg.Routers {
 		def := router.DefaultConfig()
-		vc := router.VirtualConfig{Policy: pol, Cost: def.Cost, Events: def.Events, Speculative: def.Speculative,
+		vc := brain.VirtualConfig{Policy: pol, Cost: def.Cost, Events: def.Events, Speculative: def.Speculative,
 			Health: def.Health, Model: prof.Model, Targets: ids, NumGPUBlocks: prof.NumGPUBlocks,
 			Now: r.clock, Logger: r.cfg.Logger}
 		// As the live bench's router: block size from the pods, keys
@@ -395,7 +396,7 @@ func (r *run) startRouters() error {
 		if r.cfg.ReplayBuffer > 0 {
 			vc.Replay = func(id targetid.ID) kvindex.ReplayBuffer { return r.pods[r.podOf(id)].replay }
 		}
-		v, err := router.NewVirtual(vc)
+		v, err := brain.NewVirtual(vc)
 		if err != nil {
 			return fmt.Errorf("des: %w", err)
 		}
@@ -570,7 +571,7 @@ func (q *request) session() string {
 
 // dispatched takes vr as q's attempt: its pod, and what the other
 // replicas learn of it.
-func (r *run) dispatched(q *request, vr *router.VirtualRequest) {
+func (r *run) dispatched(q *request, vr *brain.VirtualRequest) {
 	q.vr, q.shared = vr, nil
 	q.pod = r.podOf(vr.Target())
 	if p, ok := vr.Prediction(); ok && r.cfg.SharePredictions && len(r.rts) > 1 {

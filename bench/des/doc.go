@@ -6,7 +6,7 @@
 //   - the pods are the simulator's engine (sim.Rank): continuous batching,
 //     chunked prefill, the paged prefix cache with vLLM's hashing,
 //     reference counts and LRU, BlockStored when blocks fill;
-//   - the routers are router.Virtual: the decider, chooser, event plane
+//   - the routers are brain.Virtual: the decider, chooser, event plane
 //     (index, ingestion, freshness), predicted placements and load ledger
 //     that decide for the HTTP path, on the engine's clock. Several
 //     routers (Config.Routers) each have their own;

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
 
@@ -12,7 +12,7 @@ import (
 // (sim.Rank.State) scores cheapest by sim.OracleCosts, as the live
 // engine's oracle does with sim.Pod.Probe; ties break at random.
 type oracleRouter struct {
-	cost   router.CostConfig
+	cost   brain.CostConfig
 	rng    *rand.Rand
 	best   []int
 	states []sim.RankState

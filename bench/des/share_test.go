@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
-	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 )
 
@@ -34,7 +34,7 @@ func burstConfig(t *testing.T, share bool) Config {
 	// A follower waits for the holder's prefill whatever the fleet's
 	// load (--reuse-wait 1): the test is about what replicas know of each
 	// other's predictions, not about when waiting for a prefill pays.
-	cost := router.DefaultCostConfig()
+	cost := brain.DefaultCostConfig()
 	cost.ReuseWait = 1
 	return Config{Workload: w, Fleet: fleet, Policy: "speculative", Routers: 2, SharePredictions: share, Seed: 1,
 		Delivery: DefaultDelivery(), Holdback: &holdback, Drain: time.Minute, Cost: &cost}

@@ -20,7 +20,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/des"
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
-	"github.com/prefixrouter/prefixrouter/router"
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
@@ -50,7 +50,7 @@ type benchSettings struct {
 	SpecTTL  time.Duration
 	Holdback float64
 	Settle   time.Duration
-	Cost     router.CostConfig
+	Cost     brain.CostConfig
 
 	TargetURL, Model string
 
@@ -62,7 +62,7 @@ func defaultBenchSettings() benchSettings {
 	return benchSettings{Workload: workload.KindSharedPrefix, Policies: strings.Join(bench.PolicyNames(), ","),
 		Delivery: des.DefaultDelivery(),
 		Seed:     1, Timeout: 30 * time.Minute, LogLevel: "error",
-		Holdback: speculative.DefaultConfig().Holdback, Cost: router.DefaultCostConfig(), Settle: 15 * time.Second}
+		Holdback: speculative.DefaultConfig().Holdback, Cost: brain.DefaultCostConfig(), Settle: 15 * time.Second}
 }
 
 func benchCommand(stderr io.Writer) *cli.Command {

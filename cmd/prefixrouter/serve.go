@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/urfave/cli/v3"
 
+	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/internal/memlimit"
 	"github.com/prefixrouter/prefixrouter/kvindex"
 	"github.com/prefixrouter/prefixrouter/router"
@@ -94,7 +95,7 @@ func (s *serveSettings) flags(t *flagTable) []cli.Flag {
 		targets.list("discover-dns", "NAME:PORT[?options] resolved on an interval, one target per address (repeatable)", &h.DiscoverDNS),
 		targets.dur("discover-dns-interval", "how often --discover-dns names are re-resolved", &h.DNSInterval),
 
-		choice(routing, "policy", "target choice: "+strings.Join(router.PolicyNames(), ", "), &s.Policy, router.Policy.String, router.ParsePolicy),
+		choice(routing, "policy", "target choice: "+strings.Join(brain.PolicyNames(), ", "), &s.Policy, brain.Policy.String, brain.ParsePolicy),
 		routing.float("decode-weight", "precise cost of one running request, in prefill tokens", &s.Cost.DecodeWeight),
 		routing.float("kv-threshold", "KV-cache usage above which the precise cost adds memory pressure", &s.Cost.KVThreshold),
 		routing.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),

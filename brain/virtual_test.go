@@ -1,10 +1,12 @@
-package router
+package brain
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
+	"github.com/prefixrouter/prefixrouter/health"
 	"github.com/prefixrouter/prefixrouter/internal/manualclock"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
@@ -22,6 +24,9 @@ type virtualFleet struct {
 	now   time.Duration
 }
 
+// virtualMaxRetries is the serve command's --max-retries default.
+const virtualMaxRetries = 2
+
 func newVirtualFleet(t *testing.T, p Policy, pods int) *virtualFleet {
 	t.Helper()
 	prof, err := sim.LookupProfile("tiny")
@@ -30,17 +35,17 @@ func newVirtualFleet(t *testing.T, p Policy, pods int) *virtualFleet {
 	}
 	f := &virtualFleet{t: t, clk: manualclock.New(), ranks: map[targetid.ID]*sim.Rank{}, seqs: map[targetid.ID]uint64{}}
 	for i := range pods {
-		id := targetid.ID{Endpoint: "http://pod-" + itoa(i) + ":8000"}
+		id := targetid.ID{Endpoint: "http://pod-" + strconv.Itoa(i) + ":8000"}
 		f.ids = append(f.ids, id)
 		if f.ranks[id], err = sim.NewRank(sim.Config{Profile: prof}, i); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg := DefaultConfig()
-	ev := cfg.Events
+	// The serve command's defaults (router.DefaultConfig's sections).
+	ev := eventplane.DefaultConfig()
 	ev.BlockSize = prof.BlockSize
-	f.v, err = NewVirtual(VirtualConfig{Policy: p, Cost: cfg.Cost, Events: ev, Speculative: cfg.Speculative, Health: cfg.Health,
-		Model: prof.Model, Targets: f.ids, NumGPUBlocks: prof.NumGPUBlocks, Now: f.clk.Now, MaxRetries: cfg.MaxRetries})
+	f.v, err = NewVirtual(VirtualConfig{Policy: p, Cost: DefaultCostConfig(), Events: ev, Speculative: speculative.DefaultConfig(),
+		Health: health.DefaultConfig(), Model: prof.Model, Targets: f.ids, NumGPUBlocks: prof.NumGPUBlocks, Now: f.clk.Now, MaxRetries: virtualMaxRetries})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +217,7 @@ func TestVirtualFleetChanges(t *testing.T) {
 		t.Fatalf("holder holds %d blocks, want 12", held())
 	}
 
-	for range DefaultConfig().Health.FailureThreshold {
+	for range health.DefaultConfig().FailureThreshold {
 		f.v.Probe(holder, false)
 	}
 	if f.v.Routable(holder) || f.v.Reason(holder) != "probe_failed" {
@@ -221,7 +226,7 @@ func TestVirtualFleetChanges(t *testing.T) {
 	if vr := f.serve(prompt, false); vr.Target() == holder {
 		t.Fatal("a request went to a target whose probes fail")
 	}
-	for range DefaultConfig().Health.SuccessThreshold {
+	for range health.DefaultConfig().SuccessThreshold {
 		f.v.Probe(holder, true)
 	}
 	if !f.v.Routable(holder) {
@@ -266,13 +271,13 @@ func TestVirtualFleetChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	tried := map[targetid.ID]bool{vr.Target(): true}
-	for n := range DefaultConfig().MaxRetries + 1 {
+	for n := range virtualMaxRetries + 1 {
 		vr.Finish(false, 0)
 		next, err := vr.Retry(prompt, nil, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == DefaultConfig().MaxRetries || len(tried) == len(f.ids) {
+		if n == virtualMaxRetries || len(tried) == len(f.ids) {
 			if next != nil {
 				t.Fatalf("retry %d went to %s after %d targets failed", n+1, next.Target(), len(tried))
 			}
@@ -292,14 +297,13 @@ func TestVirtualFleetChanges(t *testing.T) {
 // arms the holdback compares).
 func TestVirtualRetryIsTheSameRequest(t *testing.T) {
 	f := newVirtualFleet(t, PolicySpeculative, 3)
-	cfg := DefaultConfig()
-	ev := cfg.Events
+	ev := eventplane.DefaultConfig()
 	ev.BlockSize = 16
-	spec := cfg.Speculative
+	spec := speculative.DefaultConfig()
 	spec.Holdback = 0.5
-	hc := cfg.Health
+	hc := health.DefaultConfig()
 	hc.BreakerFailures = 1000 // each request's first attempt fails on purpose
-	v, err := NewVirtual(VirtualConfig{Policy: PolicySpeculative, Cost: cfg.Cost, Events: ev, Speculative: spec, Health: hc,
+	v, err := NewVirtual(VirtualConfig{Policy: PolicySpeculative, Cost: DefaultCostConfig(), Events: ev, Speculative: spec, Health: hc,
 		Model: "m", Targets: f.ids, NumGPUBlocks: 1000, Now: f.clk.Now, MaxRetries: 2})
 	if err != nil {
 		t.Fatal(err)

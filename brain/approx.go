@@ -1,7 +1,6 @@
-package router
+package brain
 
 import (
-	"encoding/binary"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -44,22 +43,6 @@ func approxChunks(dst []uint64, text []byte) []uint64 {
 		prev = h
 	}
 	return dst
-}
-
-// approxText is the text the approximate policy hashes: the prompt, the
-// chat messages as sent, or the token ids' bytes.
-func approxText(r *Request) []byte {
-	switch {
-	case r.Endpoint.rendersChat():
-		return r.Chat.Messages
-	case r.HasIDs:
-		b := make([]byte, 4*len(r.PromptIDs))
-		for i, id := range r.PromptIDs {
-			binary.LittleEndian.PutUint32(b[4*i:], id)
-		}
-		return b
-	}
-	return []byte(r.PromptText)
 }
 
 // match sets each candidate's ApproxChunks: the leading chunks it was sent.

@@ -1,8 +1,9 @@
-package router
+package brain
 
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -323,7 +324,7 @@ func TestSettled(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ev, ix := planeWithIndex(t)
-			d := &decision{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
+			d := &Decision{blockSize: 16, chain: kvindex.KeyChain{Keys: keys}}
 			for _, name := range []string{"a", "b", "c"} {
 				verdict := eventplane.VerdictFresh
 				if name == c.dead {
@@ -338,7 +339,7 @@ func TestSettled(t *testing.T) {
 			}
 			var reach kvindex.Reach
 			ix.Extend(&reach, keys)
-			dc := &decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+			dc := &Decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
 			if got, _ := dc.settles(d, &reach, 1000); got != c.want {
 				for _, cd := range d.cands {
 					t.Logf("%s run %d cost %.1f", cd.Target.ID.Endpoint, cd.ConfirmedBlocks, cd.Cost)
@@ -382,7 +383,7 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 				b += n
 			}
 		}
-		dc := &decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
+		dc := &Decider{policy: PolicyPrecise, plane: ev, ch: newChooser(PolicyPrecise, DefaultCostConfig())}
 
 		// The whole prompt looked up.
 		whole := slices.Clone(cands)
@@ -393,7 +394,7 @@ func TestSettlingKeepsTheDecision(t *testing.T) {
 		}
 
 		// Read a chunk at a time, as readUntilDecided does.
-		d := &decision{blockSize: 16, cands: slices.Clone(cands)}
+		d := &Decision{blockSize: 16, cands: slices.Clone(cands)}
 		var reach kvindex.Reach
 		for n := 0; n < blocks; {
 			next := min(blocks, n+1+rng.IntN(12))
@@ -434,3 +435,5 @@ func ties(cands []Candidate, idx int) bool {
 	}
 	return false
 }
+
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

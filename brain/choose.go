@@ -1,4 +1,4 @@
-package router
+package brain
 
 import (
 	"errors"
@@ -40,8 +40,8 @@ var policyNames = map[Policy]string{
 
 func (p Policy) String() string { return policyNames[p] }
 
-// readsPrompt reports whether the policy routes on the prompt's blocks.
-func (p Policy) readsPrompt() bool { return p == PolicyPrecise || p == PolicySpeculative }
+// ReadsPrompt reports whether the policy routes on the prompt's blocks.
+func (p Policy) ReadsPrompt() bool { return p == PolicyPrecise || p == PolicySpeculative }
 
 // ParsePolicy accepts the names PolicyNames lists.
 func ParsePolicy(s string) (Policy, error) {

@@ -1,10 +1,9 @@
-package router
+package brain
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -58,7 +57,7 @@ type VirtualConfig struct {
 // periodic work (Evaluate every Events.EvalInterval, Tick every
 // speculative.TimerResolution). Methods must not be called concurrently.
 type Virtual struct {
-	dec   *decider
+	dec   *Decider
 	plane *eventplane.Plane
 	spec  *speculative.Store
 	model string
@@ -136,8 +135,8 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	for _, id := range cfg.Targets {
 		v.plane.SetTarget(id, eventplane.Source{InProcess: true})
 	}
-	v.dec = newDecider(cfg.Policy, cfg.Cost, v.plane, v.spec)
-	v.dec.ch.tie = rand.New(rand.NewPCG(cfg.TieSeed, 0x746965 /* "tie" */)).IntN
+	v.dec = New(cfg.Policy, cfg.Cost, v.plane, v.spec)
+	v.dec.SeedTies(cfg.TieSeed)
 	return v, nil
 }
 
@@ -145,20 +144,13 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 // target's flight, the plane's expectation and the predicted placements
 // until its end.
 type VirtualRequest struct {
-	v         *Virtual
-	d         *decision
-	id        string
-	flight    *health.Flight
-	expect    eventplane.Expectation
-	placement *speculative.Placement
-	follower  *speculative.Follower
-	// shared is what the placement predicted, for the peer replicas.
-	shared    VirtualPrediction
-	predicted int
-	confirmed int
-	sent      time.Time
-	ttft      time.Duration
-	answered  bool
+	v        *Virtual
+	d        *Decision
+	id       string
+	book     *Booking
+	sent     time.Time
+	ttft     time.Duration
+	answered bool
 	// failed are the targets earlier attempts of the request failed on.
 	failed []targetid.ID
 }
@@ -221,27 +213,12 @@ func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*he
 	}
 	r := &VirtualRequest{v: v, id: id, sent: sent, failed: failed}
 	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
-	d, err := v.dec.decide(decisionInput{model: v.model, targets: targets,
-		prompt: promptTokens{ids: ids, counted: true, count: len(ids), source: "ids"}, approxText: text, conversation: conv})
+	d, err := v.dec.Decide(Input{Model: v.model, Targets: targets, Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
 	if err != nil {
 		return nil, err
 	}
-	c := d.target()
-	pv := d.view(nil, d.chosen)
-	r.predicted, r.confirmed = pv.predicted, pv.confirmed
-	r.flight = c.Target.Dispatch(pv.prompt.count, pv.prompt.count-pv.predicted)
-	r.expect = v.plane.Dispatch(c.Target.ID)
-	if d.predicting {
-		pr := v.dec.place(d, c, r.id, v.model)
-		r.placement, r.follower = pr.placement, pr.follower
-		if pr.placement != nil && len(pr.keys) > 0 {
-			r.shared = VirtualPrediction{Target: c.Target.ID, Namespace: pr.ns, Keys: pr.keys, Deadline: pr.placement.Deadline()}
-		}
-	}
-	if ap := v.dec.ch.approx; ap != nil && len(d.approxChunks) > 0 {
-		ap.record(c.Target.ID, d.approxChunks)
-	}
 	r.d = d.chosenOnly()
+	r.book = r.d.Dispatch(Dispatch{RequestID: r.id})
 	return r, nil
 }
 
@@ -250,23 +227,23 @@ func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*he
 // dispatch when there is no retry and no tail: with hundreds of targets,
 // a request's other candidates were most of what tens of thousands of
 // requests in flight held.
-func (d *decision) chosenOnly() *decision {
+func (d *Decision) chosenOnly() *Decision {
 	c := *d
 	c.cands, c.chosen = []Candidate{d.cands[d.chosen]}, 0
-	c.prompt.ids, c.prompt.counted = nil, false
+	c.prompt.IDs, c.prompt.Counted = nil, false
 	return &c
 }
 
 // Target is where the request went.
-func (r *VirtualRequest) Target() targetid.ID { return r.d.target().Target.ID }
+func (r *VirtualRequest) Target() targetid.ID { return r.d.Target().Target.ID }
 
 // PredictedCached is the prompt tokens the router expects the target to
 // serve from its cache.
-func (r *VirtualRequest) PredictedCached() int { return r.predicted }
+func (r *VirtualRequest) PredictedCached() int { return r.book.Predicted() }
 
 // ConfirmedBlocks is the run of prompt blocks the index said the target
 // holds (the API's X-Prefixrouter-Confirmed-Blocks).
-func (r *VirtualRequest) ConfirmedBlocks() int { return r.confirmed }
+func (r *VirtualRequest) ConfirmedBlocks() int { return r.book.Confirmed() }
 
 // FirstByte records the request's first byte now: its prefill leaves the
 // target's queue and the plane awaits the blocks it computed.
@@ -276,9 +253,7 @@ func (r *VirtualRequest) FirstByte() {
 	}
 	r.answered = true
 	r.ttft = r.v.now().Sub(r.sent)
-	r.v.dec.atFirstByte(r.d, nil, r.flight)
-	r.placement.Settle()
-	r.expect.FirstByte(r.flight.Tokens())
+	r.book.FirstByte()
 }
 
 // Finish ends the request: answered, with the cached tokens the pod
@@ -286,15 +261,14 @@ func (r *VirtualRequest) FirstByte() {
 // placements are withdrawn).
 func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 	if !answered {
-		r.placement.Withdraw()
-		r.flight.Finish(health.OutcomeUpstreamError)
+		r.book.Withdraw()
+		r.book.End(health.OutcomeUpstreamError)
 		return
 	}
 	r.FirstByte()
-	r.flight.Finish(health.OutcomeSuccess)
+	r.book.End(health.OutcomeSuccess)
 	if r.d.predicting && r.v.spec != nil {
-		u := usage{known: true, promptTokens: int64(r.d.prompt.count), cachedKnown: true, cachedTokens: int64(cachedTokens)}
-		r.v.spec.Record(r.d.outcome(r.v.model, r.d.prompt.count, r.predicted, u, r.ttft, r.follower))
+		r.v.spec.Record(r.book.Outcome(r.d.prompt.Count, r.book.Predicted(), cachedTokens, true, r.ttft))
 	}
 }
 
@@ -302,33 +276,20 @@ func (r *VirtualRequest) Finish(answered bool, cachedTokens int) {
 // (the run's drain bound): its predictions stay until confirmed or
 // expired, as a client cancel's do on the HTTP path.
 func (r *VirtualRequest) Cancel() {
-	r.placement.Settle()
-	r.flight.Finish(health.OutcomeCanceled)
-}
-
-// VirtualPrediction is what a router replica shares with its peers of one
-// dispatch's predicted placements (the live replicas' peers.Prediction):
-// the blocks it expects the target to compute, until Deadline.
-type VirtualPrediction struct {
-	Target    targetid.ID
-	Namespace speculative.Namespace
-	Keys      []kvindex.Key
-	Deadline  time.Time
+	r.book.End(health.OutcomeCanceled)
 }
 
 // Prediction is what the request's dispatch predicted, for the peer
 // replicas (PredictFrom); false when it predicted nothing, as the live
 // replica then publishes nothing.
-func (r *VirtualRequest) Prediction() (VirtualPrediction, bool) {
-	return r.shared, len(r.shared.Keys) > 0
-}
+func (r *VirtualRequest) Prediction() (Prediction, bool) { return r.book.Prediction() }
 
 // PredictFrom records a peer replica's prediction as origin's, as a live
 // replica records what its peers publish (speculative.Store.PredictFrom).
 // It returns the placement the origin's withdrawal ends (Withdraw); nil
 // when it records nothing: the policy is not speculative, the target is
 // not the router's or the deadline has passed.
-func (v *Virtual) PredictFrom(origin string, p VirtualPrediction) (*speculative.Placement, error) {
+func (v *Virtual) PredictFrom(origin string, p Prediction) (*speculative.Placement, error) {
 	if v.spec == nil {
 		return nil, nil
 	}
@@ -474,9 +435,7 @@ func (v *Virtual) Unlist(id targetid.ID) {
 	if v.spec != nil {
 		v.spec.Invalidate(id, speculative.ReasonRemoved)
 	}
-	if ap := v.dec.ch.approx; ap != nil {
-		ap.forget(id)
-	}
+	v.dec.Forget(id)
 }
 
 // List adds an unlisted target back as a new one: it awaits its first

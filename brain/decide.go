@@ -1,9 +1,10 @@
-package router
+package brain
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
@@ -13,11 +14,11 @@ import (
 	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
-// decider is the routing brain: from a request's prompt, the targets the
+// Decider is the routing brain: from a request's prompt, the targets the
 // health snapshot offers for its model and the placement index, to a
 // decision. It knows nothing of HTTP: the API handler, the dry run and the
 // benchmark's engines all decide through it.
-type decider struct {
+type Decider struct {
 	policy Policy
 	// policyName labels the metrics of the requests it decides.
 	policyName string
@@ -32,43 +33,45 @@ type decider struct {
 	spec *speculative.Store
 }
 
-func newDecider(p Policy, cost CostConfig, plane *eventplane.Plane, spec *speculative.Store) *decider {
-	return &decider{policy: p, policyName: p.String(), ch: newChooser(p, cost), plane: plane, spec: spec}
+// New is a decider by policy p and the cost weights, reading the event
+// plane and (speculative policy; nil otherwise) the predicted placements.
+func New(p Policy, cost CostConfig, plane *eventplane.Plane, spec *speculative.Store) *Decider {
+	return &Decider{policy: p, policyName: p.String(), ch: newChooser(p, cost), plane: plane, spec: spec}
 }
 
-// decisionInput is everything one decision reads.
-type decisionInput struct {
-	model string
-	// targets serve the model (health.Snapshot.ForModel), routable or not.
-	targets []*health.Target
-	// prompt is the request's prompt: ids, a local stream the decision
+// Input is everything one decision reads.
+type Input struct {
+	Model string
+	// Targets serve the model (health.Snapshot.ForModel), routable or not.
+	Targets []*health.Target
+	// Prompt is the request's prompt: ids, a local stream the decision
 	// reads only as far as it needs, or an estimated count.
-	prompt promptTokens
-	extras kvindex.RequestExtras
-	// approxText is what the approximate policy hashes (its policy only).
-	approxText []byte
-	// peek leaves policy state untouched (the dry run): round-robin does
+	Prompt Prompt
+	Extras kvindex.RequestExtras
+	// ApproxText is what the approximate policy hashes (its policy only).
+	ApproxText []byte
+	// Peek leaves policy state untouched (the dry run): round-robin does
 	// not advance, and no holdback arm is drawn.
-	peek bool
-	// conversation names the request's conversation for its holdback arm
+	Peek bool
+	// Conversation names the request's conversation for its holdback arm
 	// (speculative policy): the client's session and user, the request id.
-	conversation speculative.Conversation
+	Conversation speculative.Conversation
 }
 
-// errNoRoutable: no candidate can take the request.
-var errNoRoutable = errors.New("no routable target")
+// ErrNoRoutable: no candidate can take the request.
+var ErrNoRoutable = errors.New("no routable target")
 
-// keyError is a prompt whose block keys cannot be computed.
-type keyError struct{ err error }
+// KeyError is a prompt whose block keys cannot be computed.
+type KeyError struct{ err error }
 
-func (e *keyError) Error() string { return "cannot compute block keys: " + e.err.Error() }
-func (e *keyError) Unwrap() error { return e.err }
+func (e *KeyError) Error() string { return "cannot compute block keys: " + e.err.Error() }
+func (e *KeyError) Unwrap() error { return e.err }
 
-// decision is what was chosen for a request, from which candidates and
-// why. It is not changed once made: a retry makes another (decider.without),
+// Decision is what was chosen for a request, from which candidates and
+// why. It is not changed once made: a retry makes another (Decider.without),
 // and what is learned after dispatch (the rest of the prompt) belongs to
-// the request's promptTail.
-type decision struct {
+// the request's Tail.
+type Decision struct {
 	model  string
 	cands  []Candidate
 	chosen int // index into cands
@@ -76,7 +79,7 @@ type decision struct {
 	// prompt is the prompt as the decision read it. When the decision
 	// stopped reading early, count is an estimate and stream holds the
 	// rest, which only the prompt tail reads.
-	prompt    promptTokens
+	prompt    Prompt
 	blockSize int
 	// chain holds the block keys read: up to the first block no target
 	// holds, or up to where the decision settled.
@@ -99,23 +102,51 @@ type decision struct {
 	group      uint8 // the conversation's variance group (speculative.Assignment)
 	predicting bool
 	// by is the decider that made the decision, and makes its retries.
-	by *decider
-	// stage is the part of the request the decision serves (disagg.go).
-	stage stage
-	// decode is a split request's decode stage (stagePrefill): this
-	// decision's target computes the prefill, decode's the rest. nil
-	// when the chosen target serves the whole request.
-	decode *decision
+	by *Decider
 }
 
 // target is the chosen candidate.
-func (d *decision) target() *Candidate { return &d.cands[d.chosen] }
+func (d *Decision) target() *Candidate { return &d.cands[d.chosen] }
 
-// decide makes a decision. It fails with errNoRoutable or a *keyError.
-func (dc *decider) decide(in decisionInput) (*decision, error) {
-	d := &decision{model: in.model, cands: make([]Candidate, 0, len(in.targets)), prompt: in.prompt, by: dc}
+// Target is the chosen candidate.
+func (d *Decision) Target() *Candidate { return d.target() }
+
+// Chosen is the chosen candidate's index in Candidates.
+func (d *Decision) Chosen() int { return d.chosen }
+
+// Candidates are the targets considered, as scored; not to be changed.
+func (d *Decision) Candidates() []Candidate { return d.cands }
+
+// Model is the model the decision was made for.
+func (d *Decision) Model() string { return d.model }
+
+// Reason says why the chosen target won.
+func (d *Decision) Reason() string { return d.reason }
+
+// BlockSize is the fleet's block size as the decision knew it (0: block
+// keys not configured yet).
+func (d *Decision) BlockSize() int { return d.blockSize }
+
+// LookedUpBlocks is how many of the prompt's blocks the decision keyed and
+// looked up.
+func (d *Decision) LookedUpBlocks() int { return len(d.chain.Keys) }
+
+// Prompt is the prompt as the decision read it (its ids let go).
+func (d *Decision) Prompt() Prompt { return d.prompt }
+
+// Settled reports whether reading stopped early because the chosen target
+// could no longer be caught up with (readUntilDecided).
+func (d *Decision) Settled() bool { return d.settled }
+
+// Predicting says the request records predicted placements and its
+// outcome feeds the speculative store (speculative policy, either arm).
+func (d *Decision) Predicting() bool { return d.predicting }
+
+// Decide makes a decision. It fails with ErrNoRoutable or a *KeyError.
+func (dc *Decider) Decide(in Input) (*Decision, error) {
+	d := &Decision{model: in.Model, cands: make([]Candidate, 0, len(in.Targets)), prompt: in.Prompt, by: dc}
 	routable := 0
-	for _, t := range in.targets {
+	for _, t := range in.Targets {
 		c := dc.candidate(t)
 		if c.Routable {
 			routable++
@@ -123,25 +154,25 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 		d.cands = append(d.cands, c)
 	}
 	if routable == 0 {
-		return nil, errNoRoutable
+		return nil, ErrNoRoutable
 	}
 	ks := dc.plane.Keys()
 	if ks != nil {
 		d.blockSize = ks.BlockSize
 	}
-	precise := dc.policy.readsPrompt()
-	pt := in.prompt
-	d.extras = in.extras
-	if ks != nil && (pt.ids != nil || (pt.stream != nil && precise)) {
+	precise := dc.policy.ReadsPrompt()
+	pt := in.Prompt
+	d.extras = in.Extras
+	if ks != nil && (pt.IDs != nil || (pt.Stream != nil && precise)) {
 		var err error
-		if pt.stream != nil {
+		if pt.Stream != nil {
 			d.keyer = ks.Keyer
 			err = dc.readUntilDecided(d)
 		} else {
-			err = ks.Keyer.Extend(&d.chain, pt.ids, in.extras)
+			err = ks.Keyer.Extend(&d.chain, pt.IDs, in.Extras)
 		}
 		if err != nil {
-			return nil, &keyError{err}
+			return nil, &KeyError{err}
 		}
 		// A settled decision's last check already looked these keys up.
 		if keys := d.chain.Keys; len(keys) > 0 && precise && !d.settled {
@@ -154,12 +185,12 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 		dc.predict(d, in)
 	}
 	if dc.ch.approx != nil {
-		d.approxChunks = approxChunks(nil, in.approxText)
+		d.approxChunks = approxChunks(nil, in.ApproxText)
 		dc.ch.approx.match(d.cands, d.approxChunks)
 	}
-	ch := dc.ch.choose(d.cands, d.prompt.count, d.blockSize, in.peek)
+	ch := dc.ch.choose(d.cands, d.prompt.Count, d.blockSize, in.Peek)
 	if ch.idx < 0 {
-		return nil, errNoRoutable
+		return nil, ErrNoRoutable
 	}
 	d.chosen, d.reason = ch.idx, ch.reason
 	if d.settled {
@@ -168,18 +199,18 @@ func (dc *decider) decide(in decisionInput) (*decision, error) {
 	}
 	// Keyed: the ids are not the decision's to keep (a request's own are
 	// in the parser's pool, reused once the handler returns).
-	d.prompt.ids = nil
+	d.prompt.IDs = nil
 	return d, nil
 }
 
 // predict draws the request's holdback arm and, in the speculative arm,
 // extends each routable candidate's confirmed run with its pending
 // predictions, weighted by the target's trust in them.
-func (dc *decider) predict(d *decision, in decisionInput) {
+func (dc *Decider) predict(d *Decision, in Input) {
 	d.arm = speculative.ArmSpeculative
-	if !in.peek {
-		conv := in.conversation
-		conv.Model, conv.Keys = in.model, d.chain.Keys
+	if !in.Peek {
+		conv := in.Conversation
+		conv.Model, conv.Keys = in.Model, d.chain.Keys
 		a := dc.spec.Assign(conv)
 		d.arm, d.group = a.Arm, a.Group
 	}
@@ -214,7 +245,7 @@ type dispatchPrediction struct {
 // predicted placements on it (the speculative policy reads the whole
 // prompt before dispatch), and, when its predicted run counted in the
 // choice, the request as a follower of those predictions.
-func (dc *decider) place(d *decision, c *Candidate, requestID, model string) dispatchPrediction {
+func (dc *Decider) place(d *Decision, c *Candidate, requestID, model string) dispatchPrediction {
 	from := min(c.ConfirmedBlocks, len(d.chain.Keys))
 	pr := dispatchPrediction{ns: speculative.Namespace{Model: model, LoRA: d.extras.LoRAName, CacheSalt: d.extras.CacheSalt, BlockSize: d.blockSize},
 		keys: d.chain.Keys[from:]}
@@ -229,10 +260,12 @@ func (dc *decider) place(d *decision, c *Candidate, requestID, model string) dis
 	return pr
 }
 
-// without decides again after the chosen target failed before its first
+// Without decides again after the chosen target failed before its first
 // byte: the same prompt and runs, without that target, on the others'
-// routability and load as they are now.
-func (dc *decider) without(prev *decision) (*decision, bool) {
+// routability and load as they are now, by the decider that made d.
+func (d *Decision) Without() (*Decision, bool) { return d.by.without(d) }
+
+func (dc *Decider) without(prev *Decision) (*Decision, bool) {
 	d := *prev
 	d.cands = slices.Clone(prev.cands)
 	d.cands[prev.chosen].excluded = true
@@ -243,7 +276,7 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 			c.Load = loadOf(c.Target, eventplane.Verdict(c.Load.Events))
 		}
 	}
-	ch := dc.ch.choose(d.cands, d.prompt.count, d.blockSize, false)
+	ch := dc.ch.choose(d.cands, d.prompt.Count, d.blockSize, false)
 	if ch.idx < 0 {
 		return nil, false
 	}
@@ -251,17 +284,48 @@ func (dc *decider) without(prev *decision) (*decision, bool) {
 	return &d, true
 }
 
+// PolicyName is the decider's policy, the label of the metrics of the
+// requests it decides.
+func (dc *Decider) PolicyName() string { return dc.policyName }
+
+// Spec is the predicted placements the decider reads (nil unless
+// speculative).
+func (dc *Decider) Spec() *speculative.Store { return dc.spec }
+
+// UsesApprox reports whether the decider hashes the prompt's text (the
+// approximate policy): Input.ApproxText is read.
+func (dc *Decider) UsesApprox() bool { return dc.ch.approx != nil }
+
+// Forget drops a target removed from the fleet from the approximate
+// policy's table.
+func (dc *Decider) Forget(id targetid.ID) {
+	if dc.ch.approx != nil {
+		dc.ch.approx.forget(id)
+	}
+}
+
+// Turn advances the round-robin position and returns it, for a caller
+// that rotates over targets of its own (remote tokenization's pod).
+func (dc *Decider) Turn() uint64 { return dc.ch.rr.Add(1) }
+
+// SeedTies makes the draws that break cost ties repeat from seed, for a
+// caller deciding on one goroutine (Virtual); the decider is otherwise
+// safe for concurrent use and draws from the process's generator.
+func (dc *Decider) SeedTies(seed uint64) {
+	dc.ch.tie = rand.New(rand.NewPCG(seed, 0x746965 /* "tie" */)).IntN
+}
+
 // candidate is target t as a candidate, before any lookup: its confirmed
 // run counts as far as its event stream is trusted (eventplane.Trust:
 // not at all while its keys are found to disagree with the pod's).
-func (dc *decider) candidate(t *health.Target) Candidate {
+func (dc *Decider) candidate(t *health.Target) Candidate {
 	tr := dc.plane.Trust(t.ID)
 	return Candidate{Target: t, Routable: t.CanRoute(), Trust: tr.Confirmed, Load: loadOf(t, tr.Verdict)}
 }
 
-// hasAlternative reports whether a retry could find another routable
+// HasAlternative reports whether a retry could find another routable
 // candidate.
-func (d *decision) hasAlternative() bool {
+func (d *Decision) HasAlternative() bool {
 	for i := range d.cands {
 		c := &d.cands[i]
 		if i != d.chosen && !c.excluded && c.Target.CanRoute() {
@@ -283,9 +347,9 @@ func (d *decision) hasAlternative() bool {
 // lives on one pod; others share at most its system prompt), this is the
 // difference between encoding a few segments and encoding all of them
 // before the request leaves. The rest is encoded after dispatch, by the
-// request's promptTail.
-func (dc *decider) readUntilDecided(d *decision) error {
-	st := d.prompt.stream
+// request's Tail.
+func (dc *Decider) readUntilDecided(d *Decision) error {
+	st := d.prompt.Stream
 	ix := dc.plane.Index()
 	var reach kvindex.Reach
 	// A check that has to look every block so far up again and still
@@ -299,7 +363,7 @@ func (dc *decider) readUntilDecided(d *decision) error {
 		if err := st.Step(); err != nil {
 			// The pod will judge the prompt; route on what is known.
 			slog.Debug("tokenization failed; routing on the blocks so far", "model", d.model, "err", err)
-			d.prompt.stream = nil
+			d.prompt.Stream = nil
 			break
 		}
 		before := len(d.chain.Keys)
@@ -338,20 +402,20 @@ func (dc *decider) readUntilDecided(d *decision) error {
 		}
 	}
 	switch {
-	case d.prompt.stream == nil:
+	case d.prompt.Stream == nil:
 		st.StopPrefetch()
-		d.prompt.count = st.EstimateCount()
+		d.prompt.Count = st.EstimateCount()
 	case st.Done():
 		// Finish encodes nothing more here; it records the encode and, in
 		// auto mode, starts the sampled comparison.
 		if ids, err := st.Finish(); err == nil {
-			d.prompt = promptTokens{ids: ids, counted: true, count: len(ids), source: "local"}
+			d.prompt = Prompt{IDs: ids, Counted: true, Count: len(ids), Source: "local"}
 		} else {
-			d.prompt.stream = nil
+			d.prompt.Stream = nil
 		}
 	default:
 		st.StopPrefetch()
-		d.prompt.count = st.EstimateCount()
+		d.prompt.Count = st.EstimateCount()
 	}
 	return nil
 }
@@ -363,7 +427,7 @@ func (dc *decider) readUntilDecided(d *decision) error {
 // far (a system prompt all pods share) it answers at once; otherwise it
 // looks the blocks up, fills the candidates' runs so far, and says so in
 // looked.
-func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, looked bool) {
+func (dc *Decider) settles(d *Decision, reach *kvindex.Reach, count int) (done, looked bool) {
 	ix := dc.plane.Index()
 	var hbuf [8]targetid.ID
 	holders := ix.Holders(reach, hbuf[:0])
@@ -404,7 +468,7 @@ func (dc *decider) settles(d *decision, reach *kvindex.Reach, count int) (done, 
 // load ledger books and the outcome is measured against: a follower booked
 // at the trust-weighted estimate looked busier than the pod is, and a
 // burst's siblings spilled off the holder.
-func (d *decision) predictedFor(c *Candidate, blocks, count int) int {
+func (d *Decision) predictedFor(c *Candidate, blocks, count int) int {
 	if c.Trust == 0 || d.blockSize == 0 {
 		return 0
 	}
@@ -420,11 +484,11 @@ func (d *decision) predictedFor(c *Candidate, blocks, count int) int {
 	return max(n, 0)
 }
 
-// promptBlocks is the number of full blocks of pt, or of the keys read
+// PromptBlocks is the number of full blocks of pt, or of the keys read
 // when the router has no count of its own.
-func (d *decision) promptBlocks(pt promptTokens) int {
-	if d.blockSize == 0 || (!pt.counted && pt.stream == nil) {
+func (d *Decision) PromptBlocks(pt Prompt) int {
+	if d.blockSize == 0 || (!pt.Counted && pt.Stream == nil) {
 		return len(d.chain.Keys)
 	}
-	return pt.count / d.blockSize
+	return pt.Count / d.blockSize
 }

@@ -1,4 +1,4 @@
-package router
+package brain
 
 import (
 	"log/slog"
@@ -10,48 +10,48 @@ import (
 	"github.com/prefixrouter/prefixrouter/kvindex"
 )
 
-// promptTail encodes the rest of a prompt its decision stopped reading,
+// Tail encodes the rest of a prompt its Decision stopped reading,
 // after the request has left, while the pod works: the exact token count
 // for the load ledger and the outcome metrics, the segment cache warm for
 // the conversation's next turn, auto mode's sampled comparison and, for a
-// settled decision, every candidate's whole run. It owns its goroutine,
-// which runs once; what it learns is read through decision.view.
+// settled Decision, every candidate's whole run. It owns its goroutine,
+// which runs once; what it learns is read through Decision.View.
 //
 // Until the first byte, the attempt in progress lets the tail hold its
 // flight: dispatched with what the decision read, the flight is corrected
 // as soon as the whole prompt is known, so that other requests see the
 // pod's true queue.
-type promptTail struct {
-	d    *decision
+type Tail struct {
+	d    *Decision
 	done chan struct{}
 	// Written once by the tail's goroutine before done is closed.
-	whole promptTokens // the whole prompt; ids nil when encoding failed
-	runs  []int        // settled decisions: every candidate's whole run
+	whole Prompt // the whole prompt; ids nil when encoding failed
+	runs  []int  // settled decisions: every candidate's whole run
 
 	mu       sync.Mutex
 	held     *health.Flight
 	heldCand int
 }
 
-// startTail starts encoding the rest of d's prompt, counted in tails; nil
+// StartTail starts encoding the rest of d's prompt, counted in tails; nil
 // when the decision read the whole prompt.
-func startTail(d *decision, ix *kvindex.Index, tails *sync.WaitGroup) *promptTail {
-	t := newTail(d)
-	t.start(ix, tails)
+func StartTail(d *Decision, ix *kvindex.Index, tails *sync.WaitGroup) *Tail {
+	t := NewTail(d)
+	t.Start(ix, tails)
 	return t
 }
 
-// newTail is the tail of d's prompt, not started; nil when the decision
+// NewTail is the tail of d's prompt, not started; nil when the decision
 // read the whole prompt.
-func newTail(d *decision) *promptTail {
-	if d.prompt.stream == nil {
+func NewTail(d *Decision) *Tail {
+	if d.prompt.Stream == nil {
 		return nil
 	}
-	return &promptTail{d: d, done: make(chan struct{})}
+	return &Tail{d: d, done: make(chan struct{})}
 }
 
-// start runs the tail's goroutine, counted in tails.
-func (t *promptTail) start(ix *kvindex.Index, tails *sync.WaitGroup) {
+// Start runs the tail's goroutine, counted in tails.
+func (t *Tail) Start(ix *kvindex.Index, tails *sync.WaitGroup) {
 	if t == nil {
 		return
 	}
@@ -68,11 +68,11 @@ func (t *promptTail) start(ix *kvindex.Index, tails *sync.WaitGroup) {
 	}()
 }
 
-// encode finishes the prompt and, for a settled decision, looks every
+// encode finishes the prompt and, for a settled Decision, looks every
 // candidate's whole run up as of the decision's mark.
-func (t *promptTail) encode(ix *kvindex.Index) {
+func (t *Tail) encode(ix *kvindex.Index) {
 	d := t.d
-	st := d.prompt.stream
+	st := d.prompt.Stream
 	for !st.Done() {
 		if err := st.Step(); err != nil {
 			slog.Debug("tokenization failed after dispatch", "model", d.model, "err", err)
@@ -92,7 +92,7 @@ func (t *promptTail) encode(ix *kvindex.Index) {
 		slog.Debug("tokenization failed after dispatch", "model", d.model, "err", err)
 		return
 	}
-	t.whole = promptTokens{ids: ids, counted: true, count: len(ids), source: "local"}
+	t.whole = Prompt{IDs: ids, Counted: true, Count: len(ids), Source: "local"}
 	if !d.settled {
 		return
 	}
@@ -117,9 +117,9 @@ func (t *promptTail) encode(ix *kvindex.Index) {
 	t.runs = runs
 }
 
-// finished reports whether the tail has run to its end. A nil tail (the
-// decision read the whole prompt) has.
-func (t *promptTail) finished() bool {
+// Finished reports whether the tail has run to its end. A nil tail (the
+// Decision read the whole prompt) has.
+func (t *Tail) Finished() bool {
 	if t == nil {
 		return true
 	}
@@ -131,8 +131,8 @@ func (t *promptTail) finished() bool {
 	}
 }
 
-// wait blocks until the tail has run to its end.
-func (t *promptTail) wait() {
+// Wait blocks until the tail has run to its end.
+func (t *Tail) Wait() {
 	if t != nil {
 		<-t.done
 	}
@@ -140,13 +140,13 @@ func (t *promptTail) wait() {
 
 // hold gives the tail the flight of candidate i's attempt until its first
 // byte (release); a tail already done corrects it at once.
-func (t *promptTail) hold(f *health.Flight, i int) {
+func (t *Tail) hold(f *health.Flight, i int) {
 	if t == nil {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.finished() {
+	if t.Finished() {
 		t.correct(f, i)
 		return
 	}
@@ -155,7 +155,7 @@ func (t *promptTail) hold(f *health.Flight, i int) {
 
 // release takes the flight back: the attempt got its first byte or ended.
 // The flight is the attempt's alone afterwards.
-func (t *promptTail) release() {
+func (t *Tail) release() {
 	if t == nil {
 		return
 	}
@@ -165,35 +165,39 @@ func (t *promptTail) release() {
 }
 
 // correct revises candidate i's flight to the whole prompt once known.
-func (t *promptTail) correct(f *health.Flight, i int) {
-	if v := t.d.view(t, i); v.final {
-		f.Revise(v.prompt.count, v.prompt.count-v.predicted)
+func (t *Tail) correct(f *health.Flight, i int) {
+	if v := t.d.view(t, i); v.Final {
+		f.Revise(v.Prompt.Count, v.Prompt.Count-v.Predicted)
 	}
 }
 
-// promptView is the prompt and one candidate's cache as known at one
+// View is the prompt and one candidate's cache as known at one
 // moment: from the decision, or from the whole prompt once the tail is
 // done.
-type promptView struct {
-	prompt promptTokens
-	// final: nothing more will be learned (no tail, or the tail is done).
-	final bool
-	// confirmed is the candidate's confirmed run; predicted is the prompt
+type View struct {
+	Prompt Prompt
+	// Final: nothing more will be learned (no tail, or the tail is done).
+	Final bool
+	// Confirmed is the candidate's confirmed run; Predicted is the prompt
 	// tokens the router expects it to serve from its cache.
-	confirmed int
-	predicted int
+	Confirmed int
+	Predicted int
 }
 
-// view is candidate i's promptView now, without waiting for the tail.
-func (d *decision) view(t *promptTail, i int) promptView {
+// View is candidate i's View now, without waiting for the tail t (nil:
+// none).
+func (d *Decision) View(t *Tail, i int) View { return d.view(t, i) }
+
+// view is candidate i's View now, without waiting for the tail.
+func (d *Decision) view(t *Tail, i int) View {
 	c := &d.cands[i]
-	v := promptView{prompt: d.prompt, final: t.finished(), confirmed: c.ConfirmedBlocks}
-	if t != nil && v.final && t.whole.counted {
-		v.prompt = t.whole
+	v := View{Prompt: d.prompt, Final: t.Finished(), Confirmed: c.ConfirmedBlocks}
+	if t != nil && v.Final && t.whole.Counted {
+		v.Prompt = t.whole
 		if t.runs != nil {
-			v.confirmed = t.runs[i]
+			v.Confirmed = t.runs[i]
 		}
 	}
-	v.predicted = d.predictedFor(c, v.confirmed, v.prompt.count)
+	v.Predicted = d.predictedFor(c, v.Confirmed, v.Prompt.Count)
 	return v
 }
