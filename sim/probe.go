@@ -34,7 +34,7 @@ const oracleMissWeight = 2
 // OracleCosts is the benchmark's oracle policy's score of each rank in
 // states (every rank of the fleet) for a prompt of promptTokens tokens, in
 // prefill tokens, appended to dst: the router's precise cost
-// (router.CostConfig: decodeWeight and recomputeWeight its DecodeWeight
+// (brain.CostConfig: decodeWeight and recomputeWeight its DecodeWeight
 // and RecomputeWeight) with the true queue and cached prefix. It leaves
 // out the KV-pressure term: that term is the router's guess that a full
 // cache makes a request wait for memory, and the oracle sees those waits
