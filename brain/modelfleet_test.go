@@ -32,6 +32,9 @@ type modelFleet struct {
 	ranks []*sim.Rank
 	rts   []*Virtual
 	seqs  []uint64
+	// gens count each pod's processes: a batch held back when its process
+	// ended (restart, close) never leaves.
+	gens []int
 	// eventDelay holds the pods' batches back (sim.Faults.EventDelay);
 	// peerDelay is the replicas' lag (the des engine's Delivery.PeerDelay
 	// default, the mean two live replicas measured on loopback).
@@ -70,7 +73,7 @@ func newModelFleet(t *testing.T, pods, replicas int, eventDelay time.Duration, s
 		t.Fatalf("tiny profile's block is %d tokens, the tests count %d", prof.BlockSize, modelBlockSize)
 	}
 	f := &modelFleet{t: t, clk: manualclock.New(), eventDelay: eventDelay, peerDelay: 500 * time.Microsecond, share: share,
-		seqs: make([]uint64, pods), peerPlacements: map[*VirtualRequest][]*speculative.Placement{}}
+		seqs: make([]uint64, pods), gens: make([]int, pods), peerPlacements: map[*VirtualRequest][]*speculative.Placement{}}
 	for i := range pods {
 		f.ids = append(f.ids, targetid.ID{Endpoint: "http://pod-" + strconv.Itoa(i) + ":8000"})
 		r, err := sim.NewRank(sim.Config{Profile: prof}, i)
@@ -279,14 +282,42 @@ func (f *modelFleet) fail(ri int, vr *VirtualRequest) {
 // publish sends the batches pod's last step published, each reaching
 // every replica eventDelay later.
 func (f *modelFleet) publish(pod int) {
+	gen := f.gens[pod]
 	for _, b := range f.ranks[pod].Events() {
 		seq := f.seqs[pod]
 		f.seqs[pod]++
 		f.at(f.now+f.eventDelay, func() {
+			if f.gens[pod] != gen {
+				return
+			}
 			for _, v := range f.rts {
 				v.Deliver(f.ids[pod], seq, &b)
 			}
 		})
+	}
+}
+
+// restart starts pod's process anew, as sim.Pod.Restart does: the batches
+// it held back are lost with the old process, its stream starts its
+// sequence again, and every replica's next scrape reads the new process
+// start time (after a last scrape of the old one).
+func (f *modelFleet) restart(pod int) {
+	f.ranks[pod].Restart()
+	f.gens[pod]++
+	f.seqs[pod] = 0
+	for _, v := range f.rts {
+		v.Scrape(f.ids[pod], 0, 0, 0, time.Unix(int64(f.gens[pod]), 0))
+		v.Scrape(f.ids[pod], 0, 0, 0, time.Unix(int64(f.gens[pod]+1), 0))
+	}
+}
+
+// disconnect ends pod's event stream, as closing the pod does: the
+// batches it held back never leave and every replica's subscriber loses
+// the publisher.
+func (f *modelFleet) disconnect(pod int) {
+	f.gens[pod]++
+	for _, v := range f.rts {
+		v.SetConnected(f.ids[pod], false)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
 
@@ -222,5 +223,124 @@ func TestModelPeerPredictionsAccounted(t *testing.T) {
 	f.mature()
 	if got := f.peerView(1, "router-0").MatureTotal.Withdrawn - before; got < modelPrefixBlocks {
 		t.Fatalf("router-1 matured %d of router-0's predictions withdrawn, want the prompt's %d", got, modelPrefixBlocks)
+	}
+}
+
+// TestModelSpeculativeRejectionWithdraws (the timing of the live
+// TestSimSpeculativeRejectionWithdraws, which raced a 500 ms event delay
+// against a 1 s TTL): a request its pod turns down before its first byte
+// withdraws its predictions at once — one retried on the other pod, whose
+// predictions the events confirm, and one answered with the pod's error
+// (no retry) — and no follower is routed on them.
+func TestModelSpeculativeRejectionWithdraws(t *testing.T) {
+	t.Parallel()
+	f := newModelFleet(t, 2, 1, 500*time.Millisecond, false, func(c *speculative.Config) { c.TTL = time.Second })
+
+	// A failed prefill step, retried.
+	prompt := pairPrompt(0, 0)
+	vr := f.route(0, prompt)
+	bad := f.pod(vr.Target())
+	if basis(vr) != "nothing" || f.targetView(0, bad).Pending.Live < modelPrefixBlocks {
+		t.Fatalf("first request routed on %s with %d live predictions, want nothing and its prompt predicted", basis(vr), f.targetView(0, bad).Pending.Live)
+	}
+	f.fail(0, vr)
+	if live := f.targetView(0, bad).Pending.Live; live != 0 {
+		t.Fatalf("%d predictions still live on the pod that failed before its first byte", live)
+	}
+	retry, err := vr.Retry(prompt, nil, "")
+	if err != nil || retry == nil {
+		t.Fatalf("retry: %v, %v", retry, err)
+	}
+	good := f.pod(retry.Target())
+	if good == bad {
+		t.Fatalf("retried on the pod that failed, %s", retry.Target())
+	}
+	f.run(0, retry, prompt)
+	f.mature()
+	if out := f.targetView(0, bad).MatureTotal; out.Withdrawn < modelPrefixBlocks || out.Confirmed != 0 || out.Expired != 0 {
+		t.Fatalf("failing pod's outcomes %+v, want the prompt's predictions withdrawn", out)
+	}
+	if out := f.targetView(0, good).MatureTotal; out.Confirmed < modelPrefixBlocks || out.Withdrawn != 0 {
+		t.Fatalf("retried pod's outcomes %+v, want the prompt's predictions confirmed", out)
+	}
+
+	// A request the pod refuses (beyond its context), its error relayed:
+	// a follower sent at once, long before any TTL, finds no prediction.
+	before, _ := f.rts[0].Speculative()
+	rejected := f.route(0, pairPrompt(1, 0))
+	f.fail(0, rejected)
+	if v, _ := f.rts[0].Speculative(); v.Overall.Pending.Live != 0 {
+		t.Fatalf("%d predictions live after the rejection", v.Overall.Pending.Live)
+	}
+	if follower, _ := f.serve(0, pairPrompt(1, 1)); basis(follower) == "prediction" {
+		t.Fatalf("a follower of the rejected request was routed on its predictions: %s", follower.d.reason)
+	}
+	f.mature()
+	after, _ := f.rts[0].Speculative()
+	if got := after.Overall.MatureTotal.Withdrawn - before.Overall.MatureTotal.Withdrawn; got < modelPrefixBlocks || after.Overall.MatureTotal.Expired != 0 {
+		t.Fatalf("the rejection matured %d predictions withdrawn (outcomes %+v), want the prompt's %d, none expired", got, after.Overall.MatureTotal, modelPrefixBlocks)
+	}
+}
+
+// TestModelSpeculativeRestartInvalidates (the timing of the live
+// TestSimSpeculativeRestartInvalidates, whose restart had to come within
+// the pod's 2 s event delay): the pod restarts while its predictions wait
+// for held-back events; the scrape that reads the new process start
+// invalidates them at once, a follower's decision no longer counts them,
+// and they mature invalidated, none confirmed.
+func TestModelSpeculativeRestartInvalidates(t *testing.T) {
+	t.Parallel()
+	f := newModelFleet(t, 1, 1, 2*time.Second, false, func(c *speculative.Config) { c.MaxStale = 3 * time.Second })
+	f.serve(0, pairPrompt(0, 0))
+	// What a follower's decision counts, as the live test's dry run reads
+	// it: nothing is dispatched.
+	predicted := func() int {
+		t.Helper()
+		v := f.rts[0]
+		d, err := v.dec.Decide(Input{Model: v.model, Targets: v.listed(), Prompt: IDsPrompt(pairPrompt(0, 1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Candidates()[0].SpeculativeBlocks
+	}
+	f.wait(time.Second) // the events still a second away
+	if n := predicted(); n < modelPrefixBlocks {
+		t.Fatalf("before the restart the follower's decision counts %d predicted blocks, want the prefix's %d", n, modelPrefixBlocks)
+	}
+	f.restart(0)
+	if v := f.targetView(0, 0); v.Pending.Live != 0 || v.Invalidations["restarted"] == 0 {
+		t.Fatalf("after the restart: %d live predictions, invalidations %v", v.Pending.Live, v.Invalidations)
+	}
+	if n := predicted(); n != 0 {
+		t.Fatalf("after the restart the follower's decision still counts %d predicted blocks", n)
+	}
+	f.mature()
+	if out := f.targetView(0, 0).MatureTotal; out.Invalidated < modelPrefixBlocks || out.Confirmed != 0 {
+		t.Fatalf("outcomes %+v, want the old process's predictions invalidated, none confirmed", out)
+	}
+}
+
+// TestModelSpeculativeDisconnectedStreamPausesTrust (the timing of the
+// live TestSimSpeculativeDisconnectedStreamPausesTrust, whose close had to
+// come within the pod's 2 s event delay): the pod's event stream goes
+// away while its predictions are pending; at the next evaluation its
+// trust drops to 0 and the predictions end "unknown", not expired — a
+// broken pipe says nothing of how good they were.
+func TestModelSpeculativeDisconnectedStreamPausesTrust(t *testing.T) {
+	t.Parallel()
+	f := newModelFleet(t, 1, 1, 2*time.Second, false, func(c *speculative.Config) { c.MaxStale = 3 * time.Second })
+	f.serve(0, pairPrompt(0, 0))
+	if tr := f.targetView(0, 0).Trust; !tr.StreamFresh || tr.Value == 0 {
+		t.Fatalf("trust before the disconnection %+v, want the fresh stream trusted", tr)
+	}
+	f.wait(time.Second) // the events still a second away
+	f.disconnect(0)
+	f.wait(eventplane.DefaultConfig().EvalInterval)
+	if tr := f.targetView(0, 0).Trust; tr.StreamFresh || tr.Value != 0 {
+		t.Fatalf("trust an evaluation after the disconnection %+v, want paused", tr)
+	}
+	f.mature()
+	if out := f.targetView(0, 0).MatureTotal; out.Unknown < modelPrefixBlocks || out.Expired != 0 || out.Confirmed != 0 {
+		t.Fatalf("outcomes %+v, want the predictions unknown", out)
 	}
 }
