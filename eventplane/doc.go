@@ -2,8 +2,8 @@
 // far to trust it:
 //
 //   - the wiring: the confirmed placement index (kvindex.Index), the
-//     ingestor that applies event batches to it, and one kvindex subscriber
-//     per target, started, restarted and stopped as the router reports
+//     ingestor that applies event batches to it, and one kvtransport
+//     subscriber per target, started, restarted and stopped as the router reports
 //     targets added, moved, restarted and removed; or, for targets whose
 //     endpoint names no events address while --events-listen is set, the
 //     buses (kvtransport.Bus) their pods' publishers connect to, and the map
@@ -33,8 +33,8 @@
 //     judged freshness) and kvindex's prefixrouter_kv_* series, and the
 //     event-stream parts of the router's debug view.
 //
-// It is a leaf the router composes: it imports kvindex and target, never
-// health or router. The router feeds it targets from health's registry
+// It is a leaf the router composes: it imports kvindex, kvtransport (the
+// ZeroMQ sockets), targetid and internal helpers, never health or router. The router feeds it targets from health's registry
 // changes, cache configurations from health's snapshots, and each
 // request's dispatch and first byte; it reads verdicts, keys and the index
 // lock-free on the request path.

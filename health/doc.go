@@ -31,6 +31,6 @@
 // What a target's KV-event stream says and how far to trust it (subscribers,
 // freshness, expectations) is the event plane's (package eventplane): the
 // router feeds it from health's registry changes and snapshots. health
-// imports only the target id package; it knows nothing of KV events, HTTP
+// imports only targetid and internal helpers; it knows nothing of KV events, HTTP
 // routing, tokenization or the placement index.
 package health

@@ -28,6 +28,7 @@
 // not its business: the router hands them to the speculative store (as
 // the origin's) and to health's load ledger (Handlers).
 //
-// It imports kvindex (block keys, the listen address form), zmqwait and
-// target; never router, health or speculative.
+// It imports kvindex (block keys, the listen address form), targetid and
+// internal helpers (zmqwait among them); never router, health or
+// speculative.
 package peers

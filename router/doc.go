@@ -14,7 +14,8 @@
 // presents to the pods on every call, the admin token, each re-read when
 // its file changes.
 //
-// It composes the leaves and nothing imports it: health says which targets
+// It composes the leaves (the benchmark drives it, and takes its
+// defaults): health says which targets
 // exist, can take work and how busy they are; tokenize turns prompts into the
 // pod's token ids; kvindex turns ids into block keys; the event plane
 // (eventplane) follows every target's KV events into the placement index and

@@ -46,7 +46,8 @@
 // as vLLM's --api-key does; Pod.Unauthorized and Pod.Keyless count the
 // requests that came without the key.
 //
-// The package may import kvindex, kvindex/events and tokenize; the fleet is
+// The package may import kvindex, kvindex/events, sim/publish, tokenize and
+// internal helpers; the fleet is
 // started in process with StartFleet or from the command line with
 // `prefixrouter sim`.
 package sim

@@ -14,7 +14,7 @@
 // of GET /debug/speculative (View).
 //
 // It is a leaf: it imports kvindex for block keys and the Observer seam,
-// target for target ids and internal/positive; never router, health or
+// targetid for target ids and internal helpers; never router, health or
 // eventplane. The router tells it each target's event-stream state
 // through Deps.Stream.
 //

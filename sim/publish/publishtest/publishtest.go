@@ -1,7 +1,7 @@
 // Package publishtest reads a KV-event publisher's sockets the way a test
 // wants to see them: raw three-frame messages from the PUB socket, and
 // replay replies checked frame by frame, without the sequence handling of
-// kvindex's subscriber. The simulator's and the publisher's tests share it.
+// kvtransport's subscriber. The simulator's and the publisher's tests share it.
 package publishtest
 
 import (
