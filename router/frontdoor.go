@@ -218,12 +218,16 @@ func (r *Router) readBody(x *exchange) *requestBody {
 	}
 	b := &requestBody{f: f}
 	stream := in.RequestBodyStream()
-	if stream == nil || declared == 0 {
-		// No body, or one fasthttp read whole (a HEAD, a GET).
-		if stream == nil {
-			b.bytes = in.Request.Body()
-		}
+	switch {
+	case stream == nil:
+		// A body fasthttp read whole (a HEAD, a GET).
+		b.bytes = in.Request.Body()
 		b.hold(len(b.bytes))
+		return b
+	case declared == 0:
+		// No body: the empty stream is closed, so that reading the body
+		// later reads no stream.
+		in.Request.SetBodyRaw(nil)
 		return b
 	}
 	size := 4 << 10 // a chunked body's first guess

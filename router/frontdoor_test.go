@@ -125,6 +125,10 @@ func TestBodyLimits(t *testing.T) {
 	if got := rejectedCount(r, rejectTooLarge); got != 2 {
 		t.Fatalf("rejected too_large = %v, want 2", got)
 	}
+	// An empty body is bad input, answered at once.
+	if status, _, body := post(t, "http://"+r.Addr()+"/v1/completions", ""); status != http.StatusBadRequest {
+		t.Fatalf("an empty body: status %d, %s", status, body)
+	}
 }
 
 // TestBodyBudget: while the bodies in flight fill the budget, a new
