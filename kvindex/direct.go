@@ -77,7 +77,7 @@ func (d *Direct) Connect() {
 // scrape saw its process start time change) although no sequence number
 // showed it yet: its placements are cleared and the sequence starts over.
 func (d *Direct) Resync() {
-	d.s.restart(context.Background(), &d.st, "resync requested: pod restarted")
+	d.s.restart(context.Background(), &d.st, resyncReason)
 }
 
 // Status is the stream's state and counters.

@@ -29,7 +29,7 @@ type Sequencer struct {
 	refusals RefusalLog
 
 	queue  chan Message
-	resync chan string // why the stream starts over
+	resync chan struct{} // the pod restarted (Resync)
 
 	// The rate windows belong to the apply loop (or Direct's caller).
 	clears, resets, gaps rateWindow
@@ -115,7 +115,7 @@ func NewSequencer(cfg SequencerConfig) *Sequencer {
 		log:    cfg.Logger,
 		status: SubscriberStatus{Target: cfg.Target},
 		queue:  make(chan Message, cfg.QueueSize),
-		resync: make(chan string, 1),
+		resync: make(chan struct{}, 1),
 		clears: rateWindow{n: cfg.Limits.ClearsPerMinute},
 		resets: rateWindow{n: cfg.Limits.ResetsPerMinute},
 		gaps:   rateWindow{n: cfg.Limits.GapsPerMinute},
@@ -207,13 +207,16 @@ func (s *Sequencer) update(fn func(*SubscriberStatus)) {
 	s.mu.Unlock()
 }
 
+// resyncReason is what the log says of a restart health saw.
+const resyncReason = "resync requested: pod restarted"
+
 // Resync tells the stream that the pod is known to have restarted (health
 // saw its process start time change, for instance) even though the
 // sequence numbers did not reveal it: placements are cleared and rebuilt
 // from the replay buffer. It does not block.
 func (s *Sequencer) Resync() {
 	select {
-	case s.resync <- "resync requested: pod restarted":
+	case s.resync <- struct{}{}:
 	default:
 	}
 }
@@ -239,8 +242,8 @@ func (s *Sequencer) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case why := <-s.resync:
-			s.restart(ctx, &st, why)
+		case <-s.resync:
+			s.restart(ctx, &st, resyncReason)
 			if s.canReplay() {
 				s.catchUp(ctx, &st)
 			}

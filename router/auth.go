@@ -54,15 +54,14 @@ const (
 	fileAdminToken  = "admin-token-file"
 )
 
-// keyEntry is one accepted key: its digest and the tenant it names.
+// keyEntry is what an accepted key says: the tenant it names.
 type keyEntry struct {
-	digest [sha256.Size]byte
 	tenant string
 }
 
-// keySet is the accepted API keys by digest. The map finds the candidate by
-// the digest of what the client presented, which tells nothing of any
-// key's bytes; the compare that decides runs in constant time.
+// keySet is the accepted API keys by digest. The lookup is by the digest
+// of what the client presented, so how long it takes tells nothing of any
+// key's bytes: no compare of the key itself is ever made.
 type keySet struct {
 	byDigest map[[sha256.Size]byte]keyEntry
 }
@@ -84,9 +83,8 @@ func (ks *keySet) check(header []byte) (tenant string, res authResult) {
 	if !ok {
 		return "", authMissing
 	}
-	d := sha256.Sum256(token)
-	e, found := ks.byDigest[d]
-	if subtle.ConstantTimeCompare(e.digest[:], d[:]) != 1 || !found {
+	e, found := ks.byDigest[sha256.Sum256(token)]
+	if !found {
 		return "", authWrong
 	}
 	return e.tenant, authOK
@@ -126,18 +124,18 @@ func parseKeyFile(data []byte) (*keySet, error) {
 		if err := checkKey(fields[0]); err != nil {
 			return nil, fmt.Errorf("line %d: %w", at, err)
 		}
-		e := keyEntry{digest: sha256.Sum256(fields[0])}
+		digest, e := sha256.Sum256(fields[0]), keyEntry{}
 		if len(fields) == 2 {
 			if err := checkTenant(fields[1]); err != nil {
 				return nil, fmt.Errorf("line %d: %w", at, err)
 			}
 			e.tenant = string(fields[1])
 		}
-		if prev, dup := lineOf[e.digest]; dup {
+		if prev, dup := lineOf[digest]; dup {
 			return nil, fmt.Errorf("line %d: the key of line %d again", at, prev)
 		}
-		lineOf[e.digest] = at
-		ks.byDigest[e.digest] = e
+		lineOf[digest] = at
+		ks.byDigest[digest] = e
 	}
 	if ks.len() == 0 {
 		return nil, errors.New("no keys (every client would be refused)")
@@ -213,7 +211,7 @@ type credFile struct {
 	flag  string
 	path  string
 	sum   [sha256.Size]byte
-	apply func([]byte) (int, error) // how many keys it holds
+	apply func([]byte) error
 	// lastErr is the failure last logged and counted: a file that stays
 	// broken is reported once, not at every poll.
 	lastErr string
@@ -266,7 +264,7 @@ func newCredentials(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*c
 			Help: "Requests to the admin listener's /debug paths refused, by reason (unauthorized: no or a wrong --admin-token-file token).",
 		}, []string{"reason"}),
 	}
-	add := func(flag, path string, apply func([]byte) (int, error)) {
+	add := func(flag, path string, apply func([]byte) error) {
 		if path != "" {
 			c.files = append(c.files, &credFile{flag: flag, path: path, apply: apply})
 			c.failing.WithLabelValues(flag).Set(0)
@@ -275,32 +273,32 @@ func newCredentials(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*c
 			}
 		}
 	}
-	add(fileAPIKeys, cfg.APIKeyFile, func(b []byte) (int, error) {
+	add(fileAPIKeys, cfg.APIKeyFile, func(b []byte) error {
 		ks, err := parseKeyFile(b)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		c.keys.Store(ks)
 		c.keyCount.Set(float64(ks.len()))
-		return ks.len(), nil
+		return nil
 	})
-	add(fileUpstreamKey, cfg.UpstreamAPIKeyFile, func(b []byte) (int, error) {
+	add(fileUpstreamKey, cfg.UpstreamAPIKeyFile, func(b []byte) error {
 		k, err := parseSecretFile(b)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		v := "Bearer " + k
 		c.upstream.Store(&v)
-		return 1, nil
+		return nil
 	})
-	add(fileAdminToken, cfg.AdminTokenFile, func(b []byte) (int, error) {
+	add(fileAdminToken, cfg.AdminTokenFile, func(b []byte) error {
 		k, err := parseSecretFile(b)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		d := sha256.Sum256([]byte(k))
 		c.admin.Store(&d)
-		return 1, nil
+		return nil
 	})
 	c.adminRefused.WithLabelValues("unauthorized")
 	for _, f := range c.files {
@@ -329,7 +327,7 @@ func (c *credentials) load(f *credFile) (changed bool, err error) {
 	if sum == f.sum {
 		return false, nil
 	}
-	if _, err := f.apply(data); err != nil {
+	if err := f.apply(data); err != nil {
 		return false, err
 	}
 	f.sum = sum

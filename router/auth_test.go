@@ -141,7 +141,7 @@ func FuzzParseKeyFile(f *testing.F) {
 			t.Fatal("no keys without an error")
 		}
 		for d, e := range ks.byDigest {
-			if d != e.digest || checkTenant([]byte(e.tenant)) != nil {
+			if checkTenant([]byte(e.tenant)) != nil {
 				t.Fatalf("entry %+v under %x", e, d)
 			}
 		}
