@@ -228,7 +228,10 @@ func TestSimSpeculativeRejectionWithdraws(t *testing.T) {
 		c.Health.BreakerFailures = 1000
 	})
 	bad, good := targetName(g.f.Pods[0].URL()), targetName(g.f.Pods[1].URL())
-	if err := g.f.Pods[0].SetFaults(context.Background(), sim.Faults{FailPrefill: 1}); err != nil {
+	// The failing pod stores the blocks of the step it fails in, as vLLM
+	// does: their events are held back for specHold, so that they cannot
+	// race the router's withdrawal (the answer's 5xx).
+	if err := g.f.Pods[0].SetFaults(context.Background(), sim.Faults{FailPrefill: 1, EventDelay: specHold}); err != nil {
 		t.Fatal(err)
 	}
 	// withdrawn says every prediction made on name so far has ended and
@@ -258,7 +261,7 @@ func TestSimSpeculativeRejectionWithdraws(t *testing.T) {
 
 	// The context limit is the pods' (8,192 tokens on the tiny profile);
 	// neither pod fails it in prefill.
-	if err := g.f.Pods[0].SetFaults(context.Background(), sim.Faults{}); err != nil {
+	if err := g.f.Pods[0].SetFaults(context.Background(), sim.Faults{EventDelay: specHold}); err != nil {
 		t.Fatal(err)
 	}
 	before := g.r.spec.View().Overall
