@@ -68,7 +68,7 @@ func (e *KeyError) Error() string { return "cannot compute block keys: " + e.err
 func (e *KeyError) Unwrap() error { return e.err }
 
 // Decision is what was chosen for a request, from which candidates and
-// why. It is not changed once made: a retry makes another (Decider.without),
+// why. It is not changed once made: a retry makes another (Retry),
 // and what is learned after dispatch (the rest of the prompt) belongs to
 // the request's Tail.
 type Decision struct {
@@ -101,6 +101,8 @@ type Decision struct {
 	arm        speculative.Arm
 	group      uint8 // the conversation's variance group (speculative.Assignment)
 	predicting bool
+	// failed are the targets the request's earlier attempts failed on.
+	failed []targetid.ID
 	// by is the decider that made the decision, and makes its retries.
 	by *Decider
 }
@@ -174,20 +176,16 @@ func (dc *Decider) Decide(in Input) (*Decision, error) {
 		if err != nil {
 			return nil, &KeyError{err}
 		}
-		// A settled decision's last check already looked these keys up.
-		if keys := d.chain.Keys; len(keys) > 0 && precise && !d.settled {
-			var mbuf [16]kvindex.Match
-			matchInto(d.cands, dc.plane.Index().Lookup(mbuf[:0], keys))
-		}
 	}
 	if dc.spec != nil && d.blockSize > 0 {
 		d.predicting = true
-		dc.predict(d, in)
+		dc.assignArm(d, in)
 	}
 	if dc.ch.approx != nil {
 		d.approxChunks = approxChunks(nil, in.ApproxText)
-		dc.ch.approx.match(d.cands, d.approxChunks)
 	}
+	// A settled decision's last check already looked its keys up.
+	dc.readRuns(d, !d.settled)
 	ch := dc.ch.choose(d.cands, d.prompt.Count, d.blockSize, in.Peek)
 	if ch.idx < 0 {
 		return nil, ErrNoRoutable
@@ -203,10 +201,9 @@ func (dc *Decider) Decide(in Input) (*Decision, error) {
 	return d, nil
 }
 
-// predict draws the request's holdback arm and, in the speculative arm,
-// extends each routable candidate's confirmed run with its pending
-// predictions, weighted by the target's trust in them.
-func (dc *Decider) predict(d *Decision, in Input) {
+// assignArm draws the request's holdback arm (speculative policy): the
+// holdback decides without predictions.
+func (dc *Decider) assignArm(d *Decision, in Input) {
 	d.arm = speculative.ArmSpeculative
 	if !in.Peek {
 		conv := in.Conversation
@@ -214,19 +211,33 @@ func (dc *Decider) predict(d *Decision, in Input) {
 		a := dc.spec.Assign(conv)
 		d.arm, d.group = a.Arm, a.Group
 	}
-	if d.arm != speculative.ArmSpeculative {
-		return
+}
+
+// readRuns fills d's candidates' runs as the index, the predicted
+// placements and the approximate table stand now: the confirmed runs of
+// the keys read (lookup false: already filled), in the speculative arm
+// each routable candidate's pending predictions beyond them, weighted by
+// the target's trust in them, and the approximate policy's matches.
+func (dc *Decider) readRuns(d *Decision, lookup bool) {
+	if keys := d.chain.Keys; lookup && len(keys) > 0 && dc.policy.ReadsPrompt() {
+		var mbuf [16]kvindex.Match
+		matchInto(d.cands, dc.plane.Index().Lookup(mbuf[:0], keys))
 	}
-	for i := range d.cands {
-		c := &d.cands[i]
-		if !c.Routable || c.Trust == 0 {
-			continue
+	if d.predicting && d.arm == speculative.ArmSpeculative {
+		for i := range d.cands {
+			c := &d.cands[i]
+			if !c.Routable || c.excluded || c.Trust == 0 {
+				continue
+			}
+			ext := dc.spec.Lookup(c.Target.ID, d.chain.Keys, c.ConfirmedBlocks)
+			if ext.Blocks > 0 {
+				c.SpeculativeBlocks, c.PredictionWeight, c.predicted = ext.Blocks, dc.spec.Trust(c.Target.ID), ext.Ref
+				c.queuedPredicted = ext.Queued
+			}
 		}
-		ext := dc.spec.Lookup(c.Target.ID, d.chain.Keys, c.ConfirmedBlocks)
-		if ext.Blocks > 0 {
-			c.SpeculativeBlocks, c.PredictionWeight, c.predicted = ext.Blocks, dc.spec.Trust(c.Target.ID), ext.Ref
-			c.queuedPredicted = ext.Queued
-		}
+	}
+	if dc.ch.approx != nil {
+		dc.ch.approx.match(d.cands, d.approxChunks)
 	}
 }
 
@@ -260,22 +271,34 @@ func (dc *Decider) place(d *Decision, c *Candidate, requestID, model string) dis
 	return pr
 }
 
-// Without decides again after the chosen target failed before its first
-// byte: the same prompt and runs, without that target, on the others'
-// routability and load as they are now, by the decider that made d.
-func (d *Decision) Without() (*Decision, bool) { return d.by.without(d) }
+// Retry decides again after the chosen target failed before its first
+// byte, as both drivers retry: the same prompt, block keys and holdback
+// arm, among targets without those the request's attempts failed on, with
+// every candidate's confirmed and predicted runs, routability and load
+// read as they are now (the failed pod's withdrawn predictions, blocks
+// stored meanwhile). targets are those the request may go to: the first
+// decision's (Offered) on the HTTP path, whose prompt tail indexes its
+// runs by candidate; the fleet in the benchmark's engine. It reports
+// false when no other target is routable.
+func (d *Decision) Retry(targets []*health.Target) (*Decision, bool) { return d.by.retry(d, targets) }
 
-func (dc *Decider) without(prev *Decision) (*Decision, bool) {
+func (dc *Decider) retry(prev *Decision, targets []*health.Target) (*Decision, bool) {
 	d := *prev
-	d.cands = slices.Clone(prev.cands)
-	d.cands[prev.chosen].excluded = true
-	for i := range d.cands {
-		c := &d.cands[i]
-		if !c.excluded {
-			c.Routable = c.Target.CanRoute()
-			c.Load = loadOf(c.Target, eventplane.Verdict(c.Load.Events))
+	d.failed = append(slices.Clip(prev.failed), prev.target().Target.ID)
+	d.cands = make([]Candidate, 0, len(targets))
+	routable := 0
+	for _, t := range targets {
+		c := dc.candidate(t)
+		c.excluded = slices.Contains(d.failed, t.ID)
+		if c.Routable && !c.excluded {
+			routable++
 		}
+		d.cands = append(d.cands, c)
 	}
+	if routable == 0 {
+		return nil, false
+	}
+	dc.readRuns(&d, true)
 	ch := dc.ch.choose(d.cands, d.prompt.Count, d.blockSize, false)
 	if ch.idx < 0 {
 		return nil, false
@@ -283,6 +306,20 @@ func (dc *Decider) without(prev *Decision) (*Decision, bool) {
 	d.chosen, d.reason = ch.idx, ch.reason
 	return &d, true
 }
+
+// Offered is the targets the decision chose among, in its candidates'
+// order, the failed ones included.
+func (d *Decision) Offered() []*health.Target {
+	out := make([]*health.Target, len(d.cands))
+	for i := range d.cands {
+		out[i] = d.cands[i].Target
+	}
+	return out
+}
+
+// Attempts is how many targets the request was decided for so far: 1,
+// and one more for each retry.
+func (d *Decision) Attempts() int { return len(d.failed) + 1 }
 
 // PolicyName is the decider's policy, the label of the metrics of the
 // requests it decides.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"time"
 
@@ -151,8 +150,6 @@ type VirtualRequest struct {
 	sent     time.Time
 	ttft     time.Duration
 	answered bool
-	// failed are the targets earlier attempts of the request failed on.
-	failed []targetid.ID
 }
 
 // Route decides where a prompt of token ids goes and dispatches it there,
@@ -162,7 +159,14 @@ type VirtualRequest struct {
 // the approximate policy hashes; session names the conversation for the
 // holdback arm (empty: the request alone).
 func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
-	return v.route(ids, text, session, v.listed(), v.now(), nil, "")
+	v.nextID++
+	id := "des-" + strconv.FormatUint(v.nextID, 10)
+	conv := speculative.Conversation{SessionID: session, RequestID: id}
+	d, err := v.dec.Decide(Input{Model: v.model, Targets: v.listed(), Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
+	if err != nil {
+		return nil, err
+	}
+	return v.dispatch(d, id, v.now()), nil
 }
 
 // listed is the fleet without its unlisted targets.
@@ -180,53 +184,35 @@ func (v *Virtual) listed() []*health.Target {
 }
 
 // Retry decides again for r, which failed at its target before the first
-// byte (after Finish), as the API retries on another target: the same
-// prompt on the targets no attempt of it failed on. It returns nil once
-// MaxRetries retries were made or no other target is routable.
-func (r *VirtualRequest) Retry(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
+// byte (after Finish), as the API retries (Decision.Retry): the same
+// request, prompt and holdback arm on the targets no attempt of it failed
+// on, read as they are now. It returns nil once MaxRetries retries were
+// made or no other target is routable.
+func (r *VirtualRequest) Retry() *VirtualRequest {
 	v := r.v
-	if len(r.failed) >= v.maxRetries {
-		return nil, nil
+	if r.d.Attempts() > v.maxRetries {
+		return nil
 	}
-	failed := append(slices.Clip(r.failed), r.Target())
-	var others []*health.Target
-	for _, t := range v.listed() {
-		if !slices.Contains(failed, t.ID) && t.CanRoute() {
-			others = append(others, t)
-		}
+	d, ok := r.d.Retry(v.listed())
+	if !ok {
+		return nil
 	}
-	if len(others) == 0 {
-		return nil, nil
-	}
-	// The same request, as the API's retry is: its id, so its holdback
-	// arm and its predictions' request stay those of its first attempt.
-	return v.route(ids, text, session, others, r.sent, failed, r.id)
+	return v.dispatch(d, r.id, r.sent)
 }
 
-// route decides among targets and dispatches; sent is when the client
-// sent the request, failed the targets earlier attempts failed on, id the
-// request's (empty: a new request).
-func (v *Virtual) route(ids []uint32, text []byte, session string, targets []*health.Target, sent time.Time, failed []targetid.ID, id string) (*VirtualRequest, error) {
-	if id == "" {
-		v.nextID++
-		id = "des-" + strconv.FormatUint(v.nextID, 10)
-	}
-	r := &VirtualRequest{v: v, id: id, sent: sent, failed: failed}
-	conv := speculative.Conversation{SessionID: session, RequestID: r.id}
-	d, err := v.dec.Decide(Input{Model: v.model, Targets: targets, Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
-	if err != nil {
-		return nil, err
-	}
-	r.d = d.chosenOnly()
+// dispatch books decision d's target for request id, sent by the client
+// at sent.
+func (v *Virtual) dispatch(d *Decision, id string, sent time.Time) *VirtualRequest {
+	r := &VirtualRequest{v: v, id: id, sent: sent, d: d.chosenOnly()}
 	r.book = r.d.Dispatch(Dispatch{RequestID: r.id})
-	return r, nil
+	return r
 }
 
 // chosenOnly is a copy of d with the chosen candidate alone and the
 // prompt's count without its ids, all that is read of a decision after
-// dispatch when there is no retry and no tail: with hundreds of targets,
-// a request's other candidates were most of what tens of thousands of
-// requests in flight held.
+// dispatch when there is no tail (a retry reads the fleet afresh): with
+// hundreds of targets, a request's other candidates were most of what
+// tens of thousands of requests in flight held.
 func (d *Decision) chosenOnly() *Decision {
 	c := *d
 	c.cands, c.chosen = []Candidate{d.cands[d.chosen]}, 0

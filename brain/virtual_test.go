@@ -66,24 +66,37 @@ func (f *virtualFleet) serve(prompt []uint32, deliver bool) *VirtualRequest {
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.run(r, func() {
+		if q.Snapshot().Generated > 0 {
+			vr.FirstByte()
+		}
+	})
+	vr.Finish(true, q.Snapshot().CachedTokens)
+	f.events(vr.Target(), deliver)
+	return vr
+}
+
+// run steps rank r until it is idle, calling stepped after each step.
+func (f *virtualFleet) run(r *sim.Rank, stepped func()) {
 	for !r.Idle() {
 		d := r.Step(f.now)
 		f.now += d
 		f.clk.Advance(d)
 		r.FinishStep(f.now)
-		if q.Snapshot().Generated > 0 {
-			vr.FirstByte()
-		}
+		stepped()
 	}
-	vr.Finish(true, q.Snapshot().CachedTokens)
-	for _, b := range r.Events() {
+}
+
+// events takes pod id's KV events from its rank and, with deliver, hands
+// them to the router.
+func (f *virtualFleet) events(id targetid.ID, deliver bool) {
+	for _, b := range f.ranks[id].Events() {
 		if deliver {
-			f.v.Deliver(vr.Target(), f.seqs[vr.Target()], &b)
+			f.v.Deliver(id, f.seqs[id], &b)
 		}
-		f.seqs[vr.Target()]++
+		f.seqs[id]++
 	}
 	f.v.Evaluate()
-	return vr
 }
 
 func promptOf(n int, seed uint32) []uint32 {
@@ -273,10 +286,7 @@ func TestVirtualFleetChanges(t *testing.T) {
 	tried := map[targetid.ID]bool{vr.Target(): true}
 	for n := range virtualMaxRetries + 1 {
 		vr.Finish(false, 0)
-		next, err := vr.Retry(prompt, nil, "")
-		if err != nil {
-			t.Fatal(err)
-		}
+		next := vr.Retry()
 		if n == virtualMaxRetries || len(tried) == len(f.ids) {
 			if next != nil {
 				t.Fatalf("retry %d went to %s after %d targets failed", n+1, next.Target(), len(tried))
@@ -316,9 +326,9 @@ func TestVirtualRetryIsTheSameRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 		vr.Finish(false, 0)
-		next, err := vr.Retry(prompt, nil, "")
-		if err != nil || next == nil {
-			t.Fatalf("retry: %v, %v", next, err)
+		next := vr.Retry()
+		if next == nil {
+			t.Fatal("no retry")
 		}
 		if next.id != vr.id || next.d.arm != vr.d.arm {
 			t.Fatalf("request %d: retried as %s in arm %v, first %s in arm %v", i, next.id, next.d.arm, vr.id, vr.d.arm)
@@ -329,4 +339,73 @@ func TestVirtualRetryIsTheSameRequest(t *testing.T) {
 	if len(arms) < 2 {
 		t.Fatalf("every request drew one arm (%v): the test shows nothing", arms)
 	}
+}
+
+// TestRetryReadsTheFleetAsItIsNow: a retry is decided on the index as it
+// stands when the first target failed, not as the first decision read it:
+// a pod that reported the prompt's blocks in between holds the retry,
+// with its confirmed run. Both drivers retry so: the HTTP path among the
+// first decision's targets (Offered), the engine among the fleet.
+func TestRetryReadsTheFleetAsItIsNow(t *testing.T) {
+	for _, drv := range []string{"offered", "fleet"} {
+		t.Run(drv, func(t *testing.T) {
+			f := newVirtualFleet(t, PolicyPrecise, 3)
+			prompt := promptOf(200, 7)
+			holder := f.serve(prompt, true).Target()
+			vr, err := f.v.Route(prompt, nil, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vr.Target() != holder {
+				t.Fatalf("the prompt went to %s, not its holder %s", vr.Target(), holder)
+			}
+			full, err := f.v.dec.Decide(Input{Model: f.v.model, Targets: f.v.listed(), Prompt: IDsPrompt(prompt)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Another pod computes the prompt for a client this router
+			// did not see, and says so, while the request is on its way.
+			other := f.ids[0]
+			if other == holder {
+				other = f.ids[1]
+			}
+			f.runAlone(other, prompt)
+			vr.Finish(false, 0)
+			var target targetid.ID
+			var confirmed int
+			switch drv {
+			case "offered":
+				d, ok := full.Retry(full.Offered())
+				if !ok {
+					t.Fatal("no retry")
+				}
+				target, confirmed = d.Target().Target.ID, d.Target().ConfirmedBlocks
+				if d.Attempts() != 2 {
+					t.Fatalf("the retry is attempt %d, want 2", d.Attempts())
+				}
+			case "fleet":
+				next := vr.Retry()
+				if next == nil {
+					t.Fatal("no retry")
+				}
+				target, confirmed = next.Target(), next.ConfirmedBlocks()
+				next.Finish(true, 0)
+			}
+			if target != other || confirmed != 12 {
+				t.Fatalf("retried on %s with %d confirmed blocks, want %s with its 12", target, confirmed, other)
+			}
+		})
+	}
+}
+
+// runAlone runs prompt on pod id's rank without the router, and hands the
+// router the KV events the rank published.
+func (f *virtualFleet) runAlone(id targetid.ID, prompt []uint32) {
+	f.t.Helper()
+	r := f.ranks[id]
+	if _, err := r.Add(prompt, 2, f.now); err != nil {
+		f.t.Fatal(err)
+	}
+	f.run(r, func() {})
+	f.events(id, true)
 }

@@ -88,7 +88,7 @@ func (r *Router) dispatch(x *exchange, d *decision) {
 			return
 		}
 		failed := a.name
-		next, ok := d.without()
+		next, ok := d.retry()
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no target could answer the request", "request_id", x.id, "path", x.path, "last", failed, "attempts", n+1)
 			a.fail(errUpstream(fasthttp.StatusBadGateway, "no target could answer the request"))

@@ -98,10 +98,11 @@ func (d *decision) as(s stage) *decision {
 	return &c
 }
 
-// without decides again after the chosen target failed before its first
-// byte (brain.Decision.Without), for the same stage.
-func (d *decision) without() (*decision, bool) {
-	next, ok := d.Without()
+// retry decides again after the chosen target failed before its first
+// byte (brain.Decision.Retry), for the same stage, among the targets the
+// first decision was offered.
+func (d *decision) retry() (*decision, bool) {
+	next, ok := d.Retry(d.Offered())
 	if !ok {
 		return nil, false
 	}
@@ -241,7 +242,7 @@ func (r *Router) prefill(x *exchange, d *decision) *decision {
 		failed := a.name
 		// A retry's decision is a copy of d: a prefill stage, with d's
 		// decode stage.
-		next, ok := d.without()
+		next, ok := d.retry()
 		if n >= r.cfg.MaxRetries || !ok {
 			r.log.Warn("no prefill target could answer; the decode target computes the request", "request_id", x.id, "last", failed, "attempts", n+1)
 			return alone(pdPrefillFailed)

@@ -318,8 +318,8 @@ func (d *virtualDriver) send(ids []uint32, failFirst bool, cached [drvPods]int) 
 	if failFirst {
 		dec.failed = d.podOf(vr.Target())
 		vr.Finish(false, 0)
-		if vr, err = vr.Retry(ids, nil, ""); err != nil || vr == nil {
-			d.t.Fatalf("no retry after a failure before the first byte: %v", err)
+		if vr = vr.Retry(); vr == nil {
+			d.t.Fatal("no retry after a failure before the first byte")
 		}
 	}
 	dec.target = d.podOf(vr.Target())

@@ -603,9 +603,9 @@ func (r *run) retry(q *request) bool {
 		return false
 	}
 	w0 := time.Now()
-	vr, err := q.vr.Retry(ids, []byte(text), q.session())
+	vr := q.vr.Retry()
 	r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
-	if err != nil || vr == nil {
+	if vr == nil {
 		return false
 	}
 	q.ids, q.sq, q.first = ids, nil, false
