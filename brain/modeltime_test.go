@@ -282,6 +282,38 @@ func TestModelSpeculativeRejectionWithdraws(t *testing.T) {
 	}
 }
 
+// TestModelSpeculativeClientCancelKeepsPredictions: a client that goes
+// away at its first byte, its event 300 ms away (the live test's delay,
+// which raced the TTL there), leaves the prompt's predictions live; the
+// pod's events then confirm every one, none withdrawn or expired.
+func TestModelSpeculativeClientCancelKeepsPredictions(t *testing.T) {
+	t.Parallel()
+	f := newModelFleet(t, 2, 1, 300*time.Millisecond, false, func(c *speculative.Config) { c.TTL = time.Second })
+	prompt := pairPrompt(0, 0)
+	vr := f.route(0, prompt)
+	pod := f.pod(vr.Target())
+	r := f.ranks[pod]
+	q, err := r.Add(prompt, 1, f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q.Snapshot().Generated == 0 {
+		d := r.Step(f.now)
+		f.advance(f.now + d)
+		r.FinishStep(f.now)
+		f.publish(pod)
+	}
+	vr.FirstByte()
+	vr.Cancel()
+	if v := f.targetView(0, pod).Pending; v.Live < modelPrefixBlocks || v.Confirmed != 0 {
+		t.Fatalf("predictions at the cancel %+v, want the prompt's live and none confirmed yet", v)
+	}
+	f.mature()
+	if out := f.targetView(0, pod).MatureTotal; out.Confirmed < modelPrefixBlocks || out.Withdrawn != 0 || out.Expired != 0 {
+		t.Fatalf("outcomes after a client cancel %+v, want the prompt's predictions confirmed", out)
+	}
+}
+
 // TestModelSpeculativeRestartInvalidates (the timing of the live
 // TestSimSpeculativeRestartInvalidates, whose restart had to come within
 // the pod's 2 s event delay): the pod restarts while its predictions wait

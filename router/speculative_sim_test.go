@@ -13,6 +13,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/brain"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // specRig is a router with the speculative policy in front of simulated
@@ -186,12 +187,16 @@ func TestSimSpeculativeFollowerFindsThePrediction(t *testing.T) {
 	}
 }
 
-// TestSimSpeculativeClientCancelKeepsPredictions: a client that leaves
-// after the first token does not withdraw the request's predictions (the
-// pod computed the prefill already); its events confirm them.
+// TestSimSpeculativeClientCancelKeepsPredictions: a client that goes away
+// after its stream's first chunk leaves the prompt's predictions live (the
+// pod computed and stores the blocks; the events will say so), where a
+// rejection withdraws them. The pods hold their batches back for
+// specHold, so no event can confirm anything before the router has ended
+// the request; the confirmation after a cancel, on model time, is
+// TestModelSpeculativeClientCancelKeepsPredictions' (brain).
 func TestSimSpeculativeClientCancelKeepsPredictions(t *testing.T) {
 	t.Parallel()
-	g := startSpecRig(t, 2, sim.Faults{EventDelay: 300 * time.Millisecond}, nil)
+	g := startSpecRig(t, 2, sim.Faults{EventDelay: specHold}, holdEvents)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	body := strings.Replace(g.body("", 0), `"max_tokens":1`, `"max_tokens":4000,"stream":true`, 1)
@@ -207,9 +212,10 @@ func TestSimSpeculativeClientCancelKeepsPredictions(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	out := g.mature(holder)
-	if out.Confirmed < specPrefixBlocks || out.Withdrawn != 0 {
-		t.Fatalf("outcomes after a client cancel %+v, want the prompt's predictions confirmed, none withdrawn", out)
+	canceled := g.r.met.requests.WithLabelValues("sim-tiny", brain.PolicySpeculative.String(), "canceled")
+	waitFor(t, "the router to end the canceled request", func() bool { return testutil.ToFloat64(canceled) == 1 })
+	if v := g.view(holder); v.Pending.Live < specPrefixBlocks || v.Pending.Ended != 0 {
+		t.Fatalf("predictions after a client cancel %+v, want the prompt's %d blocks live, none ended", v.Pending, specPrefixBlocks)
 	}
 }
 
