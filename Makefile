@@ -25,7 +25,7 @@ STATICCHECK_VERSION := v0.8.2
 TOOLS       := $(CURDIR)/bin/tools
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)
 
-.PHONY: hostile all build test deps vet pure-core fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
+.PHONY: architecture-svg hostile all build test deps vet pure-core fmt-check staticcheck unit agreement-check fuzz fuzz-short bench clean demo e2e-client testdata parity-refs bench-tokenize image agreement
 
 all: build
 
@@ -160,6 +160,12 @@ demo: build
 # (scripts/hostile; docs/performance.md "A hostile run").
 hostile: build
 	$(GO) run ./scripts/hostile -bin $(BIN)
+
+# architecture-svg draws docs/architecture-packages.svg, the packages and
+# their imports, from `go list` (scripts/archdiagram); its test fails when
+# the checked-in drawing no longer matches the imports.
+architecture-svg:
+	$(GO) run ./scripts/archdiagram -o docs/architecture-packages.svg
 
 # e2e-client runs the official OpenAI Node SDK (npm openai, pinned in the
 # script) against the router in front of simulated pods.
