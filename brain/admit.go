@@ -226,6 +226,20 @@ func (a *Admission) room(c *Candidate) bool {
 	return !p.Known() || p.Time(a.dec.ch.queuedTokens(c.Load)) <= a.budget
 }
 
+// anyRoom reports whether one of targets has room, or none is routable
+// (the reread then sheds the head at once).
+func (a *Admission) anyRoom(targets []*health.Target) bool {
+	routable := false
+	for _, t := range targets {
+		c := a.dec.candidate(t)
+		if a.room(&c) {
+			return true
+		}
+		routable = routable || c.Routable
+	}
+	return !routable
+}
+
 // fits is d as it can go now: itself when its choice has room, the
 // choice among the candidates with room otherwise, nil when none has.
 func (a *Admission) fits(d *Decision) *Decision {
@@ -422,6 +436,11 @@ func (a *Admission) releasePool(p *pool, now time.Time, out []*Waiter) []*Waiter
 	}
 	for t := p.line.Head(); t != nil; t = p.line.Head() {
 		w := t.Value.(*Waiter)
+		if !a.anyRoom(w.targets) {
+			// Most kicks under saturation: no pod has room yet, and the
+			// head's decision need not be read again to know it.
+			break
+		}
 		d, ok := a.dec.reread(w.d, w.targets, nil)
 		if !ok {
 			p.line.Remove(t)
