@@ -97,6 +97,10 @@ func (d *Decision) Dispatch(o Dispatch) *Booking {
 		uncached = 0
 	}
 	b.flight = c.Target.Dispatch(v.Prompt.Count, uncached)
+	if !o.LoadsPrompt && !o.LengthOnly && !o.Forwarded {
+		// Its first byte measures the pod's pace (flow control's clock).
+		b.flight.Ahead(d.by.ch.queuedTokens(c.Load))
+	}
 	b.changed() // the peer replicas' view of the pod's queue
 	if !o.Forwarded && !o.LoadsPrompt {
 		// Only a prompt the pod prefills into its cache is expected to be
@@ -166,6 +170,7 @@ func (b *Booking) FirstByte() View {
 	}
 	b.placement.Settle()
 	b.changed()
+	d.by.capacityFreed()
 	b.expect.FirstByte(b.flight.Tokens())
 	if v.Final {
 		b.predicted = v.Predicted
@@ -228,6 +233,7 @@ func (b *Booking) End(outcome health.Outcome) {
 	}
 	b.flight.Finish(outcome)
 	b.changed()
+	b.d.by.capacityFreed()
 }
 
 // Outcome is what the speculative store learns from an answered request

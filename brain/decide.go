@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 
 	"github.com/prefixrouter/prefixrouter/eventplane"
 	"github.com/prefixrouter/prefixrouter/health"
@@ -31,6 +32,19 @@ type Decider struct {
 	// spec holds the predicted placements (speculative policy; nil
 	// otherwise): a target's predicted run extends its confirmed one.
 	spec *speculative.Store
+	// capacity, once flow control is on (NewAdmission), is told whenever
+	// a pod's queue gets shorter: a first byte, an end.
+	capacity atomic.Pointer[chan struct{}]
+}
+
+// capacityFreed tells flow control a pod's queue got shorter.
+func (dc *Decider) capacityFreed() {
+	if k := dc.capacity.Load(); k != nil {
+		select {
+		case *k <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // New is a decider by policy p and the cost weights, reading the event
@@ -283,8 +297,14 @@ func (dc *Decider) place(d *Decision, c *Candidate, requestID, model string) dis
 func (d *Decision) Retry(targets []*health.Target) (*Decision, bool) { return d.by.retry(d, targets) }
 
 func (dc *Decider) retry(prev *Decision, targets []*health.Target) (*Decision, bool) {
+	return dc.reread(prev, targets, append(slices.Clip(prev.failed), prev.target().Target.ID))
+}
+
+// reread decides again for prev's prompt among targets without failed,
+// every candidate read as it is now.
+func (dc *Decider) reread(prev *Decision, targets []*health.Target, failed []targetid.ID) (*Decision, bool) {
 	d := *prev
-	d.failed = append(slices.Clip(prev.failed), prev.target().Target.ID)
+	d.failed = failed
 	d.cands = make([]Candidate, 0, len(targets))
 	routable := 0
 	for _, t := range targets {

@@ -43,7 +43,10 @@ type VirtualConfig struct {
 	// MaxRetries is how many other targets a request that failed before
 	// its first byte is tried on (Retry), as the API's --max-retries.
 	MaxRetries int
-	Logger     *slog.Logger
+	// Admission is flow control (nil: none, every request dispatched at
+	// once); Submit routes through it.
+	Admission *AdmissionConfig
+	Logger    *slog.Logger
 }
 
 // Virtual is the router's decision and bookkeeping without HTTP, sockets
@@ -81,6 +84,9 @@ type Virtual struct {
 	// origins are the peer replicas whose predictions PredictFrom
 	// recorded, by name.
 	origins map[string]*speculative.Origin
+	// adm is flow control (nil: none); released Release's buffer.
+	adm      *Admission
+	released []*Waiter
 }
 
 // NewVirtual builds a virtual router with an empty index.
@@ -136,6 +142,14 @@ func NewVirtual(cfg VirtualConfig) (*Virtual, error) {
 	}
 	v.dec = New(cfg.Policy, cfg.Cost, v.plane, v.spec)
 	v.dec.SeedTies(cfg.TieSeed)
+	if cfg.Admission != nil {
+		if err := cfg.Admission.Validate(); err != nil {
+			return nil, fmt.Errorf("virtual router: %w", err)
+		}
+		if !cfg.Admission.Off {
+			v.adm = v.dec.NewAdmission(*cfg.Admission, cfg.Now)
+		}
+	}
 	return v, nil
 }
 
@@ -150,6 +164,8 @@ type VirtualRequest struct {
 	sent     time.Time
 	ttft     time.Duration
 	answered bool
+	// w is the request's place in flow control (Submit; nil: Route).
+	w *Waiter
 }
 
 // Route decides where a prompt of token ids goes and dispatches it there,
@@ -168,6 +184,78 @@ func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequ
 	}
 	return v.dispatch(d, id, v.now()), nil
 }
+
+// Submit is Route under flow control (VirtualConfig.Admission): the
+// request is dispatched at once while a pod has room, as Route does;
+// past that it waits in the line (Verdict Queued) until Release hands it
+// back dispatched or shed, or it is refused at once (Shed). class is its
+// priority (flow.Config.ClassIndex), tenant whom it is charged to, output
+// the tokens it is expected to generate.
+func (v *Virtual) Submit(ids []uint32, text []byte, session string, class int, tenant string, output int) (*VirtualRequest, error) {
+	if v.adm == nil {
+		return v.Route(ids, text, session)
+	}
+	v.nextID++
+	id := "des-" + strconv.FormatUint(v.nextID, 10)
+	conv := speculative.Conversation{SessionID: session, RequestID: id}
+	targets := v.listed()
+	d, err := v.dec.Decide(Input{Model: v.model, Targets: targets, Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
+	if err != nil {
+		return nil, err
+	}
+	r := &VirtualRequest{v: v, id: id, sent: v.now(), w: NewWaiter(d, targets, class, tenant, output)}
+	r.w.Value = r
+	if v.adm.Admit(r.w) == Admitted {
+		r.booked(r.w.Decision())
+	}
+	return r, nil
+}
+
+// Release is the requests that left flow control's line since the last
+// call (Verdict Admitted: dispatched on a decision made now; Shed), for
+// the engine to call whenever a pod's queue may have got shorter (a
+// first byte, an end, a scrape) and at every Tick.
+func (v *Virtual) Release() []*VirtualRequest {
+	if v.adm == nil {
+		return nil
+	}
+	v.released = v.adm.Release(v.released[:0])
+	out := make([]*VirtualRequest, 0, len(v.released))
+	for _, w := range v.released {
+		r := w.Value.(*VirtualRequest)
+		if w.Verdict() == Admitted {
+			r.booked(w.Decision())
+		}
+		out = append(out, r)
+	}
+	clear(v.released)
+	return out
+}
+
+// Admission is the virtual router's flow control (nil: none).
+func (v *Virtual) Admission() *Admission { return v.adm }
+
+// booked dispatches r on d.
+func (r *VirtualRequest) booked(d *Decision) {
+	r.d = d.chosenOnly()
+	r.book = r.d.Dispatch(Dispatch{RequestID: r.id})
+}
+
+// Verdict is what flow control made of the request (Admitted for one
+// Route dispatched). A Queued request has no target yet.
+func (r *VirtualRequest) Verdict() Verdict {
+	if r.w == nil {
+		return Admitted
+	}
+	return r.w.Verdict()
+}
+
+// Waiter is the request's place in flow control (nil: routed without).
+func (r *VirtualRequest) Waiter() *Waiter { return r.w }
+
+// Leave takes a queued request out of the line (its client gave up); it
+// reports false when it was not waiting.
+func (r *VirtualRequest) Leave() bool { return r.w != nil && r.v.adm.Leave(r.w) }
 
 // listed is the fleet without its unlisted targets.
 func (v *Virtual) listed() []*health.Target {
@@ -203,8 +291,8 @@ func (r *VirtualRequest) Retry() *VirtualRequest {
 // dispatch books decision d's target for request id, sent by the client
 // at sent.
 func (v *Virtual) dispatch(d *Decision, id string, sent time.Time) *VirtualRequest {
-	r := &VirtualRequest{v: v, id: id, sent: sent, d: d.chosenOnly()}
-	r.book = r.d.Dispatch(Dispatch{RequestID: r.id})
+	r := &VirtualRequest{v: v, id: id, sent: sent}
+	r.booked(d)
 	return r
 }
 

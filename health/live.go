@@ -76,6 +76,10 @@ type live struct {
 	probeFailures  atomic.Uint64
 	scrapeFailures atomic.Uint64
 	transitions    atomic.Uint64
+
+	// pace is fitted at each first byte of a flight whose queue ahead
+	// was given (Flight.Ahead).
+	pace paceFit
 }
 
 // Flight is one dispatched request's accounting: call FirstByte (optional)
@@ -90,12 +94,17 @@ type Flight struct {
 	trial    bool
 	answered bool
 	done     bool
+	// at is when the flight was dispatched; ahead the uncached tokens
+	// queued before it there as the router counts them (-1: not given,
+	// and its first byte says nothing of the pace).
+	at    time.Time
+	ahead float64
 }
 
 func (l *live) dispatch(prompt, uncached int) *Flight {
 	prompt = max(prompt, 0)
 	uncached = min(max(uncached, 0), prompt)
-	f := &Flight{l: l, prompt: int64(prompt), uncached: int64(uncached)}
+	f := &Flight{l: l, prompt: int64(prompt), uncached: int64(uncached), at: l.sh.now(), ahead: -1}
 	if l.breaker.Load() == breakerHalfOpen && l.trialInFlight.CompareAndSwap(false, true) {
 		f.trial = true
 	}
@@ -158,6 +167,21 @@ func (f *Flight) FirstByte() {
 	l.queuedPrompt.Add(-f.prompt)
 	l.queuedUncached.Add(-f.uncached)
 	l.answered.Add(1)
+	if f.ahead >= 0 {
+		l.pace.observe(f.ahead+float64(f.uncached), l.sh.now().Sub(f.at))
+	}
+}
+
+// Ahead gives the uncached prompt tokens queued on the target before the
+// flight, as the router's cost model counts them: its first byte then
+// feeds the target's pace (Target.Pace).
+func (f *Flight) Ahead(tokens float64) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ahead = max(tokens, 0)
 }
 
 // Finish records the end of the request and its outcome.

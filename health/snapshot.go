@@ -229,6 +229,15 @@ func (t *Target) Dispatch(promptTokens, uncachedTokens int) *Flight {
 	return t.live.dispatch(promptTokens, uncachedTokens)
 }
 
+// Pace is how fast the target worked off its queued prefill, as its
+// flights' first bytes showed.
+func (t *Target) Pace() Pace {
+	if t == nil {
+		return Pace{}
+	}
+	return t.live.pace.pace()
+}
+
 // Snapshot is an immutable view of all targets, rebuilt on every change and
 // published atomically. Never modify it.
 type Snapshot struct {
