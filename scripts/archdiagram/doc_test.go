@@ -7,6 +7,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"html"
 	"io"
 	"maps"
 	"os"
@@ -74,6 +75,44 @@ func TestArchitectureNames(t *testing.T) {
 	}
 	if checked < 100 {
 		t.Errorf("only %d names checked: the page's code spans were not found", checked)
+	}
+}
+
+// The drawings of the two paths, drawn by hand: each marks a file name
+// with class "f" and a Go name with class "n".
+var pathDrawings = []string{"docs/architecture-request.svg", "docs/architecture-events.svg"}
+
+var drawnName = regexp.MustCompile(`class="([fn])">([^<]+)<`)
+
+// TestDrawingNames checks the hand-drawn path drawings as
+// TestArchitectureNames checks the page: every file they name exists,
+// and every Go name resolves to a declaration of the module.
+func TestDrawingNames(t *testing.T) {
+	decls, err := moduleDecls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range pathDrawings {
+		svg, err := os.ReadFile(filepath.Join(moduleRoot, path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		marks := drawnName.FindAllStringSubmatch(string(svg), -1)
+		if len(marks) < 40 {
+			t.Errorf("%s: only %d names marked: the drawing's classes were not found", path, len(marks))
+		}
+		for _, m := range marks {
+			class, name := m[1], html.UnescapeString(m[2])
+			switch {
+			case notOurs[name]:
+			case class == "f" || strings.Contains(name, "/"):
+				if _, err := os.Stat(filepath.Join(moduleRoot, filepath.FromSlash(name))); err != nil {
+					t.Errorf("%s: %s: no such file or directory", path, name)
+				}
+			case !goName.MatchString(name) || !decls.resolve(name):
+				t.Errorf("%s: %s: no such declaration in the module", path, name)
+			}
+		}
 	}
 }
 
@@ -169,8 +208,11 @@ var listDocPackages = sync.OnceValues(func() ([]docPackage, error) {
 
 // moduleDecls parses every Go file of the module, tests and files other
 // builds select included, for its declarations: one file at a time per
-// CPU, each into names of its own, merged once all are read.
-func moduleDecls() (decls, error) {
+// CPU, each into names of its own, merged once all are read. The tests
+// share one parse.
+var moduleDecls = sync.OnceValues(parseModuleDecls)
+
+func parseModuleDecls() (decls, error) {
 	pkgs, err := listDocPackages()
 	if err != nil {
 		return decls{}, err

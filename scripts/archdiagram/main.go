@@ -6,6 +6,11 @@
 // writes it, and TestSVGIsCurrent fails once the checked-in drawing no
 // longer matches the imports. Only the packages' own imports count, not
 // their tests'.
+//
+// The package's tests also check docs/architecture.md and its two
+// hand-drawn path drawings against the code: every file they name exists,
+// every Go name resolves to a declaration, and the page's package table
+// lists exactly the module's packages with their imports.
 package main
 
 import (

@@ -16,7 +16,8 @@ import (
 var palette = []string{
 	"#1f5f9e", "#b8322a", "#2b8a3e", "#7048a8", "#c26a00", "#7a4a2e",
 	"#b03a8c", "#0f8a9a", "#8a8a12", "#4a5a6a", "#2f3f8f", "#6b6b6b",
-	"#9a6a1a", "#8a2f4a", "#6a3a7a", "#2a7a6a",
+	"#9a6a1a", "#8a2f4a", "#6a3a7a", "#2a7a6a", "#a0522d", "#3a7ab8",
+	"#9932a0", "#2e7b4f",
 }
 
 // SVG renders the drawing. The output depends on nothing but the graph,
