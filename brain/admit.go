@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -158,6 +159,9 @@ type Admission struct {
 
 	mu    sync.Mutex
 	pools map[string]*pool
+	// early are the waiters an Admit let go or shed besides its own, for
+	// the next Release.
+	early []*Waiter
 	// kick asks Run to release: a pod's queue got shorter.
 	kick chan struct{}
 }
@@ -316,8 +320,12 @@ func (a *Admission) Admit(w *Waiter) Verdict {
 	// hundreds of pods, can go.
 	w.d = w.d.withoutCandidates()
 	// A newcomer of a higher class than every one waiting may go at once;
-	// the others it let go learn so from their Done.
-	a.releasePool(p, now, nil)
+	// the others it let go (and those it found past their deadline) learn
+	// so from their Done, and the next Release hands them to its caller,
+	// who may wait on no channel (the discrete-event engine).
+	n := len(a.early)
+	a.early = a.releasePool(p, now, a.early)
+	a.early = append(a.early[:n], slices.DeleteFunc(a.early[n:], func(o *Waiter) bool { return o == w })...)
 	return w.verdict
 }
 
@@ -410,7 +418,8 @@ func (a *Admission) Leave(w *Waiter) bool {
 
 // Release lets go every waiting request that can go now, decided again on
 // the fleet as it stands, and sheds those whose deadline passed; it
-// appends them to out, each with its verdict, and closes their Done.
+// appends them to out, each with its verdict, and closes their Done. Out
+// also gets, first, those an Admit let go or shed since the last call.
 func (a *Admission) Release(out []*Waiter) []*Waiter {
 	if a.cfg.Off {
 		return out
@@ -418,6 +427,9 @@ func (a *Admission) Release(out []*Waiter) []*Waiter {
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	out = append(out, a.early...)
+	clear(a.early)
+	a.early = a.early[:0]
 	for _, p := range a.pools {
 		out = a.releasePool(p, now, out)
 	}

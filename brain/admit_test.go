@@ -270,3 +270,28 @@ func TestAdmissionOffDispatchesEverything(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmitHandsOverWhatItLetGo: an Admit that finds a waiting request
+// past its deadline sheds it, and the next Release hands it over, so that
+// a driver that waits on no channel (the discrete-event engine) still
+// learns of it; the newcomer itself is not handed over twice.
+func TestAdmitHandsOverWhatItLetGo(t *testing.T) {
+	f := newAdmitFleet(t, PolicyLeastLoad, lineConfig())
+	f.saturate()
+	late := f.submit(1000, 0, "t")
+	if late.Verdict() != Queued {
+		t.Fatalf("verdict %v", late.Verdict())
+	}
+	f.clk.Advance(2*time.Second + time.Millisecond)
+	next := f.submit(1000, 1, "t")
+	if late.Verdict() != Shed || next.Verdict() != Queued {
+		t.Fatalf("verdicts %v and %v, want the late one shed by the newcomer's Admit", late.Verdict(), next.Verdict())
+	}
+	rel := f.v.Release()
+	if len(rel) != 1 || rel[0] != late {
+		t.Fatalf("released %d requests, want the one the Admit shed", len(rel))
+	}
+	if rel := f.v.Release(); len(rel) != 0 {
+		t.Fatalf("handed over again: %d", len(rel))
+	}
+}
