@@ -221,13 +221,18 @@ func (a *Admission) poolOf(model string) *pool {
 
 // room reports whether candidate c can take a request now: its queued
 // prefill, at its pace, within the budget (a pod whose pace is not known
-// yet always has room: nothing says it is busy).
+// yet always has room: nothing says it is busy). A pod with no prefill
+// queued always has room, whatever its pace says: nothing waits there,
+// and a pace whose floor alone passed the budget (fitted on first bytes
+// of a queue since gone) would otherwise keep it from every request, so
+// that no first byte could ever correct it.
 func (a *Admission) room(c *Candidate) bool {
 	if !c.Routable || c.excluded {
 		return false
 	}
 	p := c.Target.Pace()
-	return !p.Known() || p.Time(a.dec.ch.queuedTokens(c.Load)) <= a.budget
+	q := a.dec.ch.queuedTokens(c.Load)
+	return !p.Known() || q <= 0 || p.Time(q) <= a.budget
 }
 
 // anyRoom reports whether one of targets has room, or none is routable

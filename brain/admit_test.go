@@ -295,3 +295,27 @@ func TestAdmitHandsOverWhatItLetGo(t *testing.T) {
 		t.Fatalf("handed over again: %d", len(rel))
 	}
 }
+
+// TestEmptyPodHasRoomWhateverItsPace: a pod whose fitted floor alone
+// passed the budget (first bytes of a queue since gone) still takes a
+// request while nothing is queued on it; otherwise no request would go
+// there again and no first byte could correct its pace.
+func TestEmptyPodHasRoomWhateverItsPace(t *testing.T) {
+	f := newAdmitFleet(t, PolicyLeastLoad, lineConfig())
+	for _, tg := range f.v.targets {
+		for i := range 60 {
+			n := 500 * (1 + i%8)
+			fl := tg.Dispatch(n, n)
+			fl.Ahead(0)
+			f.clk.Advance(3*time.Second + time.Duration(float64(n)*admitPerToken*float64(time.Second)))
+			fl.FirstByte()
+			fl.Finish(health.OutcomeSuccess)
+		}
+		if p := tg.Pace(); !p.Known() || p.Time(0) <= time.Second {
+			t.Fatalf("pace %+v: want a floor past the 1 s budget", p)
+		}
+	}
+	if r := f.submit(1000, 0, "t"); r.Verdict() != Admitted {
+		t.Fatalf("verdict %v (%s) on empty pods", r.Verdict(), r.Waiter().ShedReason())
+	}
+}
