@@ -74,6 +74,15 @@ type Options struct {
 	// Delivery is the des engine's model of requests' and KV events' way
 	// (nil: des.DefaultDelivery).
 	Delivery *des.Delivery
+	// FlowControl are the arms each router policy runs with on the des
+	// engine: true through flow control (Admission), false with every
+	// request dispatched at once; nil: without flow control, and without
+	// its classes' figures.
+	FlowControl []bool
+	// Admission is flow control's line (classes, shares, bounds) and
+	// budget for the arms that have it; the arms without it still read
+	// each request's class from its line (FlowConfig makes one).
+	Admission brain.AdmissionConfig
 }
 
 // SpeculativeOptions are the speculative policy's settings a run may

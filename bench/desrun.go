@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,7 +55,6 @@ func rowName(policy string, n int, counts []int) string {
 // runDES runs every policy (and every router count) on the discrete-event
 // engine and fills res.
 func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming, prog *progress) (*report.Results, error) {
-	w := o.Workload
 	res.Engine, res.TimeScale = EngineDES, 1
 	counts := o.Routers
 	if len(counts) == 0 {
@@ -69,85 +70,140 @@ func (o *Options) runDES(ctx context.Context, res *report.Results, tm pairTiming
 	res.Fleet["routers"] = counts
 	res.Fleet["share_predictions"] = o.SharePredictions
 	delete(res.Fleet, "stream_interval_s")
+	arms := o.FlowControl
+	var fc *report.FlowControl
+	if len(arms) > 0 {
+		fc = o.flowResults()
+		res.FlowControl = fc
+	} else {
+		arms = []bool{false}
+	}
 	for _, pol := range o.Policies {
 		for _, n := range counts {
-			if pol == Oracle && n != counts[0] {
-				continue // the oracle has no router to replicate
-			}
-			name := rowName(pol, n, counts)
-			if pol == Oracle {
-				name = pol
-			}
-			prog.begin(name, w.Requests())
-			cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
-				SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, Cost: o.Cost,
-				Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
-			var (
-				pairs  *desPairs
-				faults *desFaults
-			)
-			switch w.Name {
-			case workload.KindPairedGap:
-				pairs = &desPairs{w: w, tm: tm, prof: o.Fleet.Profile}
-				cfg.Conduct, cfg.ManualSends = pairs.conduct, true
-			case workload.KindFaults:
-				faults = newDESFaults(w)
-				cfg.Conduct = faults.conduct
-				// Dropped and severed batches come back through replay.
-				cfg.ReplayBuffer = o.Fleet.ReplayBuffer
-				if cfg.ReplayBuffer == 0 {
-					cfg.ReplayBuffer = sim.DefaultReplayBuffer
+			for ai, on := range arms {
+				if pol == Oracle && (n != counts[0] || ai > 0) {
+					continue // the oracle has no router to replicate, nor flow control
 				}
-			}
-			r, err := des.Run(ctx, cfg)
-			prog.end()
-			switch {
-			case err != nil:
-			case pairs != nil:
-				err = pairs.err
-			case faults != nil:
-				err = faults.err
-			}
-			if err != nil {
-				return res, fmt.Errorf("%s: %w", name, err)
-			}
-			p := report.Summarize(r.Records)
-			if pairs != nil {
-				p.Pairs = pairs.pairs
-			}
-			if faults != nil {
-				p.Faults = faultOutcomes(r.Records)
-				p.Faults.Injected = faults.out
-				if n := p.Faults.LostCount(); n > 0 {
-					res.Notes = append(res.Notes, fmt.Sprintf("%s: %d requests ended in neither a response nor an OpenAI error (lost silently)", name, n))
+				if err := o.runDESRow(ctx, res, pol, n, counts, on, fc, delivery, tm, prog); err != nil {
+					return res, err
 				}
-			}
-			if w.Name == workload.KindBurst {
-				p.Holder = report.HolderOf(r.Records)
-			}
-			p.Preemptions = r.Preemptions
-			p.WallS = r.Wall.Seconds()
-			if pol != Oracle {
-				p.Routers = n
-				d := r.Decision
-				p.DecisionUS = &d
-			}
-			if len(r.Speculative) > 0 {
-				// The first replica's view: each replica predicts and
-				// confirms on its own.
-				p.Speculative = summarizeSpeculative(r.Speculative[0], 1, des.PodNameOf)
-			}
-			res.Policies[name] = p
-			res.Order = append(res.Order, name)
-			res.Notes = append(res.Notes, unfinishedNote(name, p)...)
-			if p.Speculative != nil {
-				res.Notes = append(res.Notes, speculativeNote(name, p.Speculative))
-			}
-			if h := p.Holder; h != nil {
-				res.Notes = append(res.Notes, fmt.Sprintf("%s: %d of %d followers (a burst's requests after its first) reached the pod of their burst's first request",
-					name, h.OnHolder, h.Followers))
 			}
 		}
 	}
 	return res, nil
+}
+
+// runDESRow runs policy pol with n routers, flow control on or off, and
+// adds its row to res.
+func (o *Options) runDESRow(ctx context.Context, res *report.Results, pol string, n int, counts []int, on bool, fc *report.FlowControl,
+	delivery des.Delivery, tm pairTiming, prog *progress) error {
+	w := o.Workload
+	name := rowName(pol, n, counts)
+	if pol == Oracle {
+		name = pol
+	} else if fc != nil && len(fc.Arms) > 1 {
+		name += "/fc-" + armName(on)
+	}
+	prog.begin(name, w.Requests())
+	cfg := des.Config{Workload: w, Fleet: o.Fleet, Policy: pol, Routers: n, SharePredictions: o.SharePredictions, Seed: o.Seed, Delivery: delivery,
+		SpeculativeTTL: o.Speculative.TTL, Holdback: o.Speculative.Holdback, Cost: o.Cost,
+		Drain: time.Duration(float64(o.Drain) * o.Fleet.TimeScale), Sent: prog.sent, Done: prog.done, Logger: o.Logger}
+	if fc != nil {
+		a := o.Admission
+		a.Off = !on || pol == Oracle
+		cfg.Admission = &a
+	}
+	var (
+		pairs  *desPairs
+		faults *desFaults
+	)
+	switch w.Name {
+	case workload.KindPairedGap:
+		pairs = &desPairs{w: w, tm: tm, prof: o.Fleet.Profile}
+		cfg.Conduct, cfg.ManualSends = pairs.conduct, true
+	case workload.KindFaults:
+		faults = newDESFaults(w)
+		cfg.Conduct = faults.conduct
+		// Dropped and severed batches come back through replay.
+		cfg.ReplayBuffer = o.Fleet.ReplayBuffer
+		if cfg.ReplayBuffer == 0 {
+			cfg.ReplayBuffer = sim.DefaultReplayBuffer
+		}
+	}
+	r, err := des.Run(ctx, cfg)
+	prog.end()
+	switch {
+	case err != nil:
+	case pairs != nil:
+		err = pairs.err
+	case faults != nil:
+		err = faults.err
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	p := report.Summarize(r.Records)
+	if fc != nil {
+		report.SummarizeFlow(p, r.Records, fc, res.Stages)
+		if pol != Oracle {
+			p.Policy, p.FlowControl = pol, armName(on)
+		}
+		if r.Budget > 0 {
+			fc.BudgetS = r.Budget.Seconds()
+		}
+	}
+	if pairs != nil {
+		p.Pairs = pairs.pairs
+	}
+	if faults != nil {
+		p.Faults = faultOutcomes(r.Records)
+		p.Faults.Injected = faults.out
+		if n := p.Faults.LostCount(); n > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%s: %d requests ended in neither a response nor an OpenAI error (lost silently)", name, n))
+		}
+	}
+	if w.Name == workload.KindBurst {
+		p.Holder = report.HolderOf(r.Records)
+	}
+	p.Preemptions = r.Preemptions
+	p.WallS = r.Wall.Seconds()
+	if pol != Oracle {
+		p.Routers = n
+		d := r.Decision
+		p.DecisionUS = &d
+	}
+	if len(r.Speculative) > 0 {
+		// The first replica's view: each replica predicts and
+		// confirms on its own.
+		p.Speculative = summarizeSpeculative(r.Speculative[0], 1, des.PodNameOf)
+	}
+	res.Policies[name] = p
+	res.Order = append(res.Order, name)
+	res.Notes = append(res.Notes, unfinishedNote(name, p)...)
+	if p.Speculative != nil {
+		res.Notes = append(res.Notes, speculativeNote(name, p.Speculative))
+	}
+	if h := p.Holder; h != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: %d of %d followers (a burst's requests after its first) reached the pod of their burst's first request",
+			name, h.OnHolder, h.Followers))
+	}
+	if p.Shed > 0 && p.FlowControl == "on" {
+		res.Notes = append(res.Notes, fmt.Sprintf("%s: flow control shed %d requests (429: %s); they count as errors of kind %q", name, p.Shed, shedReasons(p), report.ErrShed))
+	}
+	return nil
+}
+
+// shedReasons lists a row's sheds by reason.
+func shedReasons(p *report.Policy) string {
+	n := map[string]int{}
+	for _, c := range p.ByPriority {
+		for why, k := range c.ShedReasons {
+			n[why] += k
+		}
+	}
+	var parts []string
+	for _, why := range slices.Sorted(maps.Keys(n)) {
+		parts = append(parts, fmt.Sprintf("%s × %d", why, n[why]))
+	}
+	return strings.Join(parts, ", ")
 }

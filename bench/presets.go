@@ -113,6 +113,12 @@ var presets = map[string]Preset{
 		Pods: 3, Profile: "h100x2-32b", TimeScale: 2, StreamInterval: 100 * time.Millisecond, Drain: time.Minute,
 		EventDelay: 500 * time.Millisecond,
 	},
+	// Flow control's ladder at a larger size: eight pods, four minutes a
+	// step.
+	workload.KindOverload: {
+		Spec: overloadSpec(4 * time.Minute),
+		Pods: 8, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 10 * time.Minute, Engine: EngineDES,
+	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 1},
 		Pods: 4, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: 5 * time.Minute,
@@ -163,8 +169,31 @@ var quickPresets = map[string]Preset{
 			Rates: []float64{8, 12}, StageDuration: 10 * time.Second, Arrival: workload.Poisson},
 		Pods: 4, Profile: "h100x2-32b", KVBlocks: 1027, TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
 	},
+	// Flow control's workload on four pods: half, once, one and a half and
+	// twice their capacity, a minute each (twice the batch class's
+	// objective, so that a fleet without flow control has time to fall
+	// past every objective); the drain (× the time scale: 150 model
+	// seconds) outlasts the queue such a fleet builds.
+	workload.KindOverload: {
+		Spec: overloadSpec(time.Minute),
+		Pods: 4, Profile: "h100x2-32b", TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second, Engine: EngineDES,
+	},
 	workload.KindTrace: {
 		Spec: workload.Spec{TraceSpeedup: 4, TraceRequests: 200},
 		Pods: 4, Profile: "h100-8b", TimeScale: 5, StreamInterval: time.Second, Drain: 30 * time.Second,
 	},
+}
+
+// overloadSpec is the overload workload's shape with steps of stage:
+// prompts of 2,000 tokens ± half that share nothing and 30 output tokens
+// (on h100x2-32b a prefill-bound shape: a saturated pod's steps fill their
+// 8,192-token budget before its KV cache or sequence limit binds), on a
+// ladder of half, once, one and a half and twice the fleet's capacity
+// (Capacity); one request in four interactive (2 s to first token), the
+// others batch (30 s); four tenants, one of which sends five times as
+// many requests as each of the others.
+func overloadSpec(stage time.Duration) workload.Spec {
+	return workload.Spec{InputTokens: 2000, OutputTokens: 30, Loads: []float64{0.5, 1, 1.5, 2}, StageDuration: stage, Arrival: workload.Poisson,
+		Classes: []workload.Class{{Name: "interactive", Objective: 2 * time.Second, Share: 0.25}, {Name: "batch", Objective: 30 * time.Second, Share: 0.75}},
+		Tenants: []workload.Tenant{{Name: "tenant-a", Weight: 5}, {Name: "tenant-b", Weight: 1}, {Name: "tenant-c", Weight: 1}, {Name: "tenant-d", Weight: 1}}}
 }

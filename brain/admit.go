@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixrouter/prefixrouter/flow"
 	"github.com/prefixrouter/prefixrouter/health"
+	"github.com/prefixrouter/prefixrouter/targetid"
 )
 
 // AdmissionConfig is flow control: when a pod takes no more work, and the
@@ -221,21 +222,40 @@ func (a *Admission) poolOf(model string) *pool {
 
 // room reports whether candidate c can take a request now: its queued
 // prefill, at its pace, within the budget (a pod whose pace is not known
-// yet always has room: nothing says it is busy).
+// yet always has room: nothing says it is busy). A pod with no prefill
+// queued always has room, whatever its pace says: nothing waits there,
+// and a pace whose floor alone passed the budget (fitted on first bytes
+// of a queue since gone) would otherwise keep it from every request, so
+// that no first byte could ever correct it.
 func (a *Admission) room(c *Candidate) bool {
 	if !c.Routable || c.excluded {
 		return false
 	}
 	p := c.Target.Pace()
-	return !p.Known() || p.Time(a.dec.ch.queuedTokens(c.Load)) <= a.budget
+	q := a.dec.ch.queuedTokens(c.Load)
+	return !p.Known() || q <= 0 || p.Time(q) <= a.budget
+}
+
+// pendingWork is what one release pass let go to a target: requests on
+// no ledger until their drivers book them.
+type pendingWork struct{ requests, uncached int64 }
+
+// withPending counts on c's load what this pass let go to its target.
+func withPending(c *Candidate, pending map[targetid.ID]pendingWork) {
+	if pw, ok := pending[c.Target.ID]; ok {
+		c.Load.InFlight += pw.requests
+		c.Load.Prefilling += pw.requests
+		c.Load.QueuedUncachedTokens += pw.uncached
+	}
 }
 
 // anyRoom reports whether one of targets has room, or none is routable
 // (the reread then sheds the head at once).
-func (a *Admission) anyRoom(targets []*health.Target) bool {
+func (a *Admission) anyRoom(targets []*health.Target, pending map[targetid.ID]pendingWork) bool {
 	routable := false
 	for _, t := range targets {
 		c := a.dec.candidate(t)
+		withPending(&c, pending)
 		if a.room(&c) {
 			return true
 		}
@@ -446,9 +466,15 @@ func (a *Admission) releasePool(p *pool, now time.Time, out []*Waiter) []*Waiter
 		a.shedNow(p, w, ShedDeadline)
 		out = a.leave(w, now, out)
 	}
+	// pending is what this pass let go, by target: the drivers book it
+	// after the pass (the virtual router as Release returns, the API's
+	// handlers on their goroutines), so the targets' ledgers do not show
+	// it yet, and without it every head would find the room the first
+	// one took and the whole line would go at once.
+	var pending map[targetid.ID]pendingWork
 	for t := p.line.Head(); t != nil; t = p.line.Head() {
 		w := t.Value.(*Waiter)
-		if !a.anyRoom(w.targets) {
+		if !a.anyRoom(w.targets, pending) {
 			// Most kicks under saturation: no pod has room yet, and the
 			// head's decision need not be read again to know it.
 			break
@@ -460,6 +486,15 @@ func (a *Admission) releasePool(p *pool, now time.Time, out []*Waiter) []*Waiter
 			out = a.leave(w, now, out)
 			continue
 		}
+		if len(pending) > 0 {
+			for i := range d.cands {
+				withPending(&d.cands[i], pending)
+			}
+			// Chosen again on the loads with what went before it.
+			if ch := a.dec.ch.choose(d.cands, d.prompt.Count, d.blockSize, false); ch.idx >= 0 {
+				d.chosen, d.reason = ch.idx, ch.reason
+			}
+		}
 		a.observe(p, d)
 		if d = a.fits(d); d == nil {
 			break
@@ -467,6 +502,14 @@ func (a *Admission) releasePool(p *pool, now time.Time, out []*Waiter) []*Waiter
 		p.line.Remove(t)
 		w.d, w.verdict = d, Admitted
 		out = a.leave(w, now, out)
+		if pending == nil {
+			pending = map[targetid.ID]pendingWork{}
+		}
+		v := d.view(nil, d.chosen)
+		pw := pending[d.target().Target.ID]
+		pw.requests++
+		pw.uncached += int64(max(v.Prompt.Count-v.Predicted, 0))
+		pending[d.target().Target.ID] = pw
 	}
 	return out
 }

@@ -295,3 +295,58 @@ func TestAdmitHandsOverWhatItLetGo(t *testing.T) {
 		t.Fatalf("handed over again: %d", len(rel))
 	}
 }
+
+// TestReleaseCountsWhatItLetGo: one release pass lets go only what the
+// pods have room for, counting on each pod the requests it let go before
+// (their drivers book them after the pass): with both pods emptied, three
+// requests of 4,000 tokens each (0, 4,000 and 8,000 queued ahead) of the
+// ten waiting, not all ten onto the pods' empty ledgers.
+func TestReleaseCountsWhatItLetGo(t *testing.T) {
+	f := newAdmitFleet(t, PolicyLeastLoad, lineConfig())
+	in := f.saturate()
+	for i := range 10 {
+		if r := f.submit(4000, 1, "t"); r.Verdict() != Queued {
+			t.Fatalf("request %d past the budget: %v", i, r.Verdict())
+		}
+	}
+	for _, r := range in {
+		f.answer(r)
+	}
+	per := map[targetid.ID]int{}
+	for _, r := range f.v.Release() {
+		if r.Verdict() != Admitted {
+			t.Fatalf("released %v (%s)", r.Verdict(), r.Waiter().ShedReason())
+		}
+		per[r.Target()]++
+	}
+	if len(per) != admitPods || per[f.v.targets[0].ID] != 3 || per[f.v.targets[1].ID] != 3 {
+		t.Fatalf("released %v, want three on each pod", per)
+	}
+	if n := f.v.adm.View()[0].Classes[1].Waiting; n != 4 {
+		t.Fatalf("%d still waiting, want 4", n)
+	}
+}
+
+// TestEmptyPodHasRoomWhateverItsPace: a pod whose fitted floor alone
+// passed the budget (first bytes of a queue since gone) still takes a
+// request while nothing is queued on it; otherwise no request would go
+// there again and no first byte could correct its pace.
+func TestEmptyPodHasRoomWhateverItsPace(t *testing.T) {
+	f := newAdmitFleet(t, PolicyLeastLoad, lineConfig())
+	for _, tg := range f.v.targets {
+		for i := range 60 {
+			n := 500 * (1 + i%8)
+			fl := tg.Dispatch(n, n)
+			fl.Ahead(0)
+			f.clk.Advance(3*time.Second + time.Duration(float64(n)*admitPerToken*float64(time.Second)))
+			fl.FirstByte()
+			fl.Finish(health.OutcomeSuccess)
+		}
+		if p := tg.Pace(); !p.Known() || p.Time(0) <= time.Second {
+			t.Fatalf("pace %+v: want a floor past the 1 s budget", p)
+		}
+	}
+	if r := f.submit(1000, 0, "t"); r.Verdict() != Admitted {
+		t.Fatalf("verdict %v (%s) on empty pods", r.Verdict(), r.Waiter().ShedReason())
+	}
+}

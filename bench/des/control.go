@@ -48,7 +48,7 @@ func (c *Control) Send(i int, ended func(*Sent)) *Sent {
 	q := &request{conducted: s}
 	s.q = q
 	q = r.sendRequest(q, i, 0, nil)
-	if !q.over {
+	if !q.over && !q.queued {
 		s.Pod = q.pod
 		if q.vr != nil {
 			s.Routed, s.ConfirmedBlocks, s.PredictedTokens = true, q.vr.ConfirmedBlocks(), q.vr.PredictedCached()
@@ -67,6 +67,13 @@ func (c *Control) Cancel(s *Sent) {
 		return
 	}
 	q.canceled = true
+	if q.queued {
+		// Still in its router's line: it leaves it, holding nothing.
+		rt := r.rts[q.router]
+		delete(rt.waiting, q.vr)
+		q.vr.Leave()
+		q.queued, q.rec.QueueS, q.vr = false, q.vr.Waiter().QueueTime().Seconds(), nil
+	}
 	if q.vr != nil {
 		q.vr.Cancel()
 		r.flightsChanged(q)

@@ -1,11 +1,13 @@
 package des
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -106,6 +108,12 @@ type Config struct {
 	// batches need it (sim.Config.ReplayBuffer's 10,000); other runs save
 	// the memory.
 	ReplayBuffer int
+	// Admission is the routers' flow control (nil: none): each replica
+	// admits through its own, every request with its class, tenant and
+	// max tokens; a request it sheds is recorded as report.ErrShed. With
+	// Off every request is dispatched at once, as without it, and its
+	// classes still name each request's class in the records.
+	Admission *brain.AdmissionConfig
 	// Sent and Done, when set, are told of every request sent and of
 	// every request that ends (failed or not).
 	Sent   func()
@@ -130,6 +138,8 @@ type Result struct {
 	Steps, Published, Delivered int64
 	// Wall is the run's wall time.
 	Wall time.Duration
+	// Budget is the routers' flow-control budget (0: flow control off).
+	Budget time.Duration
 }
 
 // ErrUnfinished is the error of a request still running at the drain
@@ -250,6 +260,10 @@ type routerState struct {
 	// peerFlights are the other replicas' last reported in-flight work,
 	// by replica and pod (SharePredictions).
 	peerFlights [][]health.Flights
+	// admits says the replica routes through flow control; waiting are
+	// its requests in the line, by their router's handle.
+	admits  bool
+	waiting map[*brain.VirtualRequest]*request
 }
 
 // sharedPrediction is one dispatch's predictions on their way to the
@@ -282,8 +296,11 @@ type request struct {
 	first      bool
 	rec        report.Record
 	// over is set once the request's record is made; canceled once its
-	// client went away (Control.Cancel).
-	over, canceled bool
+	// client went away (Control.Cancel); queued while it waits in its
+	// router's line (flow control), of priority class (an index into the
+	// admission's classes).
+	over, canceled, queued bool
+	class                  int
 	// conducted is the conductor's view of it (Config.Conduct).
 	conducted *Sent
 }
@@ -311,6 +328,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		r.res.Preemptions += p.rank.Preemptions()
 	}
 	for _, rt := range r.rts {
+		if a := rt.v.Admission(); a != nil {
+			r.res.Budget = a.Budget()
+		}
 		if v, ok := rt.v.Speculative(); ok {
 			r.res.Speculative = append(r.res.Speculative, &v)
 		}
@@ -331,6 +351,18 @@ func newRun(cfg Config) (*run, error) {
 	}
 	if cfg.Fleet.Pods <= 0 {
 		return nil, errors.New("des: no pods")
+	}
+	if a := cfg.Admission; a != nil {
+		if err := a.Validate(); err != nil {
+			return nil, fmt.Errorf("des: %w", err)
+		}
+		for i := range cfg.Workload.Sessions {
+			for _, t := range cfg.Workload.Sessions[i].Turns {
+				if t.Class != "" && a.Line.ClassIndex(t.Class) < 0 {
+					return nil, fmt.Errorf("des: the workload's class %q is none of flow control's classes", t.Class)
+				}
+			}
+		}
 	}
 	r := &run{cfg: cfg, w: cfg.Workload, tok: sim.BytesTokenizer(), rng: rand.New(rand.NewPCG(cfg.Seed, 0x646573 /* "des" */))}
 	for i := range cfg.Fleet.Pods {
@@ -396,11 +428,18 @@ func (r *run) startRouters() error {
 		if r.cfg.ReplayBuffer > 0 {
 			vc.Replay = func(id targetid.ID) kvindex.ReplayBuffer { return r.pods[r.podOf(id)].replay }
 		}
+		if a := r.cfg.Admission; a != nil {
+			// Each replica its own line, pace and budget, as live
+			// replicas each have.
+			own := *a
+			vc.Admission = &own
+		}
 		v, err := brain.NewVirtual(vc)
 		if err != nil {
 			return fmt.Errorf("des: %w", err)
 		}
-		rt := &routerState{v: v, applied: make([]time.Duration, len(r.pods))}
+		rt := &routerState{v: v, applied: make([]time.Duration, len(r.pods)), admits: v.Admission() != nil,
+			waiting: map[*brain.VirtualRequest]*request{}}
 		if r.cfg.SharePredictions {
 			rt.peerFlights = make([][]health.Flights, r.cfg.Routers)
 			for i := range rt.peerFlights {
@@ -482,7 +521,7 @@ func (r *run) handle(it item) error {
 func (r *run) advance(t time.Duration) {
 	if len(r.rts) > 0 {
 		hc, ec := health.DefaultConfig(), eventplane.DefaultConfig()
-		for _, rt := range r.rts {
+		for ri, rt := range r.rts {
 			for {
 				next := min(rt.nextEval, rt.nextTick, rt.nextScrape, rt.nextProbe)
 				if next > t {
@@ -501,12 +540,14 @@ func (r *run) advance(t time.Duration) {
 						rt.v.Scrape(p.id, run, wait, kv, epoch.Add(p.started))
 					}
 					rt.nextScrape += hc.ScrapeInterval
+					r.release(ri) // a scrape may show a shorter queue
 				case rt.nextEval:
 					rt.v.Evaluate()
 					rt.nextEval += ec.EvalInterval
 				default:
 					rt.v.Tick()
 					rt.nextTick += speculative.TimerResolution
+					r.release(ri) // deadlines pass
 				}
 			}
 		}
@@ -524,7 +565,8 @@ func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 	}
 	t := &s.s.Turns[k]
 	q.s, q.sess, q.turn, q.sent = s, i, k, r.now
-	q.rec = report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds()}
+	q.rec = report.Record{Session: i, Turn: k, Group: s.s.Group, Stage: t.Stage, Sent: r.now.Seconds(), Tenant: t.Tenant}
+	q.class, q.rec.Class = r.classOf(t.Class)
 	text := s.s.Prompt(k, s.answers)
 	ids, err := r.tok.Encode(text, true)
 	if err != nil {
@@ -532,6 +574,7 @@ func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 		return q
 	}
 	q.ids = ids
+	q.rec.Demand = len(ids) + t.MaxTokens
 	if r.cfg.Sent != nil {
 		r.cfg.Sent()
 	}
@@ -546,7 +589,12 @@ func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 		q.router = i % len(r.rts)
 		rt := r.rts[q.router]
 		w0 := time.Now()
-		vr, err := rt.v.Route(ids, []byte(text), q.session())
+		var vr *brain.VirtualRequest
+		if rt.admits {
+			vr, err = rt.v.Submit(ids, []byte(text), q.session(), q.class, t.Tenant, t.MaxTokens)
+		} else {
+			vr, err = rt.v.Route(ids, []byte(text), q.session())
+		}
 		r.decide = append(r.decide, float64(time.Since(w0).Nanoseconds())/1e3)
 		if err != nil {
 			// The router answers 503 when no target can take the request.
@@ -554,10 +602,85 @@ func (r *run) sendRequest(q *request, i, k int, s *session) *request {
 			r.fail(q, s, "no answer")
 			return q
 		}
-		r.dispatched(q, vr)
+		switch vr.Verdict() {
+		case brain.Queued:
+			q.vr, q.queued, q.rec.Queued = vr, true, true
+			rt.waiting[vr] = q
+		case brain.Shed:
+			r.shed(q, vr.Waiter())
+		default:
+			r.dispatched(q, vr)
+			r.toPod(q)
+		}
+		// What the Admit let go besides this request.
+		r.release(q.router)
+		return q
 	}
 	r.toPod(q)
 	return q
+}
+
+// classOf is the priority (an index into flow control's classes) and the
+// name of a request of class name ("": the default class); none without
+// flow control.
+func (r *run) classOf(name string) (int, string) {
+	a := r.cfg.Admission
+	if a == nil {
+		return 0, name
+	}
+	if name == "" {
+		name = a.Line.DefaultClass
+		if name == "" {
+			name = a.Line.Classes[0].Name
+		}
+	}
+	return max(a.Line.ClassIndex(name), 0), name
+}
+
+// release takes router ri's requests that left its line since the last
+// call (flow control): a released one goes to the pod decided at its
+// release, a shed one is recorded as such. The engine calls it after
+// every event that can shorten a pod's queue (a first byte, an end, a
+// scrape) and at each of the router's Ticks.
+func (r *run) release(ri int) {
+	rt := r.rts[ri]
+	if !rt.admits || len(rt.waiting) == 0 {
+		return
+	}
+	for _, vr := range rt.v.Release() {
+		q := rt.waiting[vr]
+		if q == nil {
+			continue
+		}
+		delete(rt.waiting, vr)
+		q.queued = false
+		if vr.Verdict() != brain.Admitted {
+			r.shed(q, vr.Waiter())
+			continue
+		}
+		q.rec.QueueS = vr.Waiter().QueueTime().Seconds()
+		r.dispatched(q, vr)
+		r.toPod(q)
+	}
+}
+
+// releaseAll is release for every router.
+func (r *run) releaseAll() {
+	for ri := range r.rts {
+		r.release(ri)
+	}
+}
+
+// shed records q as refused by its router's flow control, as the router
+// answers it: 429 (503 when no pod of its model is routable any more).
+func (r *run) shed(q *request, w *brain.Waiter) {
+	q.vr = nil // it holds nothing at the router
+	q.rec.Status, q.rec.APIError = 429, "rate_limit_exceeded"
+	if w.ShedReason() == brain.ShedNoTarget {
+		q.rec.Status, q.rec.APIError = 503, "service_unavailable"
+	}
+	q.rec.ShedReason, q.rec.QueueS = w.ShedReason(), w.QueueTime().Seconds()
+	r.fail(q, q.s, report.ErrShed)
 }
 
 // session names q's conversation for the holdback arm (none for a
@@ -685,6 +808,8 @@ func (r *run) stepEnd(p *pod) {
 	if !p.rank.Idle() {
 		r.step(p)
 	}
+	// First bytes and ends shortened the pods' queues.
+	r.releaseAll()
 }
 
 // publish sends the batches p published on their way to every router
@@ -780,6 +905,11 @@ func (r *run) finish(q *request, answered bool, cachedTokens int) {
 		r.tellPeers(q.router, evPeerWithdraw, &peerMessage{pred: q.shared})
 	}
 	r.flightsChanged(q)
+	if !answered {
+		// Outside a step's end (a refused arrival, a restart), the
+		// queue it left is shorter now.
+		r.release(q.router)
+	}
 }
 
 // flightsChanged tells the other replicas q's router's in-flight work on
@@ -870,6 +1000,26 @@ func (r *run) record(rec report.Record, failed bool) {
 // a pod, or on their way to one), and the turns their sessions never
 // sent.
 func (r *run) unfinished() {
+	// Those still in a router's line leave it, in the order they came.
+	for _, rt := range r.rts {
+		waiting := make([]*request, 0, len(rt.waiting))
+		for _, q := range rt.waiting {
+			waiting = append(waiting, q)
+		}
+		slices.SortFunc(waiting, func(a, b *request) int {
+			return cmp.Or(cmp.Compare(a.sent, b.sent), cmp.Compare(a.sess, b.sess), cmp.Compare(a.turn, b.turn))
+		})
+		for _, q := range waiting {
+			delete(rt.waiting, q.vr)
+			q.vr.Leave()
+			q.queued = false
+			q.rec.QueueS = q.vr.Waiter().QueueTime().Seconds()
+			q.vr = nil
+			q.rec.Err = ErrUnfinished
+			r.end(q, true)
+			r.skip(q.s, q.sess, q.turn+1, "not sent: an earlier turn failed")
+		}
+	}
 	var left []*request
 	for _, p := range r.pods {
 		for _, sq := range p.rank.Pending() {

@@ -33,7 +33,22 @@ type Record struct {
 	// APIError is the type of the OpenAI-shaped error a failed request
 	// ended in ("" when it ended in none).
 	APIError string
+	// Class is the request's priority class (flow control's; "" when the
+	// run has none) and Tenant whom it was charged to ("": none). Demand
+	// is the tokens it asked for: its prompt and its max tokens.
+	Class, Tenant string
+	Demand        int
+	// Queued says it waited in the router's line (flow control), QueueS
+	// for how long; ShedReason is why the router refused it (Err is
+	// ErrShed then).
+	Queued     bool
+	QueueS     float64
+	ShedReason string
 }
+
+// ErrShed is the error of a request the router's flow control refused
+// (a 429): its error kind in error_kinds.
+const ErrShed = "shed"
 
 // Failed reports a request without a complete answer.
 func (r *Record) Failed() bool { return r.Err != "" }
@@ -64,6 +79,9 @@ type Results struct {
 	// Stages are the rate ladder's steps (rate per model second, start
 	// and end in model seconds), empty without a ladder.
 	Stages []StageSpan `json:"stages,omitempty"`
+	// FlowControl is the routers' flow control (des engine): its arms,
+	// classes and shares.
+	FlowControl *FlowControl `json:"flow_control,omitempty"`
 	// Command is the command line that made the results.
 	Command string `json:"command,omitempty"`
 	// Date is when the run started (RFC 3339).
@@ -135,6 +153,20 @@ type Policy struct {
 	DecisionUS *Dist `json:"decision_us,omitempty"`
 	// WallS is the wall time the run took (des engine).
 	WallS float64 `json:"wall_s,omitempty"`
+
+	// Policy is the routing policy of the row and FlowControl its arm,
+	// "on" or "off" (des engine; absent for the oracle, which has no
+	// router).
+	Policy      string `json:"policy,omitempty"`
+	FlowControl string `json:"flow_control,omitempty"`
+	// GoodputPerS is the answers within their class's TTFT objective per
+	// model second of the run (DurationS); ByPriority each class's
+	// requests, ByTenant each tenant's, FlowByStage each ladder step's
+	// (SummarizeFlow; absent without flow control's classes).
+	GoodputPerS *float64                  `json:"goodput_per_s,omitempty"`
+	ByPriority  map[string]*ClassSummary  `json:"by_priority,omitempty"`
+	ByTenant    map[string]*TenantSummary `json:"by_tenant,omitempty"`
+	FlowByStage []StageFlow               `json:"flow_by_stage,omitempty"`
 
 	// TTFTCDF is the TTFT distribution as (seconds, fraction) points;
 	// TTFTOverTime the TTFT p50 and p90 of requests sent in each slice of

@@ -11,8 +11,9 @@
 //
 // The generators: SharedPrefix (groups of users sharing a system prompt,
 // rate ladders), MultiTurn (conversations growing turn by turn), Random (no
-// sharing), Burst (siblings sharing a long prefix within milliseconds) and
-// Trace (a Mooncake FAST'25 trace, each 512-token block id mapped to one
+// sharing), Burst (siblings sharing a long prefix within milliseconds),
+// Overload (flow control's: a ladder past the fleet's capacity, each
+// request of a priority class and a tenant) and Trace (a Mooncake FAST'25 trace, each 512-token block id mapped to one
 // deterministic text block). Text is made of one token per character for
 // the simulated pods' bytes model, or one common English word per token
 // for real tokenizers (Vocab).

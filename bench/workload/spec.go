@@ -22,11 +22,14 @@ const (
 	// the published benchmarks' size (their presets say which).
 	KindLLMDLadder      = "llmd-ladder"
 	KindSharedPrefix256 = "shared-prefix-256"
+	// KindOverload is flow control's: a ladder from half the fleet's
+	// capacity to twice it, priority classes and tenants.
+	KindOverload = "overload"
 )
 
 // Kinds lists the workloads --workload takes (a trace as trace:PATH).
 func Kinds() []string {
-	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256, KindTrace + ":PATH"}
+	return []string{KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256, KindOverload, KindTrace + ":PATH"}
 }
 
 // ParseKind reads --workload: a kind, or trace:PATH.
@@ -38,7 +41,7 @@ func ParseKind(s string) (kind, path string, err error) {
 		return KindTrace, p, nil
 	}
 	switch s {
-	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256:
+	case KindSharedPrefix, KindMultiTurn, KindRandom, KindBurst, KindPairedGap, KindFaults, KindLLMDLadder, KindSharedPrefix256, KindOverload:
 		return s, "", nil
 	}
 	return "", "", fmt.Errorf("unknown workload %q (want %s)", s, strings.Join(Kinds(), ", "))
@@ -87,6 +90,13 @@ type Spec struct {
 	// trace.
 	TraceSpeedup  float64
 	TraceRequests int
+
+	// overload: the ladder as multiples of the fleet's capacity
+	// (Limits.Capacity), used when Rates is empty; the classes and the
+	// tenants the requests are drawn from.
+	Loads   []float64
+	Classes []Class
+	Tenants []Tenant
 }
 
 // Fill takes preset's value for every zero field of s.
@@ -134,6 +144,15 @@ func (s *Spec) Fill(preset Spec) {
 	if s.Vocab == "" {
 		s.Vocab = preset.Vocab
 	}
+	if len(s.Loads) == 0 {
+		s.Loads = preset.Loads
+	}
+	if len(s.Classes) == 0 {
+		s.Classes = preset.Classes
+	}
+	if len(s.Tenants) == 0 {
+		s.Tenants = preset.Tenants
+	}
 }
 
 // Limits are what the fleet allows, for sizing and cutting; zero is
@@ -143,6 +162,9 @@ type Limits struct {
 	KVTokens int
 	// MaxContext bounds one request's prompt and output.
 	MaxContext int
+	// Capacity is the requests per second the fleet serves at saturation
+	// for the spec's shape (overload's ladder is sized by it).
+	Capacity float64
 }
 
 // Build makes the workload s describes.
@@ -180,6 +202,19 @@ func Build(s Spec, lim Limits) (*Workload, error) {
 	case KindBurst:
 		return Burst{Common: common, Siblings: s.Siblings, PrefixTokens: s.PrefixTokens, SuffixTokens: s.SuffixTokens,
 			OutputTokens: s.OutputTokens, Spread: s.Spread, Sequential: s.Sequential, Gap: s.Gap, Stages: stages, Arrival: s.Arrival}.Generate()
+	case KindOverload:
+		if len(s.Rates) == 0 {
+			if !(lim.Capacity > 0) || len(s.Loads) == 0 {
+				return nil, fmt.Errorf("overload: give --rates (the fleet's capacity is unknown)")
+			}
+			rates := make([]float64, len(s.Loads))
+			for i, l := range s.Loads {
+				rates[i] = l * lim.Capacity
+			}
+			stages = Ladder(rates, s.StageDuration)
+		}
+		return Overload{Common: common, InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, Stages: stages, Arrival: s.Arrival,
+			Classes: s.Classes, Tenants: s.Tenants, Capacity: lim.Capacity}.Generate()
 	case KindPairedGap:
 		return PairedGap{Common: common, PrefixTokens: s.PrefixTokens, SuffixTokens: s.SuffixTokens, OutputTokens: s.OutputTokens}.Generate()
 	case KindTrace:

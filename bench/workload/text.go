@@ -43,6 +43,7 @@ const (
 	kindTurn
 	kindPairPrefix
 	kindPairSuffix
+	kindOverload
 )
 
 // texter makes deterministic text: the same (seed, kind, id, tokens) gives

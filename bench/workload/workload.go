@@ -27,6 +27,27 @@ type Workload struct {
 	// Cells are paired-gap's cells, one per session pair (sessions 2i and
 	// 2i+1); the benchmark runs them one by one instead of open-loop.
 	Cells []Cell
+	// Classes are the priority classes the workload's requests name
+	// (Turn.Class), highest first, with their TTFT objectives; empty for
+	// workloads whose requests name none (the router's default class).
+	Classes []Class
+}
+
+// Class is a priority class a workload's requests carry, with the time to
+// first token it is promised (0: none) and the share of the requests that
+// carry it.
+type Class struct {
+	Name      string
+	Objective time.Duration
+	Share     float64
+}
+
+// Tenant is whom a workload's requests are charged to, and its weight in
+// the arrivals: a tenant of weight 5 among three of weight 1 sends five
+// requests for each of theirs.
+type Tenant struct {
+	Name   string
+	Weight float64
 }
 
 // Session is one conversation: a single request for most workloads.
@@ -55,6 +76,9 @@ type Turn struct {
 	// conversation so far: a sequential burst's siblings are turns only
 	// in that each waits for the previous answer.
 	Standalone bool
+	// Class is the request's priority class (one of Workload.Classes; ""
+	// the router's default) and Tenant whom it is charged to ("": none).
+	Class, Tenant string
 }
 
 // Requests counts the turns of every session.

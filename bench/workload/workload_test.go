@@ -22,6 +22,10 @@ func TestGeneratorsAreDeterministic(t *testing.T) {
 		"random": func(seed uint64) (*Workload, error) {
 			return Random{Common: Common{Seed: seed, Vocab: Bytes}, InputTokens: 100, OutputTokens: 5, Stages: ladder, Arrival: Constant}.Generate()
 		},
+		"overload": func(seed uint64) (*Workload, error) {
+			return Overload{Common: Common{Seed: seed, Vocab: Bytes}, InputTokens: 100, OutputTokens: 5, Stages: ladder, Arrival: Poisson,
+				Classes: []Class{{Name: "a", Share: 1}, {Name: "b", Objective: time.Second, Share: 3}}, Tenants: []Tenant{{Name: "t", Weight: 1}, {Name: "u", Weight: 2}}}.Generate()
+		},
 		"burst": func(seed uint64) (*Workload, error) {
 			return Burst{Common: Common{Seed: seed, Vocab: Bytes}, Siblings: 4, PrefixTokens: 200, SuffixTokens: 10, OutputTokens: 5, Spread: 5 * time.Millisecond, Stages: ladder, Arrival: Poisson}.Generate()
 		},

@@ -21,6 +21,7 @@ import (
 	"github.com/prefixrouter/prefixrouter/bench/report"
 	"github.com/prefixrouter/prefixrouter/bench/workload"
 	"github.com/prefixrouter/prefixrouter/brain"
+	"github.com/prefixrouter/prefixrouter/flow"
 	"github.com/prefixrouter/prefixrouter/sim"
 	"github.com/prefixrouter/prefixrouter/speculative"
 )
@@ -53,6 +54,11 @@ type benchSettings struct {
 	Cost     brain.CostConfig
 
 	TargetURL, Model string
+
+	FlowControl    string
+	SLOTTFT        []string
+	TenantShares   []string
+	DispatchBudget time.Duration
 
 	Text, Rates, Arrival string
 	Spec                 workload.Spec
@@ -90,6 +96,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 	dg := t.group("Discrete-event engine (model time)")
 	spec := t.group("Speculative policy")
 	cost := t.group("Cost model (the routers' precise and speculative policies, as serve's flags)")
+	fc := t.group("Flow control (des engine)")
 	target := t.group("Target endpoint")
 	wl := t.group("Workload (0: the preset's)")
 	preset := "the preset's"
@@ -149,6 +156,20 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		cost.float("kv-pressure", "weight of the memory-pressure term (prompts' worth at a full cache)", &s.Cost.KVPressure),
 		cost.float("recompute-weight", "extra price of a prompt token a pod must compute (not cached there) once no pod has capacity to spare, in prefill tokens: work the requests queued behind it wait for (scaled down while some pod has spare capacity; 0: a token costs one)", &s.Cost.RecomputeWeight),
 		cost.float("reuse-wait", "speculative: share of a prefix's prefill a request may wait for on the pod computing it rather than have an idle pod compute it again (0 to 1)", &s.Cost.ReuseWait),
+
+		defaultText(fc.checked("flow-control", "on: the routers admit each request through flow control (a pod past --dispatch-budget takes no more; requests wait in the router's line by class and tenant, or are shed with a 429); off: every request dispatched at once; on,off runs each policy both ways (rows POLICY/fc-on, POLICY/fc-off)", &s.FlowControl,
+			func(v string) error {
+				if v == "" {
+					return nil
+				}
+				_, err := bench.ParseFlowControl(v)
+				return err
+			}), "on (des engine; the live engine runs without)"),
+		defaultText(fc.list("slo-ttft", "CLASS=DURATION, a priority class and its TTFT objective, highest first (repeatable); the requests' classes must be among them", &s.SLOTTFT),
+			"the workload's classes, else interactive=2s, batch=1m"),
+		defaultText(fc.list("tenant-share", "TENANT=WEIGHT, a tenant's weight in its class's fair share (repeatable; a tenant not named weighs 1)", &s.TenantShares), "every tenant 1"),
+		defaultText(fc.dur("dispatch-budget", "queued prefill, in time at a pod's pace, past which it takes no more work and requests wait in the router", &s.DispatchBudget),
+			"half the tightest objective"),
 
 		defaultText(target.str("target-url", "drive this OpenAI-compatible endpoint (http://HOST:PORT) instead of simulated pods", &s.TargetURL), "none"),
 		defaultText(target.str("model", "model to ask the target for", &s.Model), "the target's first in /v1/models"),
@@ -358,7 +379,8 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 			}
 			o.Policies = slices.DeleteFunc(o.Policies, func(p string) bool { return p == bench.Oracle })
 		}
-		lim = workload.Limits{KVTokens: cfg.Pods * cfg.Profile.KVTokens(), MaxContext: min(cfg.Profile.MaxModelLen, cfg.Profile.KVTokens())}
+		lim = workload.Limits{KVTokens: cfg.Pods * cfg.Profile.KVTokens(), MaxContext: min(cfg.Profile.MaxModelLen, cfg.Profile.KVTokens()),
+			Capacity: bench.Capacity(cfg.Profile, cfg.Pods, spec.InputTokens, spec.OutputTokens)}
 	}
 	w, err := workload.Build(spec, lim)
 	if err != nil {
@@ -368,7 +390,61 @@ func (s *benchSettings) options(policiesSet bool) (bench.Options, error) {
 		return o, usageError("the workload has no requests: raise --rates or --stage-duration")
 	}
 	o.Workload = w
+	if err := s.flowControl(&o); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// flowControl sets the run's flow control: on and off arms, classes,
+// shares and budget (des engine only: the live engine's router runs
+// without).
+func (s *benchSettings) flowControl(o *bench.Options) error {
+	if o.Engine != bench.EngineDES || o.TargetURL != "" {
+		switch {
+		case strings.Contains(s.FlowControl, "on"):
+			return usageError("--flow-control: the live engine's router runs without flow control; give --engine des")
+		case len(s.SLOTTFT) > 0 || len(s.TenantShares) > 0 || s.DispatchBudget != 0:
+			return usageError("--slo-ttft, --tenant-share and --dispatch-budget are flow control's, which runs on the des engine (--engine des)")
+		}
+		return nil
+	}
+	arms := []bool{true}
+	if s.FlowControl != "" {
+		var err error
+		if arms, err = bench.ParseFlowControl(s.FlowControl); err != nil {
+			return usageError("--flow-control: %v", err)
+		}
+	}
+	var classes []flow.Class
+	for _, v := range s.SLOTTFT {
+		c, err := flow.ParseClass(v)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		classes = append(classes, c)
+	}
+	var shares map[string]float64
+	for _, v := range s.TenantShares {
+		name, w, err := flow.ParseShare(v)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		if shares == nil {
+			shares = map[string]float64{}
+		}
+		shares[name] = w
+	}
+	line, err := bench.FlowConfig(o.Workload, classes, shares)
+	if err != nil {
+		return usageError("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	o.Admission = brain.AdmissionConfig{Line: line, Budget: s.DispatchBudget}
+	if err := o.Admission.Validate(); err != nil {
+		return usageError("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	o.FlowControl = arms
+	return nil
 }
 
 // fleet is the simulated pods' configuration: the preset's, changed by the
