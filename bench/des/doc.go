@@ -27,6 +27,14 @@
 // a request failing at its pod before its first byte is retried on
 // another, as the API retries it.
 //
+// With flow control (Config.Admission) each router admits every request
+// with its class, tenant and max tokens (brain.Virtual.Submit): admitted
+// ones go to their pod at once, queued ones wait in that router's line
+// and go, decided again, when a release lets them (after every step's
+// end, scrape and Tick), shed ones are recorded as the router's 429
+// (report.ErrShed, with the reason); those still waiting at the drain
+// bound leave the line and count as unfinished.
+//
 // A conductor (Config.Conduct, Control) acts on a run as it goes: it sends
 // sessions itself (paired-gap's cells), cancels requests, and faults pods:
 // a failed prefill, a restart, a dead engine, dropped, delayed or cut-off

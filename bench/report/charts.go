@@ -20,9 +20,33 @@ func (r *Results) policies() (names, colors []string) {
 			continue
 		}
 		names = append(names, n)
-		colors = append(colors, colorOf(n, i))
+		colors = append(colors, r.rowColor(n, i))
 	}
 	return names, colors
+}
+
+// rowColor is row n's color: its routing policy's, lighter for the arm
+// without flow control when both arms ran, so that a policy's two rows
+// read as one policy in every chart.
+func (r *Results) rowColor(n string, i int) string {
+	p := r.Policies[n]
+	if p == nil || p.Policy == "" {
+		return colorOf(n, i)
+	}
+	c := colorOf(p.Policy, i)
+	if p.FlowControl == "off" && r.FlowControl != nil && len(r.FlowControl.Arms) > 1 {
+		return lighter(c)
+	}
+	return c
+}
+
+// lighter is color #rrggbb halfway to white.
+func lighter(c string) string {
+	var rgb [3]int
+	if _, err := fmt.Sscanf(c, "#%02x%02x%02x", &rgb[0], &rgb[1], &rgb[2]); err != nil {
+		return c
+	}
+	return fmt.Sprintf("#%02x%02x%02x", (rgb[0]+255)/2, (rgb[1]+255)/2, (rgb[2]+255)/2)
 }
 
 // ttftCDF is every policy's TTFT distribution on a log time axis.

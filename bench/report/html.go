@@ -45,6 +45,7 @@ func HTML(r *Results) ([]byte, error) {
 	if c, ok := faultsChart(r); ok {
 		charts = append(charts, c)
 	}
+	charts = append(charts, flowCharts(r)...)
 	specPolicy, spec := r.specOf()
 	if spec != nil {
 		charts = append(charts, specFunnel(specPolicy, spec), specHoldback(specPolicy, spec))
@@ -84,10 +85,12 @@ func HTML(r *Results) ([]byte, error) {
 		// The SVG is built from escaped parts in svg.go.
 		figs = append(figs, fig{ID: c.ID, Title: c.Title, Caption: c.Caption, Expect: strings.Join(c.Series, ","), SVG: template.HTML(c.SVG)})
 	}
+	flowRows, flowClasses, flowTenants := flowTable(r)
 	var buf bytes.Buffer
 	err = page.Execute(&buf, map[string]any{
 		"R": r, "Rows": rows, "Figs": figs, "Params": string(params), "FleetJSON": string(fleet),
 		"Name": r.Workload["name"], "Spec": spec, "Faults": faultRows(r), "SpecPolicy": specPolicy, "SpecRows": specRows(spec),
+		"Flow": flowRows, "FlowClasses": flowClasses, "FlowTenants": flowTenants, "FC": r.FlowControl,
 	})
 	if err != nil {
 		return nil, err
@@ -144,6 +147,22 @@ dl.read dt { font-weight: 600; } dl.read dd { margin: 0 0 6px 0; color: #444; }
 </figure>
 {{end}}</div>
 
+{{if .Flow}}<h2>Flow control: priority classes and tenants</h2>
+<table id="flow-control">
+<thead><tr><th>row</th><th>flow control</th><th>goodput / s</th>{{range .FlowClasses}}<th>{{.Name}} (objective {{.ObjectiveS}} s)</th>{{end}}</tr></thead>
+<tbody>
+{{range .Flow}}<tr data-policy="{{.Name}}"><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td><td>{{.Arm}}</td><td>{{.Goodput}}</td>{{range .Classes}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</tbody>
+</table>
+{{if .FlowTenants}}<h2>Tenants: served of what each asked</h2>
+<table id="tenants">
+<thead><tr><th>row</th>{{range .FlowTenants}}<th>{{.}}</th>{{end}}</tr></thead>
+<tbody>
+{{range .Flow}}<tr><td><span class="swatch" style="background: {{.Color}}"></span>{{.Name}}</td>{{range .Tenants}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</tbody>
+</table>{{end}}
+<p>Goodput counts the answers whose time to first token was within their class's objective, per model second of the run. A shed request is the router's 429: flow control found that its objective could not be met, or its line full. Served is the prompt and output tokens of a tenant's answers over the prompt and max tokens of all it sent; a tenant is within its share when it asked no more than its weight's share of every tenant's served tokens. Dispatch budget {{.FC.BudgetS}} s of queued prefill per pod.</p>
+{{end}}
 {{if .Faults}}<h2>Faults: how every request ended</h2>
 <table id="faults">
 <thead><tr><th>policy</th><th>responses</th><th>OpenAI errors</th><th>lost silently</th><th>unfinished</th><th style="text-align:left">ended as</th></tr></thead>

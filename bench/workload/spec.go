@@ -209,7 +209,9 @@ func Build(s Spec, lim Limits) (*Workload, error) {
 			}
 			rates := make([]float64, len(s.Loads))
 			for i, l := range s.Loads {
-				rates[i] = l * lim.Capacity
+				// A tenth of a request a second: the figures read as
+				// they were meant, the ladder's steps in the charts.
+				rates[i] = math.Round(l*lim.Capacity*10) / 10
 			}
 			stages = Ladder(rates, s.StageDuration)
 		}

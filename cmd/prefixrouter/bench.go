@@ -106,7 +106,7 @@ func (s *benchSettings) flags(t *flagTable) []cli.Flag {
 		run.checked("policies", "policies to compare, comma-separated, in order: "+strings.Join(bench.PolicyNames(), ", "), &s.Policies,
 			func(v string) error { _, err := bench.ParsePolicies(v); return err }),
 		defaultText(run.checked("engine", "live (simulated pods on loopback, real HTTP and ZeroMQ) or des (the same pods and routing code in virtual time, one goroutine: fleets and loads beyond this machine)", &s.Engine,
-			func(v string) error { _, err := bench.ParseEngine(v); return err }), "the preset's: des for llmd-ladder, shared-prefix-256 and the full shared-prefix and faults, else live"),
+			func(v string) error { _, err := bench.ParseEngine(v); return err }), "the preset's: des for llmd-ladder, shared-prefix-256, overload and the full shared-prefix and faults, else live"),
 		defaultText(run.checked("routers", "des engine: router replicas, each with its own index, predictions and load ledger; clients spread over them per connection; a list (1,2,4) runs each policy with each count", &s.Routers,
 			func(v string) error {
 				if v == "" {
@@ -577,8 +577,16 @@ func describeRun(o *bench.Options) string {
 	}
 	f := o.Fleet
 	if o.Engine == bench.EngineDES {
-		return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each) in virtual time (des engine), policies %s",
-			w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), strings.Join(o.Policies, ", "))
+		fc := "off"
+		if len(o.FlowControl) > 0 {
+			var arms []string
+			for _, on := range o.FlowControl {
+				arms = append(arms, map[bool]string{true: "on", false: "off"}[on])
+			}
+			fc = strings.Join(arms, " and ")
+		}
+		return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each) in virtual time (des engine), policies %s, flow control %s",
+			w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), strings.Join(o.Policies, ", "), fc)
 	}
 	return fmt.Sprintf("bench: %s, %d requests, on %d simulated pods (%s, %d KV tokens each), time scale %g, policies %s",
 		w.Name, w.Requests(), f.Pods, f.Profile.Name, f.Profile.KVTokens(), f.TimeScale, strings.Join(o.Policies, ", "))

@@ -323,6 +323,16 @@ func TestBenchUsageErrors(t *testing.T) {
 		{[]string{"--engine", "live", "--prefill-pods", "1", "--policies", "precise,oracle"}, "--prefill-pods: the oracle"},
 		{[]string{"--engine", "live", "--workload", "paired-gap", "--prefill-pods", "1"}, "--prefill-pods: the paired-gap workload"},
 		{[]string{"--engine", "live", "--pods", "2", "--prefill-pods", "2"}, "prefill pods 2"},
+		{[]string{"--engine", "live", "--flow-control", "on"}, "runs without flow control; give --engine des"},
+		{[]string{"--engine", "live", "--slo-ttft", "interactive=1s"}, "flow control's, which runs on the des engine"},
+		{[]string{"--engine", "des", "--flow-control", "maybe"}, "want on, off, or on,off"},
+		{[]string{"--engine", "des", "--flow-control", "on,on"}, "on named twice"},
+		{[]string{"--engine", "des", "--slo-ttft", "interactive"}, "want CLASS=DURATION"},
+		{[]string{"--engine", "des", "--slo-ttft", "a=1s", "--slo-ttft", "a=2s"}, `class "a" given twice`},
+		{[]string{"--workload", "overload", "--quick", "--slo-ttft", "interactive=1s"}, `name class "batch"`},
+		{[]string{"--engine", "des", "--tenant-share", "team-a"}, "want TENANT=WEIGHT"},
+		{[]string{"--engine", "des", "--tenant-share", "team-a=-1"}, "a share must be a positive"},
+		{[]string{"--engine", "des", "--dispatch-budget", "-1s"}, "--dispatch-budget"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, errOut, code := runCLI(t, "", append([]string{"bench"}, tc.args...)...)
