@@ -138,11 +138,8 @@ func (w *Waiter) QueueTime() time.Duration { return w.queued }
 // Done is closed once a queued request was released or shed.
 func (w *Waiter) Done() <-chan struct{} { return w.done }
 
-// Class and Tenant are the request's.
+// Class is the request's priority (an index into the line's classes).
 func (w *Waiter) Class() int { return w.ticket.Class }
-
-// Tenant is whom the request is charged to.
-func (w *Waiter) Tenant() string { return w.ticket.Tenant }
 
 // Admission is flow control: each pool of pods (a model's) takes a request
 // at once while one of its pods has room, its queued prefill within the
@@ -204,9 +201,6 @@ func (dc *Decider) NewAdmission(cfg AdmissionConfig, now func() time.Time) *Admi
 	dc.capacity.Store(&a.kick)
 	return a
 }
-
-// Config is the admission's config.
-func (a *Admission) Config() AdmissionConfig { return a.cfg }
 
 // Budget is the queued prefill, in time, past which a pod takes no more.
 func (a *Admission) Budget() time.Duration { return a.budget }
@@ -270,20 +264,18 @@ func (a *Admission) fits(d *Decision) *Decision {
 	if a.room(d.target()) {
 		return d
 	}
+	c := *d
+	c.cands = slices.Clone(d.cands)
 	roomy := false
-	for i := range d.cands {
-		roomy = roomy || a.room(&d.cands[i])
+	for i := range c.cands {
+		if a.room(&c.cands[i]) {
+			roomy = true
+		} else {
+			c.cands[i].excluded = true
+		}
 	}
 	if !roomy {
 		return nil
-	}
-	c := *d
-	c.cands = make([]Candidate, len(d.cands))
-	copy(c.cands, d.cands)
-	for i := range c.cands {
-		if !a.room(&c.cands[i]) {
-			c.cands[i].excluded = true
-		}
 	}
 	ch := a.dec.ch.choose(c.cands, c.prompt.Count, c.blockSize, false)
 	if ch.idx < 0 {

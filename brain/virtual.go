@@ -175,14 +175,22 @@ type VirtualRequest struct {
 // the approximate policy hashes; session names the conversation for the
 // holdback arm (empty: the request alone).
 func (v *Virtual) Route(ids []uint32, text []byte, session string) (*VirtualRequest, error) {
-	v.nextID++
-	id := "des-" + strconv.FormatUint(v.nextID, 10)
-	conv := speculative.Conversation{SessionID: session, RequestID: id}
-	d, err := v.dec.Decide(Input{Model: v.model, Targets: v.listed(), Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
+	id, d, _, err := v.decide(ids, text, session)
 	if err != nil {
 		return nil, err
 	}
 	return v.dispatch(d, id, v.now()), nil
+}
+
+// decide names a new request and decides for it among the listed
+// targets, which it returns with the decision.
+func (v *Virtual) decide(ids []uint32, text []byte, session string) (string, *Decision, []*health.Target, error) {
+	v.nextID++
+	id := "des-" + strconv.FormatUint(v.nextID, 10)
+	conv := speculative.Conversation{SessionID: session, RequestID: id}
+	targets := v.listed()
+	d, err := v.dec.Decide(Input{Model: v.model, Targets: targets, Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
+	return id, d, targets, err
 }
 
 // Submit is Route under flow control (VirtualConfig.Admission): the
@@ -195,11 +203,7 @@ func (v *Virtual) Submit(ids []uint32, text []byte, session string, class int, t
 	if v.adm == nil {
 		return v.Route(ids, text, session)
 	}
-	v.nextID++
-	id := "des-" + strconv.FormatUint(v.nextID, 10)
-	conv := speculative.Conversation{SessionID: session, RequestID: id}
-	targets := v.listed()
-	d, err := v.dec.Decide(Input{Model: v.model, Targets: targets, Prompt: IDsPrompt(ids), ApproxText: text, Conversation: conv})
+	id, d, targets, err := v.decide(ids, text, session)
 	if err != nil {
 		return nil, err
 	}

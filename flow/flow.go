@@ -265,14 +265,8 @@ func New(cfg Config) *Line {
 	return l
 }
 
-// Config is the line's config.
-func (l *Line) Config() Config { return l.cfg }
-
 // Len is the requests waiting.
 func (l *Line) Len() int { return l.n }
-
-// Tokens is the tokens of the requests waiting.
-func (l *Line) Tokens() int64 { return l.sum.Tokens }
 
 // Sum is the tokens and work of the requests waiting.
 func (l *Line) Sum() Amount { return l.sum }

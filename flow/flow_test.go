@@ -62,8 +62,8 @@ func TestOrder(t *testing.T) {
 			if got := strings.Join(drain(l), " "); got != tc.want {
 				t.Fatalf("order %s, want %s", got, tc.want)
 			}
-			if l.Len() != 0 || l.Tokens() != 0 {
-				t.Fatalf("drained line holds %d requests, %d tokens", l.Len(), l.Tokens())
+			if l.Len() != 0 || l.Sum().Tokens != 0 {
+				t.Fatalf("drained line holds %d requests, %d tokens", l.Len(), l.Sum().Tokens)
 			}
 		})
 	}
@@ -148,8 +148,8 @@ func TestRemoveAndOverdue(t *testing.T) {
 	}
 	l.Remove(a2)
 	l.Remove(a2) // gone already: nothing
-	if l.Len() != 3 || l.Tokens() != 45 || a2.Queued() {
-		t.Fatalf("after a removal: %d requests, %d tokens", l.Len(), l.Tokens())
+	if l.Len() != 3 || l.Sum().Tokens != 45 || a2.Queued() {
+		t.Fatalf("after a removal: %d requests, %d tokens", l.Len(), l.Sum().Tokens)
 	}
 	if got := l.Ahead(0, "a", 1); got != (Amount{40, 20}) {
 		t.Fatalf("ahead of a's next %d tokens, want a1 and a3's 40", got)
@@ -268,8 +268,8 @@ func FuzzLine(f *testing.F) {
 					tokens += tk.Tokens
 				}
 			}
-			if n != l.Len() || tokens != l.Tokens() {
-				t.Fatalf("op %d: line says %d requests %d tokens, tickets say %d, %d", i, l.Len(), l.Tokens(), n, tokens)
+			if n != l.Len() || tokens != l.Sum().Tokens {
+				t.Fatalf("op %d: line says %d requests %d tokens, tickets say %d, %d", i, l.Len(), l.Sum().Tokens, n, tokens)
 			}
 			if o := l.OldestOf(0); o != nil && !o.Queued() {
 				t.Fatalf("op %d: the oldest ticket is not queued", i)
